@@ -1,0 +1,4 @@
+"""`python -m lmscope` runs the command line."""
+from lmscope.cli import main
+
+main()

@@ -1,0 +1,1 @@
+"""Analytic calculators (FLOPs, memory, communication, devices): no GPU, no device state."""

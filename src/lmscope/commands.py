@@ -1,0 +1,114 @@
+"""Glue shared by the CLI commands: run a sweep with a progress bar, then show and save tables."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from lmscope.report import console
+from lmscope.report.tables import FORMATS, build_table, render
+from lmscope.results import Record, read_records
+from lmscope.runner import pending_count, run_sweep, spec_fields
+
+TRUE_WORDS = {"on": True, "true": True, "yes": True, "1": True,
+              "off": False, "false": False, "no": False, "0": False}
+
+
+def split_list(value: str, cast: type, flag: str) -> list[Any]:
+    """Parse a comma list such as '128,256' or 'fp32,bf16' into typed values, in order."""
+    items = [item.strip() for item in str(value).split(",") if item.strip()]
+    if not items:
+        raise ValueError(f"{flag} needs at least one value")
+    out = []
+    for item in items:
+        if cast is bool:
+            if item.lower() not in TRUE_WORDS:
+                raise ValueError(f"{flag} takes on/off (or a list like off,on), got {item!r}")
+            out.append(TRUE_WORDS[item.lower()])
+        elif cast is int:
+            try:
+                out.append(int(item))
+            except ValueError:
+                raise ValueError(f"{flag} takes integers (e.g. 128,256), got {item!r}") from None
+        elif cast is float:
+            try:
+                out.append(float(item))
+            except ValueError:
+                raise ValueError(f"{flag} takes numbers, got {item!r}") from None
+        else:
+            out.append(item)
+    return list(dict.fromkeys(out))
+
+
+def default_out() -> Path:
+    """runs/<UTC timestamp>/results.jsonl."""
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / stamp / "results.jsonl"
+
+
+def check_format(fmt: str | None) -> None:
+    """Reject an unknown --format before anything runs."""
+    if fmt is not None and fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}: choose one of {', '.join(FORMATS[1:])}")
+
+
+def run_and_report(
+    workload: str,
+    specs: Sequence[Any],
+    *,
+    out: Path | None,
+    resume: bool,
+    timeout_s: float,
+    fmt: str | None = None,
+    compare: str | None = None,
+    title: str | None = None,
+) -> list[Record]:
+    """Run the points (isolated, resumable, with progress), then print and save the table."""
+    check_format(fmt)
+    out = out or default_out()
+    if resume and not out.exists():
+        console.say(f"--resume: {out} does not exist yet; starting a new results file")
+    todo = pending_count(workload, specs, out, resume)
+    console.say(f"{len(specs)} point(s), {todo} to run -> {out}")
+    with console.sweep_progress(todo, workload) as (on_start, on_done):
+        run_sweep(workload, specs, out=out, resume=resume, timeout_s=timeout_s,
+                  on_start=on_start, on_done=on_done)
+    spec_keys = spec_fields(workload)
+    keys = {json_key(s) for s in specs}
+    records = [r for r in read_records(out) if r.get("workload") == workload
+               and json_key({k: r.get(k) for k in spec_keys}) in keys]
+    show(records, spec_keys, fmt=fmt, compare=compare, out=out, title=title)
+    return records
+
+
+def json_key(spec: Any) -> str:
+    """Identity of a spec (dataclass or dict) for filtering records."""
+    data = dataclasses.asdict(spec) if dataclasses.is_dataclass(spec) else spec
+    return json.dumps(data, sort_keys=True, default=str)
+
+
+def show(
+    records: Sequence[Record],
+    spec_keys: Sequence[str],
+    *,
+    fmt: str | None,
+    compare: str | None,
+    out: Path | None,
+    title: str | None = None,
+) -> None:
+    """Print the table; with `fmt`, also write it beside the results file (or print it)."""
+    table = build_table(records, spec_keys, compare=compare)
+    console.show_table(table, title=title)
+    if fmt and fmt != "table":
+        text = render(table, fmt)
+        if out is None:
+            console.console.print(text, markup=False, highlight=False)
+        else:
+            suffix = {"md": "md", "csv": "csv", "latex": "tex", "json": "table.json"}[fmt]
+            path = out.with_suffix(f".{suffix}")
+            path.write_text(text)
+            console.say(f"wrote {path}")

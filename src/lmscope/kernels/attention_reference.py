@@ -1,0 +1,77 @@
+"""Naive (untiled) attention used as the ground truth for the flash-attention kernels.
+
+``attention_reference`` computes in float64 by default and returns both the output O and the
+per-row log-sum-exp L = logsumexp_j(q_i . k_j / sqrt(d)), the quantity the flash kernels save for
+their backward pass. ``attention_naive`` runs the same formula in the inputs' own dtype (as a
+plain PyTorch user would write it); tests use its error against the float64 reference to set
+their per-dtype tolerance.
+
+Causal masking is top-left aligned, like ``torch.nn.functional.scaled_dot_product_attention``
+with ``is_causal=True``: query i attends keys j <= i, whatever n_queries and n_keys are.
+Every query row then sees at least key 0, so no row is empty.
+
+Shapes: q (..., n_queries, d); k, v (..., n_keys, d) with the same leading dims.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["attention_naive", "attention_reference", "causal_mask"]
+
+
+def causal_mask(n_queries: int, n_keys: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """Boolean (n_queries, n_keys) mask, True where query i may attend key j (j <= i)."""
+    i = torch.arange(n_queries, device=device)[:, None]
+    j = torch.arange(n_keys, device=device)[None, :]
+    return j <= i
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    if q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim:
+        raise ValueError(
+            f"q, k, v need the same number (>= 2) of dims; got {tuple(q.shape)}, "
+            f"{tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    if k.shape != v.shape or q.shape[:-2] != k.shape[:-2] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            f"expected q (..., n_queries, d) and k, v (..., n_keys, d); got {tuple(q.shape)}, "
+            f"{tuple(k.shape)}, {tuple(v.shape)}"
+        )
+
+
+def attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    dtype: torch.dtype = torch.float64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return (O, L) computed naively in ``dtype`` (float64 by default).
+
+    O has q's shape and ``dtype``; L has shape (..., n_queries) and ``dtype``. Differentiable,
+    so ``torch.autograd.grad`` through it gives reference dQ, dK, dV.
+    """
+    _check(q, k, v)
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    s = torch.matmul(q, k.transpose(-2, -1)) * scale
+    if causal:
+        s = s.masked_fill(~causal_mask(q.shape[-2], k.shape[-2], q.device), float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse.unsqueeze(-1))
+    return torch.matmul(p, v), lse
+
+
+def attention_naive(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False
+) -> torch.Tensor:
+    """Naive attention entirely in the inputs' dtype: softmax(q k^T / sqrt(d)) v."""
+    _check(q, k, v)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    s = torch.matmul(q, k.transpose(-2, -1)) * scale
+    if causal:
+        s = s.masked_fill(~causal_mask(q.shape[-2], k.shape[-2], q.device), float("-inf"))
+    return torch.matmul(torch.softmax(s, dim=-1), v)

@@ -1,0 +1,1 @@
+"""Measurement probes: timing, ranges, kernel and memory profiling."""

@@ -1,0 +1,1 @@
+"""The reference Transformer LM and its attention backends."""

@@ -1,0 +1,1 @@
+"""Data parallelism on torch.distributed: launch, DDP wrappers, sharded optimizer."""

@@ -1,0 +1,1 @@
+"""Rendering records: terminal tables, markdown/csv/latex, plots."""

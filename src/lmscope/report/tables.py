@@ -1,0 +1,171 @@
+"""Tables of records: which columns to show, pivots by a swept field, and output formats.
+
+A failed point keeps its row: its metric cells read OOM, TIMEOUT or ERROR, the way the study
+write-ups tabulate sizes that did not fit.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from lmscope.results import Record, point_key
+
+METRIC_COLUMNS: dict[str, list[str]] = {
+    "bench": [
+        "mean_ms", "std_ms", "median_ms", "forward_ms", "backward_ms", "optimizer_ms",
+        "tokens_per_s", "tflops", "mfu", "peak_allocated_gib", "compile_s",
+    ],
+}
+"""Per workload, the metric columns a table shows (those present in the records)."""
+
+PRIMARY_METRIC: dict[str, str] = {"bench": "mean_ms"}
+"""Per workload, the metric that `--compare` pivots (lower is better for *_ms)."""
+
+IDENTITY_SKIP = {"device", "steps", "workload"}
+FORMATS = ("table", "md", "csv", "latex", "json")
+
+Table = tuple[list[str], list[list[Any]]]
+
+
+def latest_per_point(records: Sequence[Record], spec_keys: Sequence[str]) -> list[Record]:
+    """One record per point (the last written wins), in first-seen order."""
+    latest: dict[str, Record] = {}
+    for record in records:
+        key = point_key(record.get("workload", ""), {k: record.get(k) for k in spec_keys})
+        latest.pop(key, None)
+        latest[key] = record
+    return list(latest.values())
+
+
+def varying_fields(records: Sequence[Record], spec_keys: Sequence[str]) -> list[str]:
+    """Spec fields whose value differs between records (the swept axes), in spec order."""
+    return [
+        key for key in spec_keys
+        if key not in IDENTITY_SKIP and len({json.dumps(r.get(key)) for r in records}) > 1
+    ]
+
+
+def _cell(record: Record, column: str) -> Any:
+    status = record.get("status", "ok")
+    if status != "ok" and column not in record:
+        return status.upper()
+    if status != "ok" and record.get(column) is None:
+        return status.upper()
+    return record.get(column)
+
+
+def build_table(
+    records: Sequence[Record], spec_keys: Sequence[str], *, compare: str | None = None
+) -> Table:
+    """Header and rows: the swept fields, then the workload's metrics (or a pivot by `compare`)."""
+    if not records:
+        return [], []
+    workload = records[0].get("workload", "")
+    records = latest_per_point(records, spec_keys)
+    axes = varying_fields(records, spec_keys) or [k for k in ("size",) if k in spec_keys]
+    metrics = [
+        m for m in METRIC_COLUMNS.get(workload, [])
+        if any(r.get(m) is not None for r in records)
+    ]
+    if compare is None:
+        header = axes + metrics + ["status"]
+        rows = [[r.get(a) for a in axes] + [_cell(r, m) for m in metrics] + [r.get("status")]
+                for r in records]
+        return header, rows
+    return _pivot(records, axes, compare, PRIMARY_METRIC.get(workload, metrics[0]))
+
+
+def _pivot(records: Sequence[Record], axes: list[str], field: str, metric: str) -> Table:
+    if field not in axes:
+        raise ValueError(
+            f"cannot compare by {field!r}: it does not vary in these results "
+            f"(swept fields: {', '.join(axes) or 'none'})"
+        )
+    values = list(dict.fromkeys(json.dumps(r.get(field)) for r in records))
+    keys = [a for a in axes if a != field]
+    groups: dict[str, dict[str, Record]] = {}
+    for record in records:
+        group = groups.setdefault(json.dumps([record.get(k) for k in keys]), {})
+        group[json.dumps(record.get(field))] = record
+    labels = [f"{metric} {field}={json.loads(v)}" for v in values]
+    ratios = [f"ratio {json.loads(values[0])}/{json.loads(v)}" for v in values[1:]]
+    rows = []
+    for group_key, group in groups.items():
+        cells = [_cell(group[v], metric) if v in group else None for v in values]
+        base = cells[0]
+        ratio_cells = [
+            base / c if isinstance(base, float) and isinstance(c, float) and c else None
+            for c in cells[1:]
+        ]
+        rows.append(json.loads(group_key) + cells + ratio_cells)
+    return keys + labels + ratios, rows
+
+
+def format_value(value: Any) -> str:
+    """Numbers with sensible precision; None as a dash."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        if value == 0:
+            return "0"
+        magnitude = abs(value)
+        if magnitude >= 1e5:
+            return f"{value:,.0f}"
+        if magnitude >= 100:
+            return f"{value:.1f}"
+        if magnitude >= 1:
+            return f"{value:.3g}" if magnitude < 10 else f"{value:.2f}"
+        return f"{value:.3g}"
+    return str(value)
+
+
+def to_markdown(table: Table) -> str:
+    """GitHub-flavoured markdown table."""
+    header, rows = table
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(format_value(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def to_csv(table: Table) -> str:
+    """CSV with raw (unrounded) values."""
+    header, rows = table
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(header)
+    writer.writerows(["" if v is None else v for v in row] for row in rows)
+    return buffer.getvalue()
+
+
+def to_latex(table: Table) -> str:
+    """A booktabs tabular."""
+    header, rows = table
+
+    def escape(text: str) -> str:
+        return text.replace("_", r"\_").replace("%", r"\%").replace("&", r"\&")
+
+    lines = [r"\begin{tabular}{" + "l" * len(header) + "}", r"\toprule",
+             " & ".join(escape(h) for h in header) + r" \\", r"\midrule"]
+    lines += [" & ".join(escape(format_value(v)) for v in row) + r" \\" for row in rows]
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
+def to_json(table: Table) -> str:
+    """A list of row objects."""
+    header, rows = table
+    return json.dumps([dict(zip(header, row, strict=True)) for row in rows], indent=2) + "\n"
+
+
+def render(table: Table, fmt: str) -> str:
+    """The table as text in `fmt` (md, csv, latex, json)."""
+    renderers = {"md": to_markdown, "csv": to_csv, "latex": to_latex, "json": to_json}
+    if fmt not in renderers:
+        raise ValueError(f"unknown format {fmt!r}: choose one of {', '.join(renderers)}")
+    return renderers[fmt](table)

@@ -1,0 +1,186 @@
+"""Sweeps: grid expansion, one isolated subprocess per point, timeouts, OOM capture, resume.
+
+Every command goes through `run_sweep`: each point runs `python -m lmscope.worker` in its own
+process group, so an OOM, a crash or a hang costs that point only; it becomes a record with
+status `oom`, `error` or `timeout` and the sweep goes on. Records are appended to the results
+file as each point finishes, so an interrupted sweep loses nothing that finished, and
+`resume=True` skips points whose `ok` or `oom` record is already there (errors and timeouts
+are tried again: they may be transient).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import timeit
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from lmscope.results import Record, append_record, point_key, provenance, read_records
+
+WORKLOADS: dict[str, str] = {
+    "bench": "lmscope.workloads.step",
+    "profile": "lmscope.workloads.profile",
+    "memory": "lmscope.workloads.memory",
+    "attention": "lmscope.workloads.attention",
+    "comm": "lmscope.workloads.collectives",
+    "ddp": "lmscope.workloads.ddp",
+}
+"""Workload name -> module. A workload module defines `Spec` (a frozen dataclass) and
+`run_point(spec_dict) -> metrics`. Any importable module path works as a workload too."""
+
+FINISHED = ("ok", "oom")
+"""Statuses that `resume` treats as done."""
+
+
+def expand_grid(fixed: dict[str, Any], swept: dict[str, Iterable[Any]]) -> list[dict[str, Any]]:
+    """Cartesian product of the swept fields, each merged over the fixed fields, in order."""
+    names = list(swept)
+    return [
+        {**fixed, **dict(zip(names, values, strict=True))}
+        for values in itertools.product(*(list(swept[name]) for name in names))
+    ]
+
+
+def resolve_workload(workload: str) -> ModuleType:
+    """The module of a registered workload name or of a module path."""
+    try:
+        return importlib.import_module(WORKLOADS.get(workload, workload))
+    except ModuleNotFoundError:
+        raise ValueError(
+            f"unknown workload {workload!r}: choose one of {', '.join(WORKLOADS)}"
+        ) from None
+
+
+def spec_fields(workload: str) -> list[str]:
+    """Names of the spec fields of a workload, in declaration order."""
+    return [field.name for field in dataclasses.fields(resolve_workload(workload).Spec)]
+
+
+def failure_record(status: str, message: str) -> dict[str, Any]:
+    """Metrics part of a failed point: its status and one line saying why."""
+    line = next((ln.strip() for ln in message.strip().splitlines()[::-1] if ln.strip()), "")
+    return {"status": status, "error": line[:400] or status}
+
+
+def _spec_dict(spec: Any) -> dict[str, Any]:
+    return dataclasses.asdict(spec) if dataclasses.is_dataclass(spec) else dict(spec)
+
+
+def _run_isolated(workload: str, spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """Run one point in a fresh process group; never raises for the point's own failures."""
+    with tempfile.TemporaryDirectory(prefix="lmscope-point-") as tmp:
+        spec_path, result_path, log_path = (Path(tmp) / n for n in ("spec", "result", "log"))
+        spec_path.write_text(json.dumps(spec))
+        with log_path.open("w") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "lmscope.worker", workload, str(spec_path), str(result_path)],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+            try:
+                process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                _kill_group(process)
+                return failure_record("timeout", f"no result within {timeout_s:g} s")
+            except BaseException:
+                _kill_group(process)
+                raise
+        if result_path.exists():
+            return json.loads(result_path.read_text())
+        tail = log_path.read_text(errors="replace")[-4000:]
+        return failure_record("error", f"exit code {process.returncode}\n{tail}")
+
+
+def _kill_group(process: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
+
+
+def run_in_process(workload: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """Run one point here, turning its failure into a status (what the worker does)."""
+    try:
+        metrics = resolve_workload(workload).run_point(spec)
+    except Exception as error:  # noqa: BLE001 - a failed point is a row, never a crash
+        return failure_record(classify_failure(error), f"{type(error).__name__}: {error}")
+    return {"status": "ok", "error": None, **metrics}
+
+
+def classify_failure(error: BaseException) -> str:
+    """'oom' for out-of-memory errors of any device, else 'error'."""
+    if isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError":
+        return "oom"
+    text = str(error).lower()
+    return "oom" if "out of memory" in text or "can't allocate memory" in text else "error"
+
+
+def run_sweep(
+    workload: str,
+    specs: Iterable[Any],
+    *,
+    out: Path,
+    resume: bool = False,
+    timeout_s: float = 900.0,
+    isolate: bool = True,
+    on_start: Callable[[int, dict[str, Any]], None] | None = None,
+    on_done: Callable[[Record], None] | None = None,
+) -> list[Record]:
+    """Run every point not yet finished in `out`; return the records written by this call."""
+    points = [_spec_dict(spec) for spec in specs]
+    done = _finished_keys(workload, points, out) if resume else set()
+    written = []
+    for index, spec in enumerate(points):
+        if point_key(workload, spec) in done:
+            continue
+        if on_start:
+            on_start(index, spec)
+        begin = timeit.default_timer()
+        metrics = (
+            _run_isolated(workload, spec, timeout_s) if isolate else run_in_process(workload, spec)
+        )
+        record = {
+            "workload": workload,
+            **spec,
+            **metrics,
+            "wall_s": round(timeit.default_timer() - begin, 3),
+        }
+        record = {**provenance(), **record}
+        append_record(out, record)
+        written.append(record)
+        if on_done:
+            on_done(record)
+    return written
+
+
+def _spec_fields(record: Record, template: dict[str, Any]) -> dict[str, Any]:
+    """The spec part of a record, by the keys of a spec of the same workload."""
+    return {key: record.get(key) for key in template}
+
+
+def _finished_keys(workload: str, points: list[dict[str, Any]], out: Path) -> set[str]:
+    """Keys of the points that already have an `ok` or `oom` record in `out`."""
+    if not points or not out.exists():
+        return set()
+    return {
+        point_key(workload, _spec_fields(record, points[0]))
+        for record in read_records(out)
+        if record.get("status") in FINISHED and record.get("workload") == workload
+    }
+
+
+def pending_count(workload: str, specs: Iterable[Any], out: Path, resume: bool) -> int:
+    """How many of `specs` a sweep would run (for progress bars)."""
+    points = [_spec_dict(spec) for spec in specs]
+    done = _finished_keys(workload, points, out) if resume else set()
+    return sum(point_key(workload, p) not in done for p in points)

@@ -1,0 +1,1 @@
+"""Workloads: what one measured point runs on the device."""

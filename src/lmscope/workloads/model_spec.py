@@ -1,0 +1,84 @@
+"""The spec fields shared by every workload that runs the Transformer LM (bench, profile, memory)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lmscope.accounting.flops import MODES
+from lmscope.config import ModelConfig, preset
+from lmscope.model.attention import attention_backends
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+"""fp32: no autocast; bf16/fp16: torch.autocast over fp32 master weights."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelPointSpec:
+    """One model, batch, mode and precision to run: the identity of a measured point."""
+
+    size: str = "tiny"
+    """Preset name (tiny, small, medium, large, xl, 2.7B); fields below override it."""
+    vocab_size: int | None = None
+    """Override of the preset's vocabulary size."""
+    d_model: int | None = None
+    """Override of the preset's d_model."""
+    d_ff: int | None = None
+    """Override of the preset's d_ff."""
+    num_layers: int | None = None
+    """Override of the preset's number of layers."""
+    num_heads: int | None = None
+    """Override of the preset's number of heads."""
+    model_context_length: int | None = None
+    """The model's context_length; defaults to context_length."""
+    context_length: int = 128
+    """Tokens per sequence in the batch."""
+    batch_size: int = 4
+    """Sequences per batch."""
+    mode: str = "train-step"
+    """forward | forward-backward | train-step."""
+    precision: str = "fp32"
+    """fp32 | bf16 | fp16 (autocast)."""
+    attention: str = "naive"
+    """Attention backend: naive | sdpa | flash | flash-torch."""
+    compile: bool = False
+    """Wrap the model in torch.compile (compile time reported apart from the steps)."""
+    device: str = "auto"
+    """'auto' (cuda when present, else cpu), 'cuda', 'cuda:N' or 'cpu'."""
+
+    def __post_init__(self) -> None:
+        for name in ("context_length", "batch_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(f"{name} must be a positive integer, got {value!r}: pass {flag} N")
+        if self.mode not in MODES:
+            raise ValueError(f"unknown mode {self.mode!r}: choose one of {', '.join(MODES)}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(
+                f"unknown precision {self.precision!r}: choose one of {', '.join(PRECISIONS)}"
+            )
+        if self.attention not in attention_backends():
+            raise ValueError(
+                f"unknown attention backend {self.attention!r}: "
+                f"choose one of {', '.join(attention_backends())}"
+            )
+        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
+            raise ValueError(f"unknown device {self.device!r}: use auto, cpu, cuda or cuda:N")
+        config = self.model_config()
+        if self.context_length > config.context_length:
+            raise ValueError(
+                f"context length {self.context_length} exceeds the model's context_length "
+                f"{config.context_length}: raise --model-context-length or shorten --context-length"
+            )
+
+    def model_config(self) -> ModelConfig:
+        """The validated ModelConfig of this point."""
+        return preset(
+            self.size,
+            vocab_size=self.vocab_size,
+            d_model=self.d_model,
+            d_ff=self.d_ff,
+            num_layers=self.num_layers,
+            num_heads=self.num_heads,
+            context_length=self.model_context_length or self.context_length,
+        )

@@ -1,0 +1,113 @@
+"""One step of the Transformer LM in a given mode and precision, with named phases.
+
+Shared by `bench`, `profile` and `memory`: they differ only in the probe around the steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import timeit
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from lmscope.measure.ranges import phase
+from lmscope.measure.timer import PhaseClock
+from lmscope.model.transformer import TransformerLM
+from lmscope.workloads.model_spec import ModelPointSpec
+
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    """'auto' -> cuda when available else cpu; an explicit cuda without a GPU is an error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda was asked for but no CUDA GPU is visible: use --device cpu")
+    return device
+
+
+def autocast_context(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """nullcontext for fp32, torch.autocast to bf16/fp16 otherwise."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=AUTOCAST_DTYPES[precision])
+
+
+class TrainStep:
+    """Model, optimizer and a random batch on a device; calling it runs one step of `mode`."""
+
+    def __init__(self, spec: ModelPointSpec, *, seed: int = 0) -> None:
+        self.spec = spec
+        self.device = resolve_device(spec.device)
+        torch.manual_seed(seed)
+        self.config = spec.model_config()
+        self.model = TransformerLM(self.config, attention=spec.attention).to(self.device)
+        self.runnable = torch.compile(self.model) if spec.compile else self.model
+        shape = (spec.batch_size, spec.context_length)
+        self.inputs = torch.randint(0, self.config.vocab_size, shape, device=self.device)
+        self.targets = torch.randint(0, self.config.vocab_size, shape, device=self.device)
+        self.optimizer = None
+        if spec.mode == "train-step":
+            fused = self.device.type == "cuda"
+            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, fused=fused)
+        use_scaler = spec.precision == "fp16" and spec.mode == "train-step"
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=use_scaler)
+
+    def loss(self) -> torch.Tensor:
+        """Forward and cross-entropy (in fp32) under the point's autocast."""
+        with autocast_context(self.spec.precision, self.device):
+            logits = self.runnable(self.inputs)
+        return F.cross_entropy(logits.float().flatten(0, 1), self.targets.flatten())
+
+    def __call__(self, clock: PhaseClock | None = None) -> None:
+        """One step; phases are marked on `clock` (forward, backward, optimizer)."""
+        clock = clock or _NullClock()
+        clock.start()
+        if self.spec.mode == "forward":
+            with phase("forward"), torch.no_grad(), autocast_context(self.spec.precision, self.device):
+                self.runnable(self.inputs)
+            clock.mark("forward")
+            return
+        self.model.zero_grad(set_to_none=True)
+        with phase("forward"):
+            loss = self.loss()
+        clock.mark("forward")
+        with phase("backward"):
+            self.scaler.scale(loss).backward()
+        clock.mark("backward")
+        if self.optimizer is not None:
+            with phase("optimizer"):
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            clock.mark("optimizer")
+
+    def compile_warmup(self) -> float | None:
+        """With torch.compile, run one step to trigger compilation and return its seconds."""
+        if not self.spec.compile:
+            return None
+        begin = timeit.default_timer()
+        self()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return timeit.default_timer() - begin
+
+    def parameter_count(self) -> int:
+        """Parameters of the model."""
+        return sum(p.numel() for p in self.model.parameters())
+
+
+class _NullClock:
+    def start(self) -> None: ...
+
+    def mark(self, name: str) -> None: ...
+
+
+def device_facts(device: torch.device) -> dict[str, Any]:
+    """Name of the device the point ran on."""
+    if device.type == "cuda":
+        return {"device_type": "cuda", "device_name": torch.cuda.get_device_name(device)}
+    return {"device_type": "cpu"}

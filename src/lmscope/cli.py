@@ -52,7 +52,7 @@ def bench(
         int | None, typer.Option(help="the model's context_length (default: --context-length)")
     ] = None,
     batch_size: Annotated[str, typer.Option(help="sequences per batch, list ok")] = "4",
-    mode: Annotated[str, typer.Option(help="forward | forward-backward | train-step, list ok")] = "train-step",
+    mode: Annotated[str, typer.Option(help="forward | forward-backward | train-step")] = "train-step",
     precision: Annotated[str, typer.Option(help="fp32 | bf16 | fp16, list ok")] = "fp32",
     compile: Annotated[str, typer.Option("--compile", help="torch.compile: off | on | off,on")] = "off",
     attention: Annotated[str, typer.Option(help="naive | sdpa | flash | flash-torch, list ok")] = "naive",

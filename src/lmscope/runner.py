@@ -10,6 +10,7 @@ are tried again: they may be transient).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import itertools
@@ -101,10 +102,8 @@ def _run_isolated(workload: str, spec: dict[str, Any], timeout_s: float) -> dict
 
 
 def _kill_group(process: subprocess.Popen[bytes]) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     process.wait()
 
 

@@ -45,7 +45,8 @@ class TrainStep:
         self.device = resolve_device(spec.device)
         torch.manual_seed(seed)
         self.config = spec.model_config()
-        self.model = TransformerLM(self.config, attention=spec.attention).to(self.device)
+        with self.device:  # build and initialize the weights on the device itself
+            self.model = TransformerLM(self.config, attention=spec.attention)
         self.runnable = torch.compile(self.model) if spec.compile else self.model
         shape = (spec.batch_size, spec.context_length)
         self.inputs = torch.randint(0, self.config.vocab_size, shape, device=self.device)

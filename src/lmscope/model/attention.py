@@ -2,12 +2,11 @@
 
 A backend is a function `(q, k, v) -> out` on (batch, heads, seq, head_dim) tensors computing
 causal softmax(q k^T / sqrt(d)) v. Backends register by name; kernels that need Triton are
-imported only when first used, so importing the model never touches a GPU compiler.
+imported inside the backend function, so importing the model never touches a GPU compiler.
 """
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections.abc import Callable
 
@@ -20,12 +19,12 @@ from lmscope.model.rope import RotaryEmbedding
 
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
-_BACKENDS: dict[str, AttentionFn | str] = {}
-"""name -> function, or 'module:function' resolved on first use."""
+_BACKENDS: dict[str, AttentionFn] = {}
+"""name -> function."""
 
 
-def register_attention(name: str, fn: AttentionFn | str) -> None:
-    """Add a backend: a function, or a lazy 'package.module:function' path."""
+def register_attention(name: str, fn: AttentionFn) -> None:
+    """Add a backend under `name`."""
     _BACKENDS[name] = fn
 
 
@@ -38,12 +37,7 @@ def get_attention(name: str) -> AttentionFn:
     """The backend called `name`; unknown names list the known ones."""
     if name not in _BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}: choose one of {', '.join(_BACKENDS)}")
-    fn = _BACKENDS[name]
-    if isinstance(fn, str):
-        module, attr = fn.split(":")
-        fn = getattr(importlib.import_module(module), attr)
-        _BACKENDS[name] = fn
-    return fn
+    return _BACKENDS[name]
 
 
 def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -65,10 +59,24 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.T
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
+def flash_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """lmscope's FlashAttention-2 Triton kernels, causal (imported on first use)."""
+    from lmscope.kernels.flash_attention import flash_attention
+
+    return flash_attention(q, k, v, causal=True)
+
+
+def flash_attention_tiled_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """lmscope's tiled PyTorch FlashAttention-2, causal (slow; it teaches and checks)."""
+    from lmscope.kernels.flash_attention_torch import flash_attention_torch
+
+    return flash_attention_torch(q, k, v, causal=True)
+
+
 register_attention("naive", naive_attention)
 register_attention("sdpa", sdpa_attention)
-register_attention("flash", "lmscope.kernels.flash_attention:causal_flash_attention")
-register_attention("flash-torch", "lmscope.kernels.flash_attention_torch:causal_flash_attention_torch")
+register_attention("flash", flash_attention_triton)
+register_attention("flash-torch", flash_attention_tiled_torch)
 
 
 class CausalSelfAttention(nn.Module):

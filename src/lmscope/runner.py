@@ -1,31 +1,25 @@
-"""Sweeps: grid expansion, one isolated subprocess per point, timeouts, OOM capture, resume.
+"""Sweeps: grid expansion, isolated worker processes, timeouts, OOM capture, resume.
 
-Every command goes through `run_sweep`: each point runs `python -m lmscope.worker` in its own
-process group, so an OOM, a crash or a hang costs that point only; it becomes a record with
-status `oom`, `error` or `timeout` and the sweep goes on. Records are appended to the results
-file as each point finishes, so an interrupted sweep loses nothing that finished, and
-`resume=True` skips points whose `ok` or `oom` record is already there (errors and timeouts
-are tried again: they may be transient).
+Every command goes through `run_sweep`: each point runs in a worker process
+(`lmscope.point_worker`) in its own process group, so an OOM, a crash or a hang costs that
+point only; it becomes a record with status `oom`, `error` or `timeout` and the sweep goes on.
+Records are appended to the results file as each point finishes, so an interrupted sweep
+loses nothing that finished, and `resume=True` skips points whose `ok` or `oom` record is
+already there (errors and timeouts are tried again: they may be transient).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib
 import itertools
-import json
-import os
-import signal
-import subprocess
-import sys
-import tempfile
 import timeit
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from lmscope.point_worker import PointWorker
 from lmscope.results import Record, append_record, point_key, provenance, read_records
 
 WORKLOADS: dict[str, str] = {
@@ -77,36 +71,6 @@ def _spec_dict(spec: Any) -> dict[str, Any]:
     return dataclasses.asdict(spec) if dataclasses.is_dataclass(spec) else dict(spec)
 
 
-def _run_isolated(workload: str, spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-    """Run one point in a fresh process group; never raises for the point's own failures."""
-    with tempfile.TemporaryDirectory(prefix="lmscope-point-") as tmp:
-        spec_path, result_path, log_path = (Path(tmp) / n for n in ("spec", "result", "log"))
-        spec_path.write_text(json.dumps(spec))
-        with log_path.open("w") as log:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "lmscope.worker", workload, str(spec_path), str(result_path)],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            )
-            try:
-                process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                _kill_group(process)
-                return failure_record("timeout", f"no result within {timeout_s:g} s")
-            except BaseException:
-                _kill_group(process)
-                raise
-        if result_path.exists():
-            return json.loads(result_path.read_text())
-        tail = log_path.read_text(errors="replace")[-4000:]
-        return failure_record("error", f"exit code {process.returncode}\n{tail}")
-
-
-def _kill_group(process: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
-
-
 def run_in_process(workload: str, spec: dict[str, Any]) -> dict[str, Any]:
     """Run one point here, turning its failure into a status (what the worker does)."""
     try:
@@ -132,33 +96,45 @@ def run_sweep(
     resume: bool = False,
     timeout_s: float = 900.0,
     isolate: bool = True,
+    reuse_worker: bool = False,
     on_start: Callable[[int, dict[str, Any]], None] | None = None,
     on_done: Callable[[Record], None] | None = None,
 ) -> list[Record]:
-    """Run every point not yet finished in `out`; return the records written by this call."""
+    """Run every point not yet finished in `out`; return the records written by this call.
+
+    `isolate` runs points in worker processes (False: in this process, for debugging).
+    `reuse_worker` keeps one worker for consecutive points (much faster for light points such as
+    attention kernels); a worker that fails a point is replaced. Points that measure cold starts
+    or process-wide memory keep the default, a fresh process per point.
+    """
     points = [_spec_dict(spec) for spec in specs]
     done = _finished_keys(workload, points, out) if resume else set()
     written = []
-    for index, spec in enumerate(points):
-        if point_key(workload, spec) in done:
-            continue
-        if on_start:
-            on_start(index, spec)
-        begin = timeit.default_timer()
-        metrics = (
-            _run_isolated(workload, spec, timeout_s) if isolate else run_in_process(workload, spec)
-        )
-        record = {
-            "workload": workload,
-            **spec,
-            **metrics,
-            "wall_s": round(timeit.default_timer() - begin, 3),
-        }
-        record = {**provenance(), **record}
-        append_record(out, record)
-        written.append(record)
-        if on_done:
-            on_done(record)
+    worker: PointWorker | None = None
+    try:
+        for index, spec in enumerate(points):
+            if point_key(workload, spec) in done:
+                continue
+            if on_start:
+                on_start(index, spec)
+            begin = timeit.default_timer()
+            if not isolate:
+                metrics = run_in_process(workload, spec)
+            else:
+                worker = worker if worker is not None and worker.alive else PointWorker(workload)
+                metrics = worker.run(spec, timeout_s)
+                if not reuse_worker or metrics.get("status") != "ok":
+                    worker.close(kill=metrics.get("status") != "ok")
+                    worker = None
+            record = {**provenance(), "workload": workload, **spec, **metrics,
+                      "wall_s": round(timeit.default_timer() - begin, 3)}
+            append_record(out, record)
+            written.append(record)
+            if on_done:
+                on_done(record)
+    finally:
+        if worker is not None:
+            worker.close(kill=True)
     return written
 
 

@@ -1,26 +1,33 @@
-"""Entry point of one isolated point: `python -m lmscope.worker WORKLOAD SPEC_JSON RESULT_JSON`.
+"""The worker process of a sweep: `python -m lmscope.worker WORKLOAD`.
 
-Runs the workload on the spec and writes its metrics (or its failure as a status) to
-RESULT_JSON. A crash that kills the interpreter leaves no result file; the runner then records
-the point as an error with the end of this process's output.
+Reads requests `{"spec": {...}, "result": "/path"}` one per line on stdin until end of input;
+runs each point with `run_in_process` (a Python exception becomes an `oom`/`error` status) and
+writes the result JSON to a temporary name, then renames it, so the parent never reads half a file.
+A crash that kills the interpreter leaves no result; the parent records that point as an error.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
-from pathlib import Path
 
 from lmscope.runner import run_in_process
 
 
-def main(argv: list[str]) -> int:
-    workload, spec_path, result_path = argv
-    spec = json.loads(Path(spec_path).read_text())
-    result = run_in_process(workload, spec)
-    Path(result_path).write_text(json.dumps(result, default=str))
+def serve(workload: str) -> int:
+    """Answer requests from stdin until it closes."""
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        request = json.loads(line)
+        result = run_in_process(workload, request["spec"])
+        partial = request["result"] + ".partial"
+        with open(partial, "w") as handle:
+            json.dump(result, handle, default=str)
+        os.replace(partial, request["result"])
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(serve(sys.argv[1]))

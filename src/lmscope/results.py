@@ -52,6 +52,9 @@ def read_records(path: Path) -> list[Record]:
 
 @cache
 def _git_sha() -> str | None:
+    """The checkout's commit, or LMSCOPE_GIT_SHA for copies of a tree without .git."""
+    if os.environ.get("LMSCOPE_GIT_SHA"):
+        return os.environ["LMSCOPE_GIT_SHA"]
     try:
         out = subprocess.run(
             ["git", "rev-parse", "--short=12", "HEAD"],

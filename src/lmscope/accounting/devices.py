@@ -25,6 +25,15 @@ class DeviceSpec:
     """Scale-up interconnect bandwidth per device, one direction, decimal GB/s (NVLink, ICI)."""
     source: str
     """Where the figures come from."""
+    collective_gbps: float | None = None
+    """Bandwidth W that a ring collective over one mesh axis moves per device, decimal GB/s (the W
+    of the TPU Scaling Book): NVLink one-way per GPU behind an NVSwitch (= interconnect_gbps, the
+    default); on a TPU axis with wraparound, both directions of one ICI link."""
+
+    @property
+    def axis_gbps(self) -> float:
+        """The collective bandwidth W of one mesh axis (collective_gbps, else interconnect_gbps)."""
+        return self.collective_gbps or self.interconnect_gbps
 
     def peak(self, dtype: str) -> float | None:
         """Dense peak TFLOP/s for `dtype`, or None when the datasheet gives none."""
@@ -71,11 +80,12 @@ CATALOG: dict[str, DeviceSpec] = {
         source="NVIDIA HGX B200 specifications (per GPU), dense figures",
     ),
     # Google Cloud TPU v5p documentation: 459 TFLOP/s bf16, 95 GB HBM2e at 2,765 GB/s,
-    # ICI 4,800 Gbps per chip; the TPU Scaling Book uses 9e10 B/s one-way per ICI link.
+    # ICI 4,800 Gbps per chip; the TPU Scaling Book ("Training" section) uses 9e10 B/s one-way per
+    # ICI link, so W_ici = 2 * 9e10 B/s for a collective along one axis with wraparound.
     "TPU v5p": DeviceSpec(
         name="TPU v5p",
         peak_tflops={"bf16": 459.0, "fp8": 918.0},
-        hbm_gb=95, hbm_gbps=2765, interconnect_gbps=90,
+        hbm_gb=95, hbm_gbps=2765, interconnect_gbps=90, collective_gbps=180,
         source="Google Cloud TPU v5p system architecture page; TPU Scaling Book (chips part)",
     ),
 }
@@ -91,7 +101,7 @@ def lookup(device_name: str | None) -> DeviceSpec | None:
     name = device_name.upper()
     if name in (key.upper() for key in CATALOG):
         return next(spec for key, spec in CATALOG.items() if key.upper() == name)
-    if "H100" in name:
+    if "H100" in name and "NVL" not in name:  # H100 NVL (94 GB, other clocks) is not catalogued
         return CATALOG["H100 PCIe" if "PCIE" in name else "H100 SXM"]
     for key in ("H200", "A100", "B200"):
         if key in name:

@@ -47,6 +47,30 @@ def forward_flops(config: ModelConfig, batch_size: int, seq_len: int) -> dict[st
     return {"dense": dense, "attention": attention, "total": dense + attention}
 
 
+def forward_flops_by_component(config: ModelConfig, batch_size: int, seq_len: int) -> dict[str, float]:
+    """Forward FLOPs split by the matmuls that do them; the values add up to `forward_flops` total.
+
+    attention_proj: Q, K, V and output projections; attention_scores: Q K^T; attention_values: P V;
+    ffn: the three SwiGLU matmuls; lm_head: the vocabulary projection.
+    """
+    d, layers, tokens = config.d_model, config.num_layers, batch_size * seq_len
+    square = 2.0 * layers * batch_size * seq_len * seq_len * d
+    return {
+        "attention_proj": 2.0 * layers * 4 * d * d * tokens,
+        "attention_scores": square,
+        "attention_values": square,
+        "ffn": 2.0 * layers * 3 * d * config.d_ff * tokens,
+        "lm_head": 2.0 * d * config.vocab_size * tokens,
+    }
+
+
+def phase_flops(config: ModelConfig, batch_size: int, seq_len: int, mode: str) -> dict[str, float]:
+    """FLOPs of each phase of a step: forward, backward (2x forward, 0 in forward mode), step."""
+    step = step_flops(config, batch_size, seq_len, mode)
+    forward = forward_flops(config, batch_size, seq_len)["total"]
+    return {"forward": forward, "backward": step - forward, "step": step}
+
+
 def step_flops(config: ModelConfig, batch_size: int, seq_len: int, mode: str) -> float:
     """FLOPs of one step in `mode`: forward is 1x, with backward 3x the forward FLOPs."""
     if mode not in MODES:

@@ -66,6 +66,7 @@ def run_and_report(
     fmt: str | None = None,
     compare: str | None = None,
     title: str | None = None,
+    reuse_worker: bool = False,
 ) -> list[Record]:
     """Run the points (isolated, resumable, with progress), then print and save the table."""
     check_format(fmt)
@@ -76,7 +77,7 @@ def run_and_report(
     console.say(f"{len(specs)} point(s), {todo} to run -> {out}")
     with console.sweep_progress(todo, workload) as (on_start, on_done):
         run_sweep(workload, specs, out=out, resume=resume, timeout_s=timeout_s,
-                  on_start=on_start, on_done=on_done)
+                  reuse_worker=reuse_worker, on_start=on_start, on_done=on_done)
     spec_keys = spec_fields(workload)
     keys = {json_key(s) for s in specs}
     records = [r for r in read_records(out) if r.get("workload") == workload

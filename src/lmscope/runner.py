@@ -11,8 +11,10 @@ already there (errors and timeouts are tried again: they may be transient).
 from __future__ import annotations
 
 import dataclasses
+import gc
 import importlib
 import itertools
+import sys
 import timeit
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -77,7 +79,17 @@ def run_in_process(workload: str, spec: dict[str, Any]) -> dict[str, Any]:
         metrics = resolve_workload(workload).run_point(spec)
     except Exception as error:  # noqa: BLE001 - a failed point is a row, never a crash
         return failure_record(classify_failure(error), f"{type(error).__name__}: {error}")
+    finally:
+        release_device_memory()
     return {"status": "ok", "error": None, **metrics}
+
+
+def release_device_memory() -> None:
+    """Free what a finished point left in the CUDA caching allocator (a reused worker goes on)."""
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def classify_failure(error: BaseException) -> str:

@@ -90,3 +90,23 @@ def test_toy_model_under_cuda_fp16_autocast():
     outputs = rows_of(autocast_dtypes("toy", "fp16", "cuda"), "output")
     assert outputs["fc1"] == "fp16" and outputs["fc2"] == "fp16"
     assert outputs["ln"] == "fp32"  # CUDA autocast runs layer_norm in fp32
+
+
+def test_cli_accumulate_json(capsys):
+    import json
+
+    from lmscope.cli import main
+
+    main(["precision", "accumulate", "--count", "1000,10", "--format", "json"])
+    rows = json.loads(capsys.readouterr().out)["sections"]["accumulation"]
+    assert {r["count"] for r in rows} == {1000, 10}
+    fp16 = [r for r in rows if r["count"] == 1000 and r["accumulator"] == "fp16"]
+    assert fp16[0]["result"] == 9.953125
+
+
+def test_cli_autocast_table(capsys):
+    from lmscope.cli import main
+
+    main(["precision", "autocast", "--model", "toy", "--dtype", "bf16", "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert "toy under bf16 autocast on cpu" in out and "cross_entropy" in out

@@ -156,11 +156,10 @@ def hardware(
     peak = peak_tflops if peak_tflops is not None else (spec.peak(dtype) if spec else None)
     bandwidth = bandwidth_gbps if bandwidth_gbps is not None else (spec.axis_gbps if spec else None)
     if peak is None or bandwidth is None:
-        missing = "--peak-tflops" if peak is None else "--bandwidth-gbps"
+        what, flag = (f"{dtype} peak", "--peak-tflops") if peak is None else ("bandwidth", "--bandwidth-gbps")
         raise ValueError(
-            f"device {device_name!r} has no catalogued {'peak' if peak is None else 'bandwidth'} "
-            f"for {dtype}: pass {missing}, or a catalogued device (H100 SXM, H100 PCIe, H200, A100, "
-            "B200, TPU v5p)"
+            f"device {device_name!r} has no catalogued {what}: pass {flag}, or a catalogued device "
+            "(H100 SXM, H100 PCIe, H200, A100, B200, TPU v5p)"
         )
     if peak <= 0 or bandwidth <= 0:
         raise ValueError("peak TFLOP/s and bandwidth must be positive: pass positive values")

@@ -105,7 +105,7 @@ def table(
 
 
 plan_app = typer.Typer(help="Answers without a GPU run: FLOPs, memory, communication, parallelism.",
-                       no_args_is_help=True, rich_markup_mode=None)
+                       no_args_is_help=False, rich_markup_mode=None)
 app.add_typer(plan_app, name="plan")
 PlanModel = Annotated[str, typer.Option(help="preset (tiny..2.7B), or xxl (FFN-only) in comm/parallel")]
 PlanInt = Annotated[int | None, typer.Option(help="override the model's value")]
@@ -237,7 +237,7 @@ def plan_parallel(
 
 
 precision_app = typer.Typer(help="What low precision does to sums and to a model under autocast.",
-                            no_args_is_help=True, rich_markup_mode=None)
+                            no_args_is_help=False, rich_markup_mode=None)
 app.add_typer(precision_app, name="precision")
 
 

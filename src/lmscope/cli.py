@@ -87,6 +87,56 @@ def bench(
 
 
 @app.command()
+def profile(
+    size: Annotated[str | None, typer.Option(help="preset(s): tiny,small,medium,large,xl,2.7B")] = None,
+    d_model: Annotated[int | None, typer.Option(help="override d_model")] = None,
+    d_ff: Annotated[int | None, typer.Option(help="override d_ff")] = None,
+    num_layers: Annotated[int | None, typer.Option(help="override num_layers")] = None,
+    num_heads: Annotated[int | None, typer.Option(help="override num_heads")] = None,
+    vocab_size: Annotated[int | None, typer.Option(help="override vocab_size")] = None,
+    context_length: Annotated[str, typer.Option(help="tokens per sequence, list ok")] = "128",
+    batch_size: Annotated[str, typer.Option(help="sequences per batch, list ok")] = "4",
+    mode: Annotated[str, typer.Option(help="forward|forward-backward|train-step, list ok")] = "train-step",
+    precision: Annotated[str, typer.Option(help="fp32 | bf16 | fp16, list ok")] = "fp32",
+    compile: Annotated[str, typer.Option("--compile", help="torch.compile: off | on | off,on")] = "off",
+    attention: Annotated[str, typer.Option(help="naive | sdpa | flash | flash-torch, list ok")] = "naive",
+    warmup: Annotated[int, typer.Option(help="untimed steps before measuring (outside the profiler)")] = 5,
+    steps: Annotated[int, typer.Option(help="steps timed unprofiled, then as many profiled")] = 3,
+    device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")] = "auto",
+    nsys: Annotated[bool, typer.Option("--nsys", help="print (and, with nsys on PATH, run) nsys")] = False,
+    out: Out = None,
+    resume: Resume = False,
+    timeout: Timeout = 900.0,
+    fmt: Format = None,
+    compare: Compare = None,
+) -> None:
+    """Kernel-level profile of a step: kernel tables, categories, idle gaps, attention breakdown."""
+    from lmscope.commands import default_out
+    from lmscope.report.profile_report import show_nsys, show_point_reports
+    from lmscope.workloads.profile import Spec, nsys_capture
+
+    out = out or default_out()
+    fixed = dict(d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
+                 vocab_size=vocab_size, warmup=warmup, steps=steps, device=device,
+                 artifacts_dir=str(out.parent / "profile"))
+    swept = {
+        "size": split_list(size or _default_size(), str, "--size"),
+        "context_length": split_list(context_length, int, "--context-length"),
+        "batch_size": split_list(batch_size, int, "--batch-size"),
+        "mode": split_list(mode, str, "--mode"),
+        "precision": split_list(precision, str, "--precision"),
+        "compile": split_list(compile, bool, "--compile"),
+        "attention": split_list(attention, str, "--attention"),
+    }
+    specs = [Spec(**point) for point in expand_grid(fixed, swept)]
+    records = run_and_report("profile", specs, out=out, resume=resume, timeout_s=timeout, fmt=fmt,
+                             compare=compare, title="lmscope profile")
+    show_point_reports(records)
+    for spec in specs if nsys else []:
+        show_nsys(nsys_capture(spec, timeout_s=timeout))
+
+
+@app.command()
 def table(
     results: Annotated[Path, typer.Argument(help="a results.jsonl written by lmscope")],
     fmt: Format = None,

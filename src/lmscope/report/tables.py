@@ -19,10 +19,15 @@ METRIC_COLUMNS: dict[str, list[str]] = {
         "mean_ms", "std_ms", "median_ms", "forward_ms", "backward_ms", "optimizer_ms",
         "tokens_per_s", "tflops", "mfu", "peak_allocated_gib", "compile_s",
     ],
+    "profile": [
+        "step_ms", "profiled_step_ms", "overhead_pct", "launches_per_step", "gpu_busy_frac",
+        "matmul_frac", "attention_frac", "elementwise_frac", "reduction_frac", "optimizer_frac",
+        "forward_matmul_frac", "softmax_time_vs_scores", "top_kernel", "invariant_ok",
+    ],
 }
 """Per workload, the metric columns a table shows (those present in the records)."""
 
-PRIMARY_METRIC: dict[str, str] = {"bench": "mean_ms"}
+PRIMARY_METRIC: dict[str, str] = {"bench": "mean_ms", "profile": "matmul_frac"}
 """Per workload, the metric that `--compare` pivots (lower is better for *_ms)."""
 
 IDENTITY_SKIP = {"device", "steps", "workload"}

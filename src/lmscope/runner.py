@@ -150,9 +150,26 @@ def run_sweep(
     return written
 
 
-def _spec_fields(record: Record, template: dict[str, Any]) -> dict[str, Any]:
-    """The spec part of a record, by the keys of a spec of the same workload."""
-    return {key: record.get(key) for key in template}
+def _spec_fields(record: Record, template: dict[str, Any], workload: str) -> dict[str, Any]:
+    """The spec part of a record, by the keys of a spec of the same workload.
+
+    A field added to the Spec after the record was written takes its default, so results files
+    of an older lmscope still resume.
+    """
+    defaults = _spec_defaults(workload)
+    return {key: record.get(key, defaults.get(key)) for key in template}
+
+
+def _spec_defaults(workload: str) -> dict[str, Any]:
+    try:
+        spec_type = resolve_workload(workload).Spec
+    except (ValueError, AttributeError):
+        return {}
+    return {
+        field.name: field.default
+        for field in dataclasses.fields(spec_type)
+        if field.default is not dataclasses.MISSING
+    }
 
 
 def _finished_keys(workload: str, points: list[dict[str, Any]], out: Path) -> set[str]:
@@ -160,7 +177,7 @@ def _finished_keys(workload: str, points: list[dict[str, Any]], out: Path) -> se
     if not points or not out.exists():
         return set()
     return {
-        point_key(workload, _spec_fields(record, points[0]))
+        point_key(workload, _spec_fields(record, points[0], workload))
         for record in read_records(out)
         if record.get("status") in FINISHED and record.get("workload") == workload
     }

@@ -24,10 +24,17 @@ METRIC_COLUMNS: dict[str, list[str]] = {
         "matmul_frac", "attention_frac", "elementwise_frac", "reduction_frac", "optimizer_frac",
         "forward_matmul_frac", "softmax_time_vs_scores", "top_kernel", "invariant_ok",
     ],
+    "comm": ["bytes", "count", "time_ms", "time_rank_max_ms", "algbw_gbps", "busbw_gbps", "wrong"],
+    "ddp": [
+        "step_ms", "step_std_ms", "forward_ms", "backward_ms", "comm_wait_ms", "optimizer_ms",
+        "comm_overhead_pct", "predicted_comm_wait_ms", "comm_wait_error_pct", "tokens_per_s",
+        "init_allocated_gib", "peak_before_optimizer_gib", "peak_after_optimizer_gib",
+    ],
 }
 """Per workload, the metric columns a table shows (those present in the records)."""
 
-PRIMARY_METRIC: dict[str, str] = {"bench": "mean_ms", "profile": "matmul_frac"}
+PRIMARY_METRIC: dict[str, str] = {"bench": "mean_ms", "profile": "matmul_frac",
+                                  "comm": "busbw_gbps", "ddp": "step_ms"}
 """Per workload, the metric that `--compare` pivots (lower is better for *_ms)."""
 
 IDENTITY_SKIP = {"device", "steps", "workload"}

@@ -1,0 +1,137 @@
+"""Glue of `lmscope comm` and `lmscope ddp`: run the sweep, then plot or summarize, and exit status.
+
+`comm` writes the busbw-vs-size plot beside the results. `ddp` adds the single-GPU baseline
+to the grid and, after the sweep, prints each strategy against it (step time over the
+baseline's) with the overhead model's prediction and optimal bucket size. Both return exit
+code 1 when a point failed (a failed rank is an error row naming the rank). Under torchrun
+every rank runs the sweep; ranks other than 0 write `<results>.rank<R>.jsonl`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from lmscope.accounting.comms import ddp_overhead_s, optimal_bucket_bytes, optimal_bucket_count
+from lmscope.commands import default_out, run_and_report
+from lmscope.parallel.launch import torchrun_env
+from lmscope.report import console
+from lmscope.report.comm_plots import plot_busbw
+from lmscope.report.tables import Table, render
+from lmscope.results import Record
+from lmscope.runner import expand_grid
+
+STARTUP_MARGIN_S = 120.0
+"""Seconds the runner allows a point beyond the ranks' own timeout (imports, process start)."""
+MODEL_POINT_KEYS = ("size", "vocab_size", "d_model", "d_ff", "num_layers", "num_heads",
+                    "model_context_length", "context_length", "batch_size", "precision", "attention",
+                    "device", "backend")
+"""Fields that make a ddp point's model and per-rank batch: its single baseline shares them."""
+
+
+def results_path(out: Path | None) -> Path:
+    """The results file of this process (rank R > 0 of a torchrun job: `<out>.rank<R>.jsonl`)."""
+    out = out or default_out()
+    env = torchrun_env()
+    if env is None or env["rank"] == 0:
+        return out
+    return out.with_name(f"{out.stem}.rank{env['rank']}{out.suffix}")
+
+
+def exit_code(records: Sequence[Record]) -> int:
+    """0 when every point is ok, else 1."""
+    return 0 if all(r.get("status") == "ok" for r in records) else 1
+
+
+def run_comm(specs: Sequence[Any], *, out: Path | None, resume: bool, timeout_s: float,
+             fmt: str | None) -> int:
+    """Run the collective sweep, show the table, write the busbw plot; the exit code."""
+    out = results_path(out)
+    records = run_and_report("comm", specs, out=out, resume=resume,
+                             timeout_s=timeout_s + STARTUP_MARGIN_S, fmt=fmt, title="lmscope comm",
+                             reuse_worker=True)
+    png = plot_busbw(records, out.with_suffix(".busbw.png"))
+    if png is not None:
+        console.say(f"wrote {png}")
+    return exit_code(records)
+
+
+def ddp_points(fixed: dict[str, Any], swept: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """The grid of strategies x sharding x world sizes, with one single baseline per model point.
+
+    `single` takes world size 1 and no sharding whatever the flags say; the baselines come first.
+    """
+    points, baselines = [], []
+    for point in expand_grid(fixed, swept):
+        if point["strategy"] == "single":
+            point = {**point, "world_size": 1, "shard_optimizer": False}
+        points.append(point)
+        baselines.append({**point, "strategy": "single", "world_size": 1, "shard_optimizer": False})
+    unique = {repr(sorted(p.items())): p for p in baselines + points}
+    return list(unique.values())
+
+
+def run_ddp(specs: Sequence[Any], *, out: Path | None, resume: bool, timeout_s: float,
+            fmt: str | None) -> int:
+    """Run the ddp sweep, show its table and the summary against baseline and model; the exit code."""
+    out = results_path(out)
+    records = run_and_report("ddp", specs, out=out, resume=resume,
+                             timeout_s=timeout_s + STARTUP_MARGIN_S, fmt=fmt, title="lmscope ddp",
+                             reuse_worker=True)
+    table = ddp_summary(records)
+    if table[1]:
+        console.show_table(table, title="against the single-GPU step and the overhead model")
+        model_line = overhead_model_line(records)
+        if model_line:
+            console.say(model_line)
+        if fmt == "md":
+            path = out.with_suffix(".summary.md")
+            path.write_text(render(table, "md") + (f"\n{model_line}\n" if model_line else ""))
+            console.say(f"wrote {path}")
+    return exit_code(records)
+
+
+def _model_key(record: Record) -> tuple[Any, ...]:
+    return tuple(record.get(key) for key in MODEL_POINT_KEYS)
+
+
+def ddp_summary(records: Sequence[Record]) -> Table:
+    """Per ok point: step time, its overhead over the baseline, comm wait measured and predicted."""
+    ok = [r for r in records if r.get("status") == "ok"]
+    single = {_model_key(r): r["step_ms"] for r in ok if r.get("strategy") == "single"}
+    varying = [k for k in ("size", "context_length", "batch_size", "precision")
+               if len({str(r.get(k)) for r in ok}) > 1]
+    header = [*varying, "strategy", "shard_optimizer", "world_size", "step_ms", "single_step_ms",
+              "overhead_vs_single_pct", "comm_wait_ms", "predicted_comm_wait_ms", "buckets",
+              "peak_after_optimizer_gib"]
+    rows = []
+    for record in ok:
+        base = single.get(_model_key(record))
+        overhead = 100 * (record["step_ms"] - base) / base if base else None
+        values = {**record, "single_step_ms": base, "overhead_vs_single_pct": overhead}
+        rows.append([values.get(key) for key in header])
+    return header, rows
+
+
+def overhead_model_line(records: Sequence[Record]) -> str | None:
+    """The model's optimal bucket from this run's all-reduce fit, and the best measured bucket."""
+    fitted = [r for r in records if r.get("status") == "ok" and r.get("allreduce_algbw_gbps")]
+    if not fitted:
+        return None
+    overhead_s = statistics.median(r["allreduce_overhead_us"] for r in fitted) / 1e6
+    algbw = statistics.median(r["allreduce_algbw_gbps"] for r in fitted)
+    model_bytes = fitted[0]["grad_mib"] * 2**20
+    line = (f"overhead model (docs/distributed.md): S = {model_bytes / 2**20:,.0f} MiB of gradients, "
+            f"all-reduce w = {algbw:.1f} GB/s, o = {overhead_s * 1e6:.1f} us per call")
+    if overhead_s > 0:
+        count = optimal_bucket_count(model_bytes, algbw, overhead_s)
+        bucket_mib = optimal_bucket_bytes(model_bytes, algbw, overhead_s) / 2**20
+        least_ms = 1e3 * ddp_overhead_s(model_bytes, algbw, overhead_s, count)
+        line += f" -> optimal bucket {bucket_mib:,.1f} MiB ({count:.0f} buckets), exposed {least_ms:.2f} ms"
+    bucketed = [r for r in fitted if str(r.get("strategy", "")).startswith("bucketed:")]
+    if bucketed:
+        best = min(bucketed, key=lambda r: r["step_ms"])
+        line += f"; best measured: {best['strategy']} ({best['step_ms']:.1f} ms/step)"
+    return line

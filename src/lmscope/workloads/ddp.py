@@ -1,0 +1,263 @@
+"""`lmscope ddp`: a data-parallel training step of the Transformer LM on N ranks, phase by phase.
+
+Each rank builds the model on its device (the wrapper broadcasts rank 0's weights), draws its
+own batch of `batch_size` sequences (the batch is per rank), wraps the model with a strategy
+(`lmscope.parallel.ddp`) and runs AdamW, whole or sharded (`ShardedOptimizer`). A step is
+timed like `bench` (synchronize, host clock) with CUDA-event phases: forward, backward,
+comm_wait (time inside `finish_gradient_synchronization`: communication that did not overlap;
+None for torch-ddp, which waits inside backward, and for `single`) and optimizer. Memory per
+rank: allocated after init, peak up to the optimizer step and peak through it. Metrics are
+means over ranks with their min and max. `single` (nproc 1) is the baseline: the same per-rank
+batch on one device, no communication.
+
+Each multi-rank point also times all-reduces of two sizes, fits t = o + S / w and predicts
+its exposed communication with the overhead model of `lmscope.accounting.comms`.
+"""
+
+from __future__ import annotations
+
+import statistics
+import timeit
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from lmscope.accounting.comms import (
+    exposed_comm_s,
+    fit_latency_bandwidth,
+    optimal_bucket_bytes,
+    optimal_bucket_count,
+    plan_buckets,
+)
+from lmscope.measure.ranges import phase
+from lmscope.measure.timer import PhaseClock, synchronize
+from lmscope.model.transformer import TransformerLM
+from lmscope.parallel.ddp import MIB, data_parallel, parse_strategy
+from lmscope.parallel.launch import RankContext, across_ranks, check_world, launch, point_id, resolve_backend
+from lmscope.parallel.sharded_optimizer import ShardedOptimizer
+from lmscope.workloads.collectives import time_calls
+from lmscope.workloads.model_spec import ModelPointSpec
+from lmscope.workloads.train_step import autocast_context, device_facts
+
+GIB = 2**30
+TORCH_DDP_BUCKET_MIB = 25.0
+"""PyTorch DDP's default bucket_cap_mb (used to predict its exposed communication)."""
+CALIBRATION_BYTES = {"cuda": (1e6, 64e6), "cpu": (1e6, 8e6)}
+"""All-reduce sizes timed in each multi-rank point to fit the overhead model's o and w."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Spec(ModelPointSpec):
+    """A data-parallel training point: the model point plus strategy, sharding and world size."""
+
+    precision: str = "bf16"
+    """fp32 | bf16 | fp16 (autocast over fp32 master weights)."""
+    strategy: str = "bucketed:25"
+    """naive | flat | overlap | bucketed:<MiB> | torch-ddp | single (the 1-GPU baseline)."""
+    shard_optimizer: bool = False
+    """Shard AdamW's state across ranks (ShardedOptimizer, ZeRO stage 1)."""
+    world_size: int = 2
+    """Number of ranks (1 for single)."""
+    backend: str = "auto"
+    """auto (nccl with GPUs, else gloo) | gloo (CPU) | nccl."""
+    warmup: int = 5
+    """Untimed steps before measuring."""
+    steps: int = 10
+    """Timed steps."""
+    timeout_s: float = 900.0
+    """A rank that fails or hangs ends the point within this many seconds."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.mode != "train-step":
+            raise ValueError(f"lmscope ddp times train steps, got mode {self.mode!r}: drop --mode")
+        if self.compile:
+            raise ValueError("lmscope ddp does not support torch.compile: run it without --compile")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device {self.device!r}: ranks pick their own GPU, use auto, cuda or cpu")
+        if self.strategy == "single":
+            if self.world_size != 1 or self.shard_optimizer:
+                raise ValueError("strategy single is the 1-GPU baseline: it runs with --nproc 1, unsharded")
+        else:
+            parse_strategy(self.strategy)
+        check_world(self.world_size, self.resolved_backend())
+        if not isinstance(self.warmup, int) or self.warmup < 0:
+            raise ValueError(f"warmup must be 0 or more steps, got {self.warmup!r}: pass --warmup N")
+        if not isinstance(self.steps, int) or self.steps < 1:
+            raise ValueError(f"steps must be at least 1, got {self.steps!r}: pass --steps N")
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout must be positive, got {self.timeout_s!r}: pass --timeout SECONDS")
+
+    def resolved_backend(self) -> str:
+        """gloo for --device cpu, else the backend (auto: nccl with GPUs)."""
+        backend = resolve_backend(self.backend)
+        if self.device == "cpu" and backend == "nccl":
+            raise ValueError("backend nccl runs on GPUs, not --device cpu: use --backend gloo")
+        if self.device == "cuda" and backend == "gloo":
+            raise ValueError("lmscope ddp runs gloo on CPU only: use --backend nccl with --device cuda")
+        return "gloo" if self.device == "cpu" else backend
+
+
+def run_point(point: dict[str, Any]) -> dict[str, Any]:
+    """Start the ranks (in this process for single), train, return metrics aggregated over ranks."""
+    spec = Spec(**point)
+    return launch(train, asdict(spec), nproc=spec.world_size, backend=spec.resolved_backend(),
+                  timeout_s=spec.timeout_s, run_id=point_id("ddp", asdict(spec)), preload=["torch._dynamo"])
+
+
+class _Setup:
+    """Model, wrapper, optimizer, scaler and this rank's batch."""
+
+    def __init__(self, spec: Spec, ctx: RankContext) -> None:
+        self.spec, self.device = spec, ctx.device
+        torch.manual_seed(0)
+        self.config = spec.model_config()
+        with self.device:  # build and initialize the weights on the device itself
+            self.model = TransformerLM(self.config, attention=spec.attention)
+        generator = torch.Generator(device=self.device).manual_seed(1000 + ctx.rank)
+        shape = (spec.batch_size, spec.context_length)
+        self.inputs, self.targets = (
+            torch.randint(0, self.config.vocab_size, shape, device=self.device, generator=generator)
+            for _ in range(2)
+        )
+        self.wrapped = self.model if spec.strategy == "single" else data_parallel(spec.strategy, self.model)
+        self.finish = getattr(self.wrapped, "finish_gradient_synchronization", None)
+        options = {"lr": 1e-4, "fused": self.device.type == "cuda"}
+        params = self.model.parameters()
+        self.optimizer = (ShardedOptimizer(params, torch.optim.AdamW, **options) if spec.shard_optimizer
+                          else torch.optim.AdamW(params, **options))
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=spec.precision == "fp16")
+        self.measures_wait = spec.strategy not in ("single", "torch-ddp")
+
+    def step(self, clock: PhaseClock) -> float | None:
+        """One training step with phases; returns the peak GiB allocated before the optimizer."""
+        clock.start()
+        self.optimizer.zero_grad(set_to_none=True)
+        with phase("forward"):
+            with autocast_context(self.spec.precision, self.device):
+                logits = self.wrapped(self.inputs)
+            loss = F.cross_entropy(logits.float().flatten(0, 1), self.targets.flatten())
+        clock.mark("forward")
+        with phase("backward"):
+            self.scaler.scale(loss).backward()
+        clock.mark("backward")
+        with phase("comm_wait"):
+            if self.finish is not None:
+                self.finish()
+        clock.mark("comm_wait")
+        before = _peak_gib(self.device)
+        with phase("optimizer"):
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        clock.mark("optimizer")
+        return before
+
+
+def _peak_gib(device: torch.device) -> float | None:
+    return torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else None
+
+
+def _reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def train(ctx: RankContext, point: dict[str, Any]) -> dict[str, Any]:
+    """On every rank: set up, calibrate, warm up, time the steps, aggregate over ranks."""
+    spec = Spec(**{**point, "backend": ctx.backend})
+    run = _Setup(spec, ctx)
+    synchronize(ctx.device)
+    init_gib = torch.cuda.memory_allocated(ctx.device) / GIB if ctx.device.type == "cuda" else None
+    calibration = _calibrate(ctx) if ctx.world_size > 1 else None
+    clock = PhaseClock(ctx.device)
+    for _ in range(spec.warmup):
+        run.step(clock)
+        synchronize(ctx.device)
+    times, phases, before, after = [], {}, [], []
+    for _ in range(spec.steps):
+        _reset_peak(ctx.device)
+        synchronize(ctx.device)
+        begin = timeit.default_timer()
+        before.append(run.step(clock))
+        synchronize(ctx.device)
+        times.append((timeit.default_timer() - begin) * 1e3)
+        after.append(_peak_gib(ctx.device))
+        for name, ms in clock.elapsed_ms().items():
+            phases.setdefault(name, []).append(ms)
+    local = {
+        "step_ms": statistics.fmean(times),
+        "step_std_ms": statistics.stdev(times) if len(times) > 1 else 0.0,
+        "step_median_ms": statistics.median(times),
+        **{f"{name}_ms": statistics.fmean(ms) for name, ms in phases.items()},
+        "init_allocated_gib": init_gib,
+        "peak_before_optimizer_gib": max(before) if init_gib is not None else None,
+        "peak_after_optimizer_gib": max(after) if init_gib is not None else None,
+    }
+    if not run.measures_wait:
+        local["comm_wait_ms"] = None
+    metrics = across_ranks(local)
+    tokens = ctx.world_size * spec.batch_size * spec.context_length
+    metrics.update(
+        device_facts(ctx.device),
+        backend_used=ctx.backend,
+        parameters=sum(p.numel() for p in run.model.parameters()),
+        tokens_per_s=tokens / (metrics["step_ms"] / 1e3),
+        comm_overhead_pct=(100 * metrics["comm_wait_ms"] / metrics["step_ms"]
+                           if metrics["comm_wait_ms"] is not None else None),
+    )
+    if calibration is not None:
+        metrics.update(_prediction(spec, run, calibration, metrics))
+    return metrics
+
+
+def _calibrate(ctx: RankContext) -> tuple[float, float]:
+    """Fit t = o + S / w to all-reduces of two sizes on these ranks: (o in s, w in GB/s)."""
+    sizes = CALIBRATION_BYTES["cuda" if ctx.device.type == "cuda" else "cpu"]
+    medians = {}
+    for nbytes in sizes:
+        buffer = torch.zeros(int(nbytes) // 4, dtype=torch.float32, device=ctx.device)
+        times = time_calls(lambda b=buffer: dist.all_reduce(b), warmup=2, iters=5, device=ctx.device)
+        medians[f"calibration_{int(nbytes)}_ms"] = statistics.median(times)
+        del buffer
+    means = across_ranks(medians)
+    return fit_latency_bandwidth(list(sizes), [means[key] / 1e3 for key in medians])
+
+
+def _bucket_bytes(spec: Spec, grads: list[int]) -> tuple[list[float], bool]:
+    """Bytes per all-reduce in launch order, and whether they overlap with backward."""
+    name, bucket_mib = parse_strategy(spec.strategy)
+    if name == "naive":
+        return [float(b) for b in grads], False
+    if name == "flat":
+        return [float(sum(grads))], False
+    if name == "overlap":
+        return [float(b) for b in grads], True
+    cap = (bucket_mib if name == "bucketed" else TORCH_DDP_BUCKET_MIB) * MIB
+    return [float(sum(grads[i] for i in bucket)) for bucket in plan_buckets(grads, cap)], True
+
+
+def _prediction(spec: Spec, run: _Setup, calibration: tuple[float, float],
+                metrics: dict[str, Any]) -> dict[str, Any]:
+    """The overhead model's exposed communication for this strategy, beside the measurement."""
+    overhead_s, algbw = calibration
+    grads = [p.numel() * p.element_size() for p in run.model.parameters() if p.requires_grad][::-1]
+    buckets, overlap = _bucket_bytes(spec, grads)
+    predicted_ms = 1e3 * exposed_comm_s(buckets, algbw=algbw, overhead_s=overhead_s, overlap=overlap,
+                                        backward_s=metrics["backward_ms"] / 1e3)
+    measured = metrics["comm_wait_ms"]
+    model_bytes = float(sum(grads))
+    return {
+        "allreduce_overhead_us": overhead_s * 1e6,
+        "allreduce_algbw_gbps": algbw,
+        "grad_mib": model_bytes / MIB,
+        "buckets": len(buckets),
+        "predicted_comm_wait_ms": predicted_ms,
+        "comm_wait_error_pct": (100 * (measured - predicted_ms) / predicted_ms
+                                if measured is not None and predicted_ms > 0 else None),
+        "optimal_buckets": optimal_bucket_count(model_bytes, algbw, overhead_s) if overhead_s > 0 else None,
+        "optimal_bucket_mib": (optimal_bucket_bytes(model_bytes, algbw, overhead_s) / MIB
+                               if overhead_s > 0 else None),
+    }

@@ -1,0 +1,115 @@
+"""The ddp workload on CPU (2 gloo ranks and the single baseline), its grid, summary and checks."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from lmscope.accounting.flops import parameter_counts
+from lmscope.cli import main
+from lmscope.parallel.commands import ddp_points, ddp_summary, exit_code, overhead_model_line, results_path
+from lmscope.workloads import ddp
+from lmscope.workloads.ddp import Spec
+
+TINY = dict(size="tiny", d_model=16, num_heads=2, d_ff=24, num_layers=2, vocab_size=37, context_length=8,
+            batch_size=2, precision="fp32", device="cpu", warmup=1, steps=2)
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"strategy": "bucketed:0"}, "positive bucket size"),
+    ({"strategy": "ring"}, "unknown strategy"),
+    ({"strategy": "single", "world_size": 2}, "--nproc 1"),
+    ({"mode": "forward"}, "train steps"),
+    ({"compile": True}, "torch.compile"),
+    ({"device": "cuda:1"}, "ranks pick their own GPU"),
+    ({"backend": "nccl"}, "not --device cpu"),
+    ({"steps": 0}, "--steps"),
+])
+def test_spec_rejects_bad_points(changes, message):
+    with pytest.raises(ValueError, match=message):
+        Spec(**{**TINY, **changes})
+
+
+def test_grid_adds_one_single_baseline_first():
+    fixed = {"size": "tiny"}
+    swept = {"strategy": ["naive", "bucketed:1", "single"], "shard_optimizer": [False, True],
+             "world_size": [2]}
+    points = ddp_points(fixed, swept)
+    strategies = [(p["strategy"], p["shard_optimizer"], p["world_size"]) for p in points]
+    assert strategies[0] == ("single", False, 1)
+    assert strategies.count(("single", False, 1)) == 1
+    assert sorted(strategies[1:]) == sorted([("naive", False, 2), ("naive", True, 2),
+                                             ("bucketed:1", False, 2), ("bucketed:1", True, 2)])
+
+
+def test_summary_against_single_and_the_model_line():
+    base = {"status": "ok", "size": "xl", "context_length": 512, "batch_size": 4, "precision": "bf16"}
+    single_ms = random.uniform(100, 200)
+    records = [
+        {**base, "strategy": "single", "world_size": 1, "step_ms": single_ms},
+        {**base, "strategy": "bucketed:100", "world_size": 2, "step_ms": single_ms * 1.1,
+         "allreduce_overhead_us": 20.0, "allreduce_algbw_gbps": 200.0, "grad_mib": 7622.0},
+        {**base, "strategy": "bucketed:10", "world_size": 2, "step_ms": single_ms * 1.2,
+         "allreduce_overhead_us": 30.0, "allreduce_algbw_gbps": 100.0, "grad_mib": 7622.0},
+        {**base, "strategy": "naive", "status": "error"},
+    ]
+    header, rows = ddp_summary(records)
+    assert len(rows) == 3
+    overhead = dict(zip([r[header.index("strategy")] for r in rows],
+                        [r[header.index("overhead_vs_single_pct")] for r in rows], strict=True))
+    assert overhead["single"] == 0 and overhead["bucketed:100"] == pytest.approx(10.0)
+    line = overhead_model_line(records)
+    # medians: o = 25 us, w = 150 GB/s; bucket* = sqrt(S w o)
+    expected_mib = (7622 * 2**20 * 150e9 * 25e-6) ** 0.5 / 2**20
+    assert f"optimal bucket {expected_mib:,.1f} MiB" in line
+    assert "best measured: bucketed:100" in line
+    assert exit_code(records) == 1 and exit_code(records[:3]) == 0
+
+
+def test_torchrun_ranks_write_their_own_results(monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert results_path(Path("runs/x/results.jsonl")) == Path("runs/x/results.rank1.jsonl")
+    monkeypatch.setenv("RANK", "0")
+    assert results_path(Path("runs/x/results.jsonl")) == Path("runs/x/results.jsonl")
+
+
+def _check_common(row: dict, world: int) -> None:
+    assert row["backend_used"] == "gloo" and row["device_type"] == "cpu"
+    assert row["parameters"] == parameter_counts(Spec(**TINY).model_config())["total"]
+    assert row["tokens_per_s"] == pytest.approx(world * 2 * 8 / (row["step_ms"] / 1e3))
+    phases = sum(row[k] or 0.0 for k in ("forward_ms", "backward_ms", "comm_wait_ms", "optimizer_ms"))
+    assert 0 < phases <= row["step_ms"] * 1.05
+    assert row["step_rank_min_ms"] <= row["step_ms"] <= row["step_rank_max_ms"]
+
+
+def test_bucketed_sharded_point_on_two_ranks():
+    row = ddp.run_point({**TINY, "strategy": "bucketed:0.002", "shard_optimizer": True, "world_size": 2})
+    _check_common(row, 2)
+    assert row["comm_wait_ms"] >= 0 and row["comm_overhead_pct"] >= 0
+    assert row["buckets"] > 3  # 2 KiB buckets of this model's gradients
+    assert row["predicted_comm_wait_ms"] > 0 and row["allreduce_algbw_gbps"] > 0
+    assert row["grad_mib"] == pytest.approx(row["parameters"] * 4 / 2**20)
+
+
+def test_torch_ddp_point_on_two_ranks():
+    row = ddp.run_point({**TINY, "strategy": "torch-ddp", "world_size": 2})
+    _check_common(row, 2)
+    assert row["comm_wait_ms"] is None  # DDP waits inside backward
+    assert row["predicted_comm_wait_ms"] > 0
+
+
+def test_single_baseline_runs_here():
+    row = ddp.run_point({**TINY, "strategy": "single", "world_size": 1})
+    _check_common(row, 1)
+    assert row["comm_wait_ms"] is None and "predicted_comm_wait_ms" not in row
+
+
+def test_ddp_command_rejects_bad_strategy(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["ddp", "--strategy", "bucketed:-1", "--device", "cpu"])
+    assert done.value.code == 2
+    assert "positive bucket size" in capsys.readouterr().err

@@ -1,10 +1,12 @@
 """The parent's handle on a worker process that runs sweep points (`python -m lmscope.worker`).
 
-The worker reads one request per line on stdin and writes each point's result to the file the
-request names (written whole, then renamed). The parent waits for that file with a deadline: a
-worker that dies leaves no file and the point becomes an `error` row with the end of the worker's
-output; one that runs past the deadline is killed with its process group and the point becomes a
-`timeout` row. Either way the next point gets a fresh worker.
+The worker imports its workload first and then marks itself ready; a point's timeout counts
+from then, so a slow `import torch` never turns into a timeout. It reads one request per line
+on stdin and writes each point's result to the file the request names (written whole, then
+renamed). The parent waits for that file with a deadline: a worker that dies leaves no file and
+the point becomes an `error` row with the end of the worker's output; one that runs past the
+deadline is killed with its process group and the point becomes a `timeout` row. Either way
+the next point gets a fresh worker.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 POLL_S = 0.05
+STARTUP_TIMEOUT_S = 300.0
+"""How long a new worker may take to import its workload (torch, CUDA libraries)."""
 
 
 class PointWorker:
@@ -32,8 +36,9 @@ class PointWorker:
         self._log_path = self._dir / "log"
         self._log = self._log_path.open("w")
         self._count = 0
+        self._ready = self._dir / "ready"
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "lmscope.worker", workload],
+            [sys.executable, "-m", "lmscope.worker", workload, str(self._ready)],
             stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT,
             start_new_session=True, text=True,
         )
@@ -52,6 +57,9 @@ class PointWorker:
             assert self.process.stdin is not None
             self.process.stdin.write(json.dumps({"spec": spec, "result": str(result_path)}) + "\n")
             self.process.stdin.flush()
+            startup_deadline = time.monotonic() + STARTUP_TIMEOUT_S
+            while not self._ready.exists() and self.alive and time.monotonic() < startup_deadline:
+                time.sleep(POLL_S)
             deadline = time.monotonic() + timeout_s
             while time.monotonic() < deadline:
                 if result_path.exists():

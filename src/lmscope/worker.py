@@ -1,4 +1,4 @@
-"""The worker process of a sweep: `python -m lmscope.worker WORKLOAD`.
+"""The worker process of a sweep: `python -m lmscope.worker WORKLOAD READY_FILE`.
 
 Reads requests `{"spec": {...}, "result": "/path"}` one per line on stdin until end of input;
 runs each point with `run_in_process` (a Python exception becomes an `oom`/`error` status) and
@@ -11,12 +11,17 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 
-from lmscope.runner import run_in_process
+from lmscope.runner import resolve_workload, run_in_process
 
 
-def serve(workload: str) -> int:
-    """Answer requests from stdin until it closes."""
+def serve(workload: str, ready_file: str) -> int:
+    """Import the workload, mark ready, then answer requests from stdin until it closes."""
+    try:
+        resolve_workload(workload)
+    finally:
+        Path(ready_file).touch()
     for line in sys.stdin:
         if not line.strip():
             continue
@@ -30,4 +35,4 @@ def serve(workload: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(serve(sys.argv[1]))
+    sys.exit(serve(sys.argv[1], sys.argv[2]))

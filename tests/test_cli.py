@@ -1,0 +1,81 @@
+"""The command line as a user meets it: a tiny bench end to end, tables, and one-line errors."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from lmscope.cli import main
+
+
+def run_cli(capsys, *args):
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(args))
+        raise SystemExit(0)
+    captured = capsys.readouterr()
+    return exit_info.value.code, captured.out, captured.err
+
+
+def test_bench_tiny_end_to_end_then_table_and_resume(tmp_path, capsys):
+    out = tmp_path / "results.jsonl"
+    code, stdout, _ = run_cli(
+        capsys, "bench", "--size", "tiny", "--context-length", "16,24", "--mode", "forward,train-step",
+        "--steps", "2", "--warmup", "1", "--device", "cpu", "--out", str(out), "--format", "csv",
+    )
+    assert code == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["context_length"], r["mode"]) for r in rows] == [
+        (16, "forward"), (16, "train-step"), (24, "forward"), (24, "train-step")]
+    train = rows[1]
+    assert train["status"] == "ok" and train["n"] == 2 and len(train["times_ms"]) == 2
+    assert train["forward_ms"] > 0 and train["backward_ms"] > 0 and train["optimizer_ms"] > 0
+    assert train["parameters"] == 1_386_816 and train["mfu"] is None and train["tokens_per_s"] > 0
+    assert (tmp_path / "results.csv").read_text().startswith("context_length,mode,mean_ms")
+    assert "4 point(s), 4 to run" in stdout
+
+    code, stdout, _ = run_cli(capsys, "bench", "--size", "tiny", "--context-length", "16,24",
+                              "--mode", "forward,train-step", "--steps", "2", "--warmup", "1",
+                              "--device", "cpu", "--out", str(out), "--resume")
+    assert code == 0 and "4 point(s), 0 to run" in stdout
+
+    code, stdout, _ = run_cli(capsys, "table", str(out), "--compare", "mode", "--format", "md")
+    assert code == 0 and "ratio forward/train-step" in stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["bench", "--sise", "tiny"], "No such option: --sise"),
+        (["bench", "--size", "huge"], "unknown model size 'huge'"),
+        (["bench", "--size", "tiny", "--num-heads", "7"], "not divisible by num_heads 7"),
+        (["bench", "--context-length", "12x"], "--context-length takes integers"),
+        (["bench", "--mode", "backward"], "unknown mode 'backward'"),
+        (["bench", "--precision", "fp8"], "unknown precision 'fp8'"),
+        (["bench", "--compile", "maybe"], "--compile takes on/off"),
+        (["bench", "--size", "tiny", "--context-length", "512", "--model-context-length", "256"],
+         "exceeds the model's context_length 256"),
+        (["bench", "--batch-size", "0"], "batch_size must be a positive integer"),
+        (["bench", "--format", "xlsx"], "unknown format 'xlsx'"),
+        (["table", "no/such/file.jsonl"], "no results file"),
+        (["benchh"], "No such command 'benchh'"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(capsys, args, message):
+    code, _, err = run_cli(capsys, *args)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("lmscope: error: ") and message in lines[0]
+    assert "Traceback" not in err
+
+
+def test_console_script_module_entry_reports_errors_without_traceback():
+    result = subprocess.run([sys.executable, "-m", "lmscope", "bench", "--size", "nope"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().startswith("lmscope: error: unknown model size 'nope'")
+
+
+def test_help_lists_the_commands(capsys):
+    code, stdout, _ = run_cli(capsys, "--help")
+    assert code == 0 and "bench" in stdout and "table" in stdout

@@ -13,7 +13,7 @@ from lmscope.accounting.devices import peak_tflops
 from lmscope.accounting.flops import step_flops
 from lmscope.measure.timer import PhaseClock, summarize, synchronize
 from lmscope.workloads.model_spec import ModelPointSpec
-from lmscope.workloads.train_step import TrainStep, device_facts
+from lmscope.workloads.train_step import TrainStep, check_model_choice, device_facts
 
 GIB = 2**30
 
@@ -26,9 +26,14 @@ class Spec(ModelPointSpec):
     """Untimed steps before measuring."""
     steps: int = 10
     """Timed steps."""
+    fast: bool = False
+    """Run lmscope's fused fast path (FastTransformerLM: Triton kernels, fused LM head + loss)."""
+    peer: str = "none"
+    """none | hf: transformers' LlamaForCausalLM of the same sizes (needs lmscope[hf])."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_model_choice(self.fast, self.peer, self.attention)
         if not isinstance(self.warmup, int) or self.warmup < 0:
             raise ValueError(f"warmup must be 0 or more steps, got {self.warmup!r}: pass --warmup N")
         if not isinstance(self.steps, int) or self.steps < 1:

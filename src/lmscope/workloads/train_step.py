@@ -6,18 +6,22 @@ Shared by `bench`, `profile` and `memory`: they differ only in the probe around 
 from __future__ import annotations
 
 import contextlib
+import os
 import timeit
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from lmscope.config import ModelConfig
 from lmscope.measure.ranges import phase
 from lmscope.measure.timer import PhaseClock
 from lmscope.model.transformer import TransformerLM
 from lmscope.workloads.model_spec import ModelPointSpec
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+PEERS = ("none", "hf")
+"""Models other than lmscope's: none, or hf (transformers' Llama of the same sizes)."""
 
 
 def resolve_device(name: str) -> torch.device:
@@ -37,6 +41,34 @@ def autocast_context(precision: str, device: torch.device) -> contextlib.Abstrac
     return torch.autocast(device_type=device.type, dtype=AUTOCAST_DTYPES[precision])
 
 
+def check_model_choice(fast: bool, peer: str, attention: str) -> None:
+    """Reject contradictory --fast / --peer / --attention combinations with how to fix them."""
+    if peer not in PEERS:
+        raise ValueError(f"unknown peer {peer!r}: choose one of {', '.join(PEERS)} "
+                         "(the torch.compile peer is --compile on)")
+    if fast and peer != "none":
+        raise ValueError("--fast on runs lmscope's model, --peer hf transformers': pick one per point")
+    if fast and attention == "naive":
+        raise ValueError("--fast on needs a fused attention: pass --attention flash (or sdpa)")
+    if peer == "hf" and attention != "sdpa":
+        raise ValueError("--peer hf runs transformers' Llama with SDPA attention: pass --attention sdpa")
+
+
+def build_model(spec: ModelPointSpec, config: ModelConfig, device: torch.device) -> torch.nn.Module:
+    """The point's model: eager TransformerLM, FastTransformerLM (fast) or HF's Llama (peer hf)."""
+    if getattr(spec, "peer", "none") == "hf":
+        from lmscope.model.hf_peer import HFLlamaPeer
+
+        return HFLlamaPeer(config)
+    if getattr(spec, "fast", False):
+        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError("--fast runs Triton kernels: it needs a CUDA GPU (or TRITON_INTERPRET=1)")
+        from lmscope.model.fast_transformer import FastTransformerLM
+
+        return FastTransformerLM(config, attention=spec.attention)
+    return TransformerLM(config, attention=spec.attention)
+
+
 class TrainStep:
     """Model, optimizer and a random batch on a device; calling it runs one step of `mode`."""
 
@@ -45,8 +77,9 @@ class TrainStep:
         self.device = resolve_device(spec.device)
         torch.manual_seed(seed)
         self.config = spec.model_config()
+        self.fast = getattr(spec, "fast", False)
         with self.device:  # build and initialize the weights on the device itself
-            self.model = TransformerLM(self.config, attention=spec.attention)
+            self.model = build_model(spec, self.config, self.device)
         self.runnable = torch.compile(self.model) if spec.compile else self.model
         shape = (spec.batch_size, spec.context_length)
         self.inputs = torch.randint(0, self.config.vocab_size, shape, device=self.device)
@@ -59,8 +92,10 @@ class TrainStep:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=use_scaler)
 
     def loss(self) -> torch.Tensor:
-        """Forward and cross-entropy (in fp32) under the point's autocast."""
+        """Forward and cross-entropy (in fp32) under the point's autocast (fused when fast)."""
         with autocast_context(self.spec.precision, self.device):
+            if self.fast:
+                return self.runnable(self.inputs, self.targets)
             logits = self.runnable(self.inputs)
         return F.cross_entropy(logits.float().flatten(0, 1), self.targets.flatten())
 

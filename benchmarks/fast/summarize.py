@@ -1,0 +1,194 @@
+"""Markdown summary of benchmarks/fast/run_gpu.sh: step times per variant, ratios, the targets.
+
+Reads OUT/bench.jsonl and OUT/long.jsonl written by `lmscope bench`; measures the GPU's copy
+bandwidth (for the optimizer's memory floor) when a GPU is present.
+Usage: PYTHONPATH=src python3 benchmarks/fast/summarize.py OUT > OUT/summary.md
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from lmscope.accounting.flops import step_flops
+from lmscope.config import preset
+from lmscope.results import read_records
+
+VARIANTS = ("naive", "sdpa", "compile", "hf", "fast")
+SIZES = ("small", "medium", "large", "xl", "2.7B")
+ADAMW_BYTES_PER_PARAM = 28  # fused AdamW reads param, grad, m, v (16 B) and writes param, m, v (12 B)
+H100_BF16_PEAK = 989.0
+
+
+def variant(record: dict[str, Any]) -> str:
+    """Which row of the comparison a bench record is."""
+    if record.get("peer") == "hf":
+        return "hf"
+    if record.get("fast"):
+        return "fast" if not record.get("compile") else "fast+compile"
+    if record.get("compile"):
+        return "compile"
+    return str(record.get("attention"))
+
+
+def latest(path: Path) -> dict[tuple, dict[str, Any]]:
+    """(size, context, batch, variant) -> the last record written for it."""
+    if not path.exists():
+        return {}
+    return {(r["size"], r["context_length"], r["batch_size"], variant(r)): r for r in read_records(path)}
+
+
+def cell(record: dict[str, Any] | None, key: str = "median_ms", fmt: str = "{:.1f}") -> str:
+    if record is None:
+        return "-"
+    if record.get("status") != "ok":
+        return str(record.get("status", "?")).upper()
+    value = record.get(key)
+    return "-" if value is None else fmt.format(value)
+
+
+def ratio(slow: dict[str, Any] | None, fast: dict[str, Any] | None) -> float | None:
+    if not slow or not fast or slow.get("status") != "ok" or fast.get("status") != "ok":
+        return None
+    return slow["median_ms"] / fast["median_ms"]
+
+
+def fwd_bwd_mfu(record: dict[str, Any]) -> float | None:
+    """FLOPs of forward+backward over the forward and backward phases' time, vs the bf16 peak."""
+    if record.get("status") != "ok" or record.get("forward_ms") is None:
+        return None
+    config = preset(record["size"], context_length=record["context_length"])
+    flops = step_flops(config, record["batch_size"], record["context_length"], "forward-backward")
+    seconds = (record["forward_ms"] + record["backward_ms"]) / 1e3
+    return flops / seconds / 1e12 / (record.get("peak_tflops") or H100_BF16_PEAK)
+
+
+def copy_bandwidth_gbps() -> float | None:
+    """Device-to-device copy bandwidth (read + write bytes / time) of a 2 GiB buffer, or None."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    src = torch.empty(2**29, dtype=torch.float32, device="cuda")
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        dst.copy_(src)
+    end.record()
+    torch.cuda.synchronize()
+    seconds = start.elapsed_time(end) / 1e3 / 10
+    return 2 * src.numel() * 4 / seconds / 1e9
+
+
+def main_table(rows: dict[tuple, dict[str, Any]]) -> list[str]:
+    lines = [
+        "## Train step, bf16, batch 4, context 512 (median ms; speedup = other / fast)\n",
+        "| size | naive | sdpa | compile | hf | fast | vs naive | vs sdpa | vs compile | vs hf "
+        "| fast MFU | fast fwd+bwd MFU | fast optimizer ms | fast peak GiB |",
+        "|---|" + "---|" * 13,
+    ]
+    for size in SIZES:
+        got = {v: rows.get((size, 512, 4, v)) for v in VARIANTS}
+        if not any(got.values()):
+            continue
+        fast = got["fast"]
+        speedups = [ratio(got[v], fast) for v in ("naive", "sdpa", "compile", "hf")]
+        mfu = fwd_bwd_mfu(fast) if fast else None
+        lines.append(
+            f"| {size} | " + " | ".join(cell(got[v]) for v in VARIANTS) + " | "
+            + " | ".join("-" if s is None else f"{s:.2f}x" for s in speedups) + " | "
+            + f"{cell(fast, 'mfu', '{:.1%}')} | {'-' if mfu is None else f'{mfu:.1%}'} | "
+            + f"{cell(fast, 'optimizer_ms')} | {cell(fast, 'peak_allocated_gib')} |"
+        )
+    return lines
+
+
+def targets(rows: dict[tuple, dict[str, Any]], bandwidth: float | None) -> list[str]:
+    xl = {v: rows.get(("xl", 512, 4, v)) for v in VARIANTS}
+    fast = xl["fast"]
+    lines = ["\n## Targets (xl unless said)\n", "| target | measured | met |", "|---|---|---|"]
+
+    def add(name: str, value: float | None, goal: float, fmt: str, higher: bool = True) -> None:
+        if value is None:
+            lines.append(f"| {name} | not measured | - |")
+            return
+        met = value >= goal if higher else value <= goal
+        lines.append(f"| {name} | {fmt.format(value)} | {'yes' if met else 'NO'} |")
+
+    add("fast vs HF >= 2.5x", ratio(xl["hf"], fast), 2.5, "{:.2f}x")
+    add("fast vs torch.compile (sdpa) >= 1.3x", ratio(xl["compile"], fast), 1.3, "{:.2f}x")
+    add("fwd+bwd MFU >= 45%", fwd_bwd_mfu(fast) if fast else None, 0.45, "{:.1%}")
+    compiled = rows.get(("xl", 512, 4, "fast+compile"))
+    if compiled is not None:
+        gain = ratio(fast, compiled)
+        lines.append(f"| (fast under torch.compile: {cell(compiled)} ms) | "
+                     f"{'-' if gain is None else f'{gain:.2f}x vs fast'} | |")
+    floor = None
+    if fast and fast.get("status") == "ok" and bandwidth:
+        floor = ADAMW_BYTES_PER_PARAM * fast["parameters"] / (bandwidth * 1e9) * 1e3
+        lines.append(f"| (optimizer floor: 28 B/param x {fast['parameters']:,} at {bandwidth:.0f} GB/s "
+                     f"copy bandwidth) | {floor:.2f} ms | |")
+    over = fast["optimizer_ms"] / floor if floor and fast.get("optimizer_ms") else None
+    add("optimizer <= 1.3x its memory floor", over, 1.3, "{:.2f}x", higher=False)
+    big = rows.get(("2.7B", 512, 4, "fast"))
+    if big is None:
+        lines.append("| 2.7B fits in 80 GB (fast, batch 4) | not measured | - |")
+    else:
+        fits = big.get("status") == "ok" and (big.get("peak_reserved_gib") or 0) < 80
+        lines.append(f"| 2.7B fits in 80 GB (fast, batch 4) | {cell(big, 'peak_reserved_gib')} GiB "
+                     f"reserved ({big.get('status')}) | {'yes' if fits else 'NO'} |")
+    return lines
+
+
+def long_table(rows: dict[tuple, dict[str, Any]]) -> list[str]:
+    lines = ["\n## large, batch 1, long context (median ms, peak allocated GiB)\n",
+             "| context | fast | sdpa | compile | sdpa / fast | compile / fast | fast GiB | sdpa GiB |",
+             "|---|---|---|---|---|---|---|---|"]
+    for context in (8192, 16384):
+        got = {v: rows.get(("large", context, 1, v)) for v in ("fast", "sdpa", "compile")}
+        if not any(got.values()):
+            continue
+        r1, r2 = ratio(got["sdpa"], got["fast"]), ratio(got["compile"], got["fast"])
+        lines.append(
+            f"| {context} | {cell(got['fast'])} | {cell(got['sdpa'])} | {cell(got['compile'])} | "
+            f"{'-' if r1 is None else f'{r1:.2f}x'} | {'-' if r2 is None else f'{r2:.2f}x'} | "
+            f"{cell(got['fast'], 'peak_allocated_gib')} | {cell(got['sdpa'], 'peak_allocated_gib')} |"
+        )
+    return lines
+
+
+def failures(*tables: dict[tuple, dict[str, Any]]) -> list[str]:
+    bad = [r for table in tables for r in table.values() if r.get("status") != "ok"]
+    if not bad:
+        return []
+    return ["\n## Failed points\n"] + [
+        f"- {r['size']} ctx {r['context_length']} {variant(r)}: {r.get('status')}: {r.get('error')}"
+        for r in bad
+    ]
+
+
+def main() -> None:
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "runs/fast-gpu")
+    rows, long_rows = latest(out / "bench.jsonl"), latest(out / "long.jsonl")
+    device = next((r.get("device_name") for r in [*rows.values(), *long_rows.values()]
+                   if r.get("device_name")), "unknown device")
+    bandwidth = copy_bandwidth_gbps()
+    lines = [f"# lmscope --fast on {device}\n",
+             "naive / sdpa: the eager TransformerLM with that attention under autocast; compile: the "
+             "eager model (sdpa) under torch.compile; hf: transformers' LlamaForCausalLM, same sizes, "
+             "SDPA; fast: FastTransformerLM (Triton RMSNorm, SwiGLU, RoPE, FlashAttention, fused LM "
+             "head + cross-entropy). All: fp32 master weights, bf16 compute, torch fused AdamW. MFU "
+             "counts attention as the full square (as lmscope.accounting.flops does).\n"]
+    lines += main_table(rows) + targets(rows, bandwidth) + long_table(long_rows)
+    lines += failures(rows, long_rows)
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""The reference Transformer LM run through lmscope's fused kernels: the same model, faster.
+
+`FastTransformerLM` subclasses `TransformerLM`, so its parameters have the same names, shapes and
+initialization and ``load_state_dict`` works both ways; only the forward differs:
+
+* RMSNorm, SwiGLU and RoPE are Triton kernels (``lmscope.kernels.rmsnorm``, ``.swiglu``,
+  ``.rope``); Q, K, V come from one matmul against [Wq; Wk; Wv] and the two SwiGLU inputs from one
+  matmul against [w1; w3], and the RoPE kernel turns the packed projections straight into the
+  per-head q, k, v that attention reads;
+* attention is a registered backend (``flash``, lmscope's Triton FlashAttention, for the fast
+  path; ``sdpa`` works too);
+* given targets, the LM head and the cross-entropy are fused by chunks of tokens
+  (``lmscope.kernels.fused_cross_entropy``), so the full fp32 logits never exist.
+
+Precision: the parameters are the fp32 master weights; under ``torch.autocast`` the model casts
+each weight once per forward to the autocast dtype and runs every matmul and kernel in it with
+autocast itself switched off. The residual stream stays fp32, as in the eager model under
+autocast. Without autocast everything runs in the parameters' dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from lmscope.config import ModelConfig
+from lmscope.kernels.fused_cross_entropy import fused_linear_cross_entropy
+from lmscope.kernels.rmsnorm import rmsnorm
+from lmscope.kernels.rope import rope_qkv
+from lmscope.kernels.swiglu import swiglu
+from lmscope.model.attention import get_attention
+from lmscope.model.transformer import TransformerBlock, TransformerLM
+
+
+def compute_dtype(device: torch.device, default: torch.dtype) -> torch.dtype:
+    """The autocast dtype when autocast is on for `device`, else `default`."""
+    if torch.is_autocast_enabled(device.type):
+        return torch.get_autocast_dtype(device.type)
+    return default
+
+
+class FastTransformerLM(TransformerLM):
+    """`TransformerLM` with fused kernels; forward(tokens, targets=None) -> logits or mean loss."""
+
+    def __init__(self, config: ModelConfig, attention: str = "flash") -> None:
+        super().__init__(config, attention=attention)
+        self._attend = get_attention(attention)
+
+    def forward(self, token_ids: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (batch, seq, vocab) in the compute dtype, or with targets the mean cross-entropy."""
+        seq = token_ids.shape[-1]
+        if seq > self.config.context_length:
+            raise ValueError(
+                f"sequence length {seq} exceeds the model's context_length "
+                f"{self.config.context_length}: build the model with a larger context_length"
+            )
+        weight = self.lm_head.weight
+        dtype = compute_dtype(weight.device, weight.dtype)
+        with torch.autocast(weight.device.type, enabled=False):
+            rope = self.layers[0].attn.rope
+            cos, sin = rope.cos[:seq], rope.sin[:seq]
+            x = F.embedding(token_ids, self.token_embeddings.weight)
+            for layer in self.layers:
+                x = self._block(layer, x, cos, sin, dtype)
+            h = rmsnorm(x, self.ln_final.weight, self.ln_final.eps, out_dtype=dtype)
+            if targets is None:
+                return F.linear(h, weight.to(dtype))
+            return fused_linear_cross_entropy(h.flatten(0, -2), weight, targets.flatten())
+
+    def _block(
+        self, layer: TransformerBlock, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+        dtype: torch.dtype,
+    ) -> torch.Tensor:  # fmt: skip
+        """x + attn(norm(x)), then + ffn(norm(.)), in the compute dtype over an fp32 residual."""
+        batch, seq, d_model = x.shape
+        attn, ffn = layer.attn, layer.ffn
+        h = rmsnorm(x, layer.ln1.weight, layer.ln1.eps, out_dtype=dtype)
+        w_qkv = torch.cat([attn.q_proj.weight.to(dtype), attn.k_proj.weight.to(dtype),
+                           attn.v_proj.weight.to(dtype)])
+        q, k, v = rope_qkv(F.linear(h, w_qkv), cos, sin, attn.num_heads)
+        out = self._attend(q, k, v).transpose(1, 2).reshape(batch, seq, d_model)
+        x = x + F.linear(out, attn.output_proj.weight.to(dtype))
+        h = rmsnorm(x, layer.ln2.weight, layer.ln2.eps, out_dtype=dtype)
+        w_13 = torch.cat([ffn.w1.weight.to(dtype), ffn.w3.weight.to(dtype)])
+        return x + F.linear(swiglu(F.linear(h, w_13)), ffn.w2.weight.to(dtype))

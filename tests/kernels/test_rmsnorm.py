@@ -1,0 +1,121 @@
+"""Triton RMSNorm against a float64 reference: forward, backward, mixed dtypes, real sizes on GPU.
+
+Without CUDA the kernels run in Triton's interpreter, which must be switched on before Triton
+decorates them: `test_rmsnorm_in_interpreter` reruns this file in a child pytest with
+TRITON_INTERPRET=1, and the tests below skip in a parent process that lacks it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+CHILD_NEEDED = not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# Triton's interpreter truncates float32 -> bfloat16/float16 stores (the GPU rounds to nearest),
+# which doubles the rounding error; there the bound for 16-bit outputs is 3x PyTorch's error.
+LOW_PRECISION_FACTOR = 3.0 if DEVICE == "cpu" else 2.0
+
+
+def test_rmsnorm_in_interpreter() -> None:
+    if not CHILD_NEEDED:
+        pytest.skip("the kernels run in this process")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert child.returncode == 0, child.stdout[-4000:] + child.stderr[-2000:]
+    assert " passed" in child.stdout
+
+
+@pytest.fixture(scope="module")
+def rms():
+    if CHILD_NEEDED:
+        pytest.skip("runs in the TRITON_INTERPRET=1 child (test_rmsnorm_in_interpreter)")
+    import lmscope.kernels.rmsnorm as module
+
+    return module
+
+
+def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((a.double() - ref).norm() / ref.norm()).item()
+
+
+def _check(rms, shape, x_dtype, out_dtype, seed: int) -> None:
+    """Kernel error vs float64 <= 2x the error of PyTorch's same-dtype math (+ fp64 rounding)."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=gen).to(DEVICE, x_dtype).requires_grad_(True)
+    w = (1 + 0.3 * torch.randn(shape[-1], generator=gen)).to(DEVICE).requires_grad_(True)
+    dy = torch.randn(*shape, generator=gen).to(DEVICE, out_dtype or x_dtype)
+
+    y = rms.rmsnorm(x, w, 1e-5, out_dtype)
+    dx, dw = torch.autograd.grad(y, (x, w), dy)
+    x64, w64 = (t.detach().double().requires_grad_(True) for t in (x, w))
+    ref = rms.rmsnorm_reference(x64, w64, 1e-5)
+    ref_dx, ref_dw = torch.autograd.grad(ref, (x64, w64), dy.double())
+    same = rms.rmsnorm_reference(x, w, 1e-5, out_dtype)
+    same_dx, same_dw = torch.autograd.grad(same, (x, w), dy)
+
+    assert y.dtype == (out_dtype or x_dtype) and y.shape == x.shape
+    assert dx.dtype == x_dtype and dw.dtype == torch.float32
+    for name, ours, theirs, exact in (("y", y, same, ref), ("dx", dx, same_dx, ref_dx),
+                                      ("dw", dw, same_dw, ref_dw)):
+        factor = LOW_PRECISION_FACTOR if ours.dtype in (torch.bfloat16, torch.float16) else 2.0
+        err, tol = _rel(ours, exact), factor * _rel(theirs, exact) + 1e-6
+        assert err <= tol, f"{name}: error {err:.2e} > {tol:.2e}"
+
+
+@pytest.mark.parametrize("shape", [(3, 7, 37), (1, 5), (11, 64), (2, 2, 129)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matches_reference(rms, shape, dtype) -> None:
+    _check(rms, shape, dtype, None, seed=sum(shape))
+
+
+@pytest.mark.parametrize(("x_dtype", "out_dtype"), [(torch.float32, torch.bfloat16),
+                                                    (torch.bfloat16, torch.float32)])
+def test_mixed_input_and_output_dtypes(rms, x_dtype, out_dtype) -> None:
+    _check(rms, (4, 9, 48), x_dtype, out_dtype, seed=7)
+
+
+def test_equals_the_model_module_in_fp32(rms) -> None:
+    from lmscope.model.transformer import RMSNorm
+
+    x = torch.randn(5, 23, device=DEVICE, requires_grad=True)
+    module = RMSNorm(23).to(DEVICE)
+    with torch.no_grad():
+        module.weight.uniform_(0.5, 1.5)
+    y = rms.rmsnorm(x, module.weight, module.eps)
+    assert torch.allclose(y, module(x), rtol=1e-5, atol=1e-6)
+    dy = torch.randn_like(y)
+    ours = torch.autograd.grad(y, (x, module.weight), dy)
+    theirs = torch.autograd.grad(module(x), (x, module.weight), dy)
+    for a, b in zip(ours, theirs, strict=True):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_float64_inputs_are_computed_in_float64(rms) -> None:
+    x = torch.randn(4, 19, dtype=torch.float64, device=DEVICE, requires_grad=True)
+    w = torch.rand(19, dtype=torch.float64, device=DEVICE, requires_grad=True)
+    y = rms.rmsnorm(x, w)
+    ref = rms.rmsnorm_reference(x, w)
+    assert y.dtype == torch.float64 and torch.allclose(y, ref, rtol=1e-12, atol=1e-12)
+    dy = torch.randn_like(y)
+    for a, b in zip(torch.autograd.grad(y, (x, w), dy), torch.autograd.grad(ref, (x, w), dy), strict=True):
+        assert torch.allclose(a, b, rtol=1e-11, atol=1e-12)
+
+
+def test_rejects_a_weight_of_the_wrong_width(rms) -> None:
+    with pytest.raises(ValueError, match="does not match"):
+        rms.rmsnorm(torch.randn(2, 8, device=DEVICE), torch.ones(7, device=DEVICE))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("width", [768, 1600, 2560])
+@pytest.mark.parametrize(("x_dtype", "out_dtype"), [(torch.float32, torch.bfloat16),
+                                                    (torch.bfloat16, None), (torch.float32, None)])
+def test_real_sizes_on_gpu(rms, width, x_dtype, out_dtype) -> None:
+    _check(rms, (4, 2048, width), x_dtype, out_dtype, seed=width)

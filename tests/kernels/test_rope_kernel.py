@@ -1,0 +1,118 @@
+"""Triton RoPE on packed q|k|v against the model's RotaryEmbedding and a float64 reference.
+
+Without CUDA the kernels run in Triton's interpreter, which must be switched on before Triton
+decorates them: `test_rope_in_interpreter` reruns this file in a child pytest with
+TRITON_INTERPRET=1, and the tests below skip in a parent process that lacks it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from lmscope.model.rope import RotaryEmbedding
+
+CHILD_NEEDED = not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# Triton's interpreter truncates float32 -> bfloat16/float16 stores (the GPU rounds to nearest),
+# which doubles the rounding error; there the bound for 16-bit outputs is 3x PyTorch's error.
+LOW_PRECISION_FACTOR = 3.0 if DEVICE == "cpu" else 2.0
+
+
+def test_rope_in_interpreter() -> None:
+    if not CHILD_NEEDED:
+        pytest.skip("the kernels run in this process")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert child.returncode == 0, child.stdout[-4000:] + child.stderr[-2000:]
+    assert " passed" in child.stdout
+
+
+@pytest.fixture(scope="module")
+def rk():
+    if CHILD_NEEDED:
+        pytest.skip("runs in the TRITON_INTERPRET=1 child (test_rope_in_interpreter)")
+    import lmscope.kernels.rope as module
+
+    return module
+
+
+def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((a.double() - ref).norm() / ref.norm()).item()
+
+
+def _eager(qkv: torch.Tensor, rope: RotaryEmbedding, heads: int) -> tuple[torch.Tensor, ...]:
+    """The eager model's path: split heads, rotate q and k with RotaryEmbedding."""
+    batch, seq, width = qkv.shape
+    q, k, v = (t.view(batch, seq, heads, -1).transpose(1, 2) for t in qkv.split(width // 3, dim=-1))
+    return rope(q), rope(k), v
+
+
+@pytest.mark.parametrize(("batch", "seq", "heads", "head_dim"), [(2, 5, 3, 6), (1, 13, 4, 16),
+                                                                 (3, 7, 1, 2), (2, 9, 5, 10)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matches_eager_and_float64(rk, batch, seq, heads, head_dim, dtype) -> None:
+    gen = torch.Generator().manual_seed(batch * 1000 + seq * 10 + heads)
+    rope = RotaryEmbedding(head_dim, seq + 3, theta=10_000.0).to(DEVICE)
+    qkv = torch.randn(batch, seq, 3 * heads * head_dim, generator=gen).to(DEVICE, dtype)
+    qkv.requires_grad_(True)
+    grads = [torch.randn(batch, heads, seq, head_dim, generator=gen).to(DEVICE, dtype) for _ in range(3)]
+
+    ours = rk.rope_qkv(qkv, rope.cos, rope.sin, heads)
+    (d_ours,) = torch.autograd.grad(ours, (qkv,), grads)
+    qkv64 = qkv.detach().double().requires_grad_(True)
+    exact = rk.rope_qkv_reference(qkv64, rope.cos, rope.sin, heads)
+    (d_exact,) = torch.autograd.grad(exact, (qkv64,), [g.double() for g in grads])
+    eager = _eager(qkv, rope, heads)
+    (d_eager,) = torch.autograd.grad(eager, (qkv,), grads)
+
+    assert [t.shape for t in ours] == [(batch, heads, seq, head_dim)] * 3
+    assert all(t.is_contiguous() and t.dtype == dtype for t in ours)
+    assert torch.equal(ours[2], eager[2])  # v is copied, not rotated
+    factor = LOW_PRECISION_FACTOR if dtype == torch.bfloat16 else 2.0
+    for name, a, b, ref in zip(("q", "k", "v", "dqkv"), (*ours, d_ours), (*eager, d_eager),
+                               (*exact, d_exact), strict=True):
+        err, tol = _rel(a, ref), factor * _rel(b, ref) + 1e-6
+        assert err <= tol, f"{name}: error {err:.2e} > {tol:.2e}"
+
+
+def test_float64_and_the_inverse_rotation(rk) -> None:
+    rope = RotaryEmbedding(8, 11).to(DEVICE)
+    qkv = torch.randn(2, 11, 3 * 2 * 8, dtype=torch.float64, device=DEVICE, requires_grad=True)
+    ours = rk.rope_qkv(qkv, rope.cos, rope.sin, 2)
+    exact = rk.rope_qkv_reference(qkv, rope.cos, rope.sin, 2)
+    for a, b in zip(ours, exact, strict=True):
+        assert torch.allclose(a, b, rtol=1e-12, atol=1e-12)
+    # the rotation is orthogonal (up to the fp32 tables): the gradient of sum(out^2) is 2 * qkv
+    (grad,) = torch.autograd.grad(sum((t * t).sum() for t in ours), (qkv,))
+    assert torch.allclose(grad, 2 * qkv, rtol=1e-6, atol=1e-6)
+    assert not torch.allclose(ours[0], qkv[..., :16].reshape(2, 11, 2, 8).transpose(1, 2), atol=1e-3)
+
+
+def test_unused_outputs_get_zero_gradients(rk) -> None:
+    rope = RotaryEmbedding(4, 6).to(DEVICE)
+    qkv = torch.randn(1, 6, 3 * 3 * 4, device=DEVICE, requires_grad=True)
+    q, _, _ = rk.rope_qkv(qkv, rope.cos, rope.sin, 3)
+    (grad,) = torch.autograd.grad(q.sum(), (qkv,))
+    assert grad[..., 12:].abs().max().item() == 0.0 and grad[..., :12].abs().min().item() > 0.0
+
+
+def test_rejects_bad_shapes(rk) -> None:
+    rope = RotaryEmbedding(4, 6).to(DEVICE)
+    with pytest.raises(ValueError, match="even head_dim"):
+        rk.rope_qkv(torch.randn(1, 6, 3 * 2 * 3, device=DEVICE), rope.cos, rope.sin, 2)
+    with pytest.raises(ValueError, match="tables"):
+        rk.rope_qkv(torch.randn(1, 9, 3 * 2 * 4, device=DEVICE), rope.cos, rope.sin, 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize(("heads", "head_dim"), [(12, 64), (25, 64), (32, 80)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_real_sizes_on_gpu(rk, heads, head_dim, dtype) -> None:
+    test_matches_eager_and_float64(rk, 4, 512, heads, head_dim, dtype)

@@ -140,6 +140,152 @@ def profile(
         show_nsys(nsys_capture(spec, timeout_s=timeout))
 
 
+Nproc = Annotated[str | None, typer.Option(help="ranks, list ok (default 2; torchrun: WORLD_SIZE)")]
+Backend = Annotated[str, typer.Option(help="auto (nccl with GPUs) | gloo | nccl")]
+RankTimeout = Annotated[float, typer.Option(help="seconds a point's ranks may take")]
+
+
+@app.command()
+def comm(
+    op: Annotated[str, typer.Option(help="all-reduce | all-gather | reduce-scatter | broadcast, list, all")]
+    = "all-reduce",
+    size: Annotated[str, typer.Option(help="buffer sizes S in decimal MB: 1MB,10MB,1GB (MiB, GiB ok)")]
+    = "1MB,10MB,100MB,1GB",
+    nproc: Nproc = None,
+    backend: Backend = "auto",
+    dtype: Annotated[str, typer.Option(help="float32 | bfloat16 | float16 | float64")] = "float32",
+    warmup: Annotated[int, typer.Option(help="untimed calls")] = 5,
+    iters: Annotated[int, typer.Option(help="timed calls")] = 20,
+    out: Out = None,
+    resume: Resume = False,
+    timeout: RankTimeout = 300.0,
+    fmt: Format = None,
+) -> None:
+    """Time collectives like nccl-tests: time, algbw, busbw, #wrong; busbw-vs-size plot."""
+    from lmscope.accounting.comms import COLLECTIVES
+    from lmscope.parallel.commands import run_comm
+    from lmscope.parallel.launch import default_world_sizes
+    from lmscope.workloads.collectives import Spec, parse_size_mb
+
+    swept = {
+        "op": list(COLLECTIVES) if op == "all" else split_list(op, str, "--op"),
+        "world_size": split_list(nproc, int, "--nproc") if nproc else default_world_sizes(),
+        "size_mb": [parse_size_mb(s) for s in split_list(size, str, "--size")],
+    }
+    fixed = dict(backend=backend, dtype=dtype, warmup=warmup, iters=iters, timeout_s=timeout)
+    specs = [Spec(**point) for point in expand_grid(fixed, swept)]
+    code = run_comm(specs, out=out, resume=resume, timeout_s=timeout, fmt=fmt)
+    if code:
+        raise typer.Exit(code)
+
+
+@app.command()
+def ddp(
+    size: Annotated[str | None, typer.Option(help="preset(s): tiny,small,medium,large,xl,2.7B")] = None,
+    d_model: Annotated[int | None, typer.Option(help="override d_model")] = None,
+    d_ff: Annotated[int | None, typer.Option(help="override d_ff")] = None,
+    num_layers: Annotated[int | None, typer.Option(help="override num_layers")] = None,
+    num_heads: Annotated[int | None, typer.Option(help="override num_heads")] = None,
+    vocab_size: Annotated[int | None, typer.Option(help="override vocab_size")] = None,
+    context_length: Annotated[str, typer.Option(help="tokens per sequence, list ok")] = "128",
+    batch_size: Annotated[str, typer.Option(help="sequences per batch PER RANK, list ok")] = "4",
+    precision: Annotated[str, typer.Option(help="fp32 | bf16 | fp16, list ok")] = "bf16",
+    attention: Annotated[str, typer.Option(help="naive | sdpa | flash | flash-torch")] = "naive",
+    strategy: Annotated[
+        str, typer.Option(help="naive,flat,overlap,bucketed:<MiB>,torch-ddp (single is added as baseline)")
+    ] = "naive,flat,overlap,bucketed:25,torch-ddp",
+    shard_optimizer: Annotated[str, typer.Option(help="ShardedOptimizer: off | on | off,on")] = "off",
+    nproc: Nproc = None,
+    backend: Backend = "auto",
+    device: Annotated[str, typer.Option(help="auto | cuda | cpu (gloo)")] = "auto",
+    warmup: Annotated[int, typer.Option(help="untimed steps")] = 5,
+    steps: Annotated[int, typer.Option(help="timed steps")] = 10,
+    out: Out = None,
+    resume: Resume = False,
+    timeout: RankTimeout = 900.0,
+    fmt: Format = None,
+) -> None:
+    """Data-parallel train step per strategy vs the single-GPU step, with the overhead model."""
+    from lmscope.parallel.commands import ddp_points, run_ddp
+    from lmscope.parallel.launch import default_world_sizes
+    from lmscope.workloads.ddp import Spec
+
+    fixed = dict(d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
+                 vocab_size=vocab_size, attention=attention, backend=backend, device=device,
+                 warmup=warmup, steps=steps, timeout_s=timeout)
+    swept = {
+        "size": split_list(size or _default_size(), str, "--size"),
+        "context_length": split_list(context_length, int, "--context-length"),
+        "batch_size": split_list(batch_size, int, "--batch-size"),
+        "precision": split_list(precision, str, "--precision"),
+        "world_size": split_list(nproc, int, "--nproc") if nproc else default_world_sizes(),
+        "strategy": split_list(strategy, str, "--strategy"),
+        "shard_optimizer": split_list(shard_optimizer, bool, "--shard-optimizer"),
+    }
+    specs = [Spec(**point) for point in ddp_points(fixed, swept)]
+    code = run_ddp(specs, out=out, resume=resume, timeout_s=timeout, fmt=fmt)
+    if code:
+        raise typer.Exit(code)
+
+
+@app.command()
+def memory(
+    size: Annotated[str | None, typer.Option(help="preset(s): tiny,small,medium,large,xl,2.7B")] = None,
+    d_model: Annotated[int | None, typer.Option(help="override d_model")] = None,
+    d_ff: Annotated[int | None, typer.Option(help="override d_ff")] = None,
+    num_layers: Annotated[int | None, typer.Option(help="override num_layers")] = None,
+    num_heads: Annotated[int | None, typer.Option(help="override num_heads")] = None,
+    vocab_size: Annotated[int | None, typer.Option(help="override vocab_size")] = None,
+    context_length: Annotated[str, typer.Option(help="tokens per sequence, list ok")] = "128",
+    model_context_length: Annotated[
+        int | None, typer.Option(help="the model's context_length (default: --context-length)")
+    ] = None,
+    batch_size: Annotated[str, typer.Option(help="sequences per batch, list ok")] = "4",
+    mode: Annotated[str, typer.Option(help="forward|forward-backward|train-step, list ok")] = "train-step",
+    precision: Annotated[str, typer.Option(help="fp32 | bf16 | fp16, list ok")] = "fp32",
+    attention: Annotated[str, typer.Option(help="naive | sdpa | flash | flash-torch, list ok")] = "naive",
+    checkpoint: Annotated[str, typer.Option(help="activation checkpointing: none | block | every:K, "
+                                                 "list ok")] = "none",
+    compile: Annotated[str, typer.Option("--compile", help="torch.compile: off | on | off,on")] = "off",
+    warmup: Annotated[int, typer.Option(help="steps before measuring")] = 2,
+    steps: Annotated[int, typer.Option(help="measured steps")] = 2,
+    snapshot: Annotated[str, typer.Option(help="record a step's history: snapshot, timeline PNG, "
+                                               "top allocations: on | off")] = "on",
+    top: Annotated[int, typer.Option(help="largest allocation groups to show")] = 10,
+    max_entries: Annotated[int, typer.Option(help="alloc/free events the snapshot keeps")] = 200_000,
+    device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")] = "auto",
+    out: Out = None,
+    resume: Resume = False,
+    timeout: Timeout = 900.0,
+    fmt: Format = None,
+    compare: Compare = None,
+) -> None:
+    """Peak memory of each phase (measured and predicted), snapshots, timelines, largest allocations."""
+    from lmscope.commands import default_out
+    from lmscope.report.memory_plots import show_top_allocations
+    from lmscope.workloads.memory import Spec
+
+    out = out or default_out()
+    fixed = dict(d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
+                 vocab_size=vocab_size, model_context_length=model_context_length, warmup=warmup,
+                 steps=steps, snapshot=split_list(snapshot, bool, "--snapshot")[0], top=top,
+                 max_entries=max_entries, device=device, artifacts_dir=str(out.parent / "memory"))
+    swept = {
+        "size": split_list(size or _default_size(), str, "--size"),
+        "context_length": split_list(context_length, int, "--context-length"),
+        "batch_size": split_list(batch_size, int, "--batch-size"),
+        "mode": split_list(mode, str, "--mode"),
+        "precision": split_list(precision, str, "--precision"),
+        "attention": split_list(attention, str, "--attention"),
+        "checkpoint": split_list(checkpoint, str, "--checkpoint"),
+        "compile": split_list(compile, bool, "--compile"),
+    }
+    specs = [Spec(**point) for point in expand_grid(fixed, swept)]
+    records = run_and_report("memory", specs, out=out, resume=resume, timeout_s=timeout, fmt=fmt,
+                             compare=compare, title="lmscope memory")
+    show_top_allocations(records)
+
+
 @app.command()
 def table(
     results: Annotated[Path, typer.Argument(help="a results.jsonl written by lmscope")],

@@ -22,10 +22,10 @@ LM="python3 -m lmscope"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 
 # 1. The sweep: 4 contexts x 2 modes x 2 precisions = 16 points, each in its own process.
-#    Stopped (finished points kept) if it runs past 6 minutes.
+#    One reused worker process (each point warms up); stopped (finished points kept) after 6 min.
 timeout -s INT 360 $LM profile --size large --context-length 128,256,512,1024 --mode forward,train-step \
     --precision fp32,bf16 --attention naive --warmup 3 --steps 3 --device cuda \
-    --timeout 240 --out "$WORK/results.jsonl" > "$OUT/sweep.txt" 2>&1
+    --timeout 240 --out "$WORK/results.jsonl" --reuse-worker > "$OUT/sweep.txt" 2>&1
 tail -n 30 "$OUT/sweep.txt"
 
 # 2. One point again with --resume: nothing reruns; it prints that point's full tables and the

@@ -31,6 +31,9 @@ Resume = Annotated[bool, typer.Option(help="skip points already finished in --ou
 Timeout = Annotated[float, typer.Option(help="seconds allowed per point")]
 Format = Annotated[str | None, typer.Option("--format", help="also write md | csv | latex | json")]
 Compare = Annotated[str | None, typer.Option(help="pivot a swept field into columns, with ratios")]
+ReuseWorker = Annotated[
+    bool, typer.Option(help="run consecutive points in one worker process (a failure replaces it)")
+]
 
 
 def _default_size() -> str:
@@ -66,6 +69,7 @@ def bench(
     timeout: Timeout = 900.0,
     fmt: Format = None,
     compare: Compare = None,
+    reuse_worker: ReuseWorker = False,
 ) -> None:
     """Time forward, forward+backward or a full train step (a sweep over any list flags)."""
     from lmscope.workloads.step import Spec
@@ -87,7 +91,7 @@ def bench(
     }
     specs = [Spec(**point) for point in expand_grid(fixed, swept)]
     run_and_report("bench", specs, out=out, resume=resume, timeout_s=timeout, fmt=fmt,
-                   compare=compare, title="lmscope bench")
+                   compare=compare, title="lmscope bench", reuse_worker=reuse_worker)
 
 
 @app.command()
@@ -113,6 +117,7 @@ def profile(
     timeout: Timeout = 900.0,
     fmt: Format = None,
     compare: Compare = None,
+    reuse_worker: ReuseWorker = False,
 ) -> None:
     """Kernel-level profile of a step: kernel tables, categories, idle gaps, attention breakdown."""
     from lmscope.commands import default_out
@@ -134,10 +139,59 @@ def profile(
     }
     specs = [Spec(**point) for point in expand_grid(fixed, swept)]
     records = run_and_report("profile", specs, out=out, resume=resume, timeout_s=timeout, fmt=fmt,
-                             compare=compare, title="lmscope profile")
+                             compare=compare, title="lmscope profile", reuse_worker=reuse_worker)
     show_point_reports(records)
     for spec in specs if nsys else []:
         show_nsys(nsys_capture(spec, timeout_s=timeout))
+
+
+@app.command()
+def attention(
+    preset: Annotated[str | None, typer.Option(help="leaderboard | classic | tflops; flags override")] = None,
+    impl: Annotated[str | None, typer.Option(help="implementations, list ok, or all")] = None,
+    batch: Annotated[str | None, typer.Option(help="batch size, list ok (default 8)")] = None,
+    heads: Annotated[str | None, typer.Option(help="heads, list ok (default 1: no head dim)")] = None,
+    head_dim: Annotated[str | None, typer.Option(help="d per head, list ok (default 64)")] = None,
+    seq_len: Annotated[str | None, typer.Option(help="sequence length, list ok (default 1024)")] = None,
+    dtype: Annotated[str | None, typer.Option(help="fp32 | bf16 | fp16, list ok (default fp32)")] = None,
+    causal: Annotated[str | None, typer.Option(help="on | off | off,on (default on)")] = None,
+    passes: Annotated[str | None, typer.Option(help="passes timed: fwd,bwd,fwd_bwd (default all)")] = None,
+    warmup_ms: Annotated[float | None, typer.Option(help="do_bench warmup in ms (default 25)")] = None,
+    rep_ms: Annotated[float | None, typer.Option(help="do_bench rep in ms (default 100)")] = None,
+    cpu_steps: Annotated[int | None, typer.Option(help="timed calls per pass on CPU (default 3)")] = None,
+    check_max_seq: Annotated[
+        int | None, typer.Option(help="largest seq checked against float64 (default 4096; 0: never)")
+    ] = None,
+    device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")] = "auto",
+    plot: Annotated[
+        bool | None, typer.Option("--plot/--no-plot", help="latency plot (default: if >1 seq length)")
+    ] = None,
+    out: Out = None,
+    resume: Resume = False,
+    timeout: Timeout = 900.0,
+    fmt: Format = None,
+    compare: Compare = None,
+    reuse_worker: ReuseWorker = True,
+) -> None:
+    """Time attention implementations: latency, TFLOP/s, memory, error vs float64."""
+    from lmscope.commands import default_out
+    from lmscope.report.attention_plots import plot_sweep
+    from lmscope.workloads.attention import Spec, attention_grid
+
+    lists = {"impl": (impl, str), "batch": (batch, int), "heads": (heads, int), "head_dim": (head_dim, int),
+             "seq_len": (seq_len, int), "dtype": (dtype, str), "causal": (causal, bool)}
+    overrides = {name: split_list(value, cast, "--" + name.replace("_", "-"))
+                 for name, (value, cast) in lists.items() if value is not None}
+    overrides.update(passes=passes, warmup_ms=warmup_ms, rep_ms=rep_ms, cpu_steps=cpu_steps,
+                     check_max_seq=check_max_seq, device=device)
+    specs = [Spec(**point) for point in expand_grid(*attention_grid(preset, overrides))]
+    out = out or default_out()
+    records = run_and_report("attention", specs, out=out, resume=resume, timeout_s=timeout, fmt=fmt,
+                             compare=compare, title=f"lmscope attention {preset or ''}".strip(),
+                             reuse_worker=reuse_worker)
+    path = plot_sweep(records, out, specs[0].passes, [s.seq_len for s in specs], plot)
+    if path:
+        console.say(f"wrote {path}")
 
 
 Nproc = Annotated[str | None, typer.Option(help="ranks, list ok (default 2; torchrun: WORLD_SIZE)")]

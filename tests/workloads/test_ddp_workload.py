@@ -10,6 +10,7 @@ import pytest
 from lmscope.accounting.flops import parameter_counts
 from lmscope.cli import main
 from lmscope.parallel.commands import ddp_points, ddp_summary, exit_code, overhead_model_line, results_path
+from lmscope.report.tables import format_value
 from lmscope.workloads import ddp
 from lmscope.workloads.ddp import Spec
 
@@ -63,7 +64,7 @@ def test_summary_against_single_and_the_model_line():
     line = overhead_model_line(records)
     # medians: o = 25 us, w = 150 GB/s; bucket* = sqrt(S w o)
     expected_mib = (7622 * 2**20 * 150e9 * 25e-6) ** 0.5 / 2**20
-    assert f"optimal bucket {expected_mib:,.1f} MiB" in line
+    assert f"optimal bucket {format_value(expected_mib)} MiB" in line
     assert "best measured: bucketed:100" in line
     assert exit_code(records) == 1 and exit_code(records[:3]) == 0
 

@@ -19,7 +19,7 @@ from lmscope.commands import default_out, run_and_report
 from lmscope.parallel.launch import torchrun_env
 from lmscope.report import console
 from lmscope.report.comm_plots import plot_busbw
-from lmscope.report.tables import Table, render
+from lmscope.report.tables import Table, format_value, render
 from lmscope.results import Record
 from lmscope.runner import expand_grid
 
@@ -123,13 +123,14 @@ def overhead_model_line(records: Sequence[Record]) -> str | None:
     overhead_s = statistics.median(r["allreduce_overhead_us"] for r in fitted) / 1e6
     algbw = statistics.median(r["allreduce_algbw_gbps"] for r in fitted)
     model_bytes = fitted[0]["grad_mib"] * 2**20
-    line = (f"overhead model (docs/distributed.md): S = {model_bytes / 2**20:,.0f} MiB of gradients, "
-            f"all-reduce w = {algbw:.1f} GB/s, o = {overhead_s * 1e6:.1f} us per call")
+    line = (f"overhead model (docs/distributed.md): S = {format_value(model_bytes / 2**20)} MiB of "
+            f"gradients, all-reduce w = {format_value(algbw)} GB/s, o = {format_value(overhead_s * 1e6)} us")
     if overhead_s > 0:
         count = optimal_bucket_count(model_bytes, algbw, overhead_s)
         bucket_mib = optimal_bucket_bytes(model_bytes, algbw, overhead_s) / 2**20
         least_ms = 1e3 * ddp_overhead_s(model_bytes, algbw, overhead_s, count)
-        line += f" -> optimal bucket {bucket_mib:,.1f} MiB ({count:.0f} buckets), exposed {least_ms:.2f} ms"
+        line += (f" -> optimal bucket {format_value(bucket_mib)} MiB ({count:.0f} buckets), "
+                 f"exposed {format_value(least_ms)} ms")
     bucketed = [r for r in fitted if str(r.get("strategy", "")).startswith("bucketed:")]
     if bucketed:
         best = min(bucketed, key=lambda r: r["step_ms"])

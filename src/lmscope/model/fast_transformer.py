@@ -5,8 +5,8 @@ initialization and ``load_state_dict`` works both ways; only the forward differs
 
 * RMSNorm, SwiGLU and RoPE are Triton kernels (``lmscope.kernels.rmsnorm``, ``.swiglu``,
   ``.rope``); Q, K, V come from one matmul against [Wq; Wk; Wv] and the two SwiGLU inputs from one
-  matmul against [w1; w3], and the RoPE kernel turns the packed projections straight into the
-  per-head q, k, v that attention reads;
+  matmul against [w1; w3] (stacked and cast in one copy per weight), and the RoPE kernel turns
+  the packed projections straight into the per-head q, k, v that attention reads;
 * attention is a registered backend (``flash``, lmscope's Triton FlashAttention, for the fast
   path; ``sdpa`` works too);
 * given targets, the LM head and the cross-entropy are fused by chunks of tokens
@@ -37,6 +37,30 @@ def compute_dtype(device: torch.device, default: torch.dtype) -> torch.dtype:
     if torch.is_autocast_enabled(device.type):
         return torch.get_autocast_dtype(device.type)
     return default
+
+
+class _CastCat(torch.autograd.Function):
+    """torch.cat(weights).to(dtype) in one copy per weight (no fp32 concatenation in between)."""
+
+    @staticmethod
+    def forward(ctx, dtype: torch.dtype, *weights: torch.Tensor) -> torch.Tensor:
+        rows = [w.shape[0] for w in weights]
+        out = torch.empty(sum(rows), *weights[0].shape[1:], dtype=dtype, device=weights[0].device)
+        for part, w in zip(out.split(rows), weights, strict=True):
+            part.copy_(w)
+        ctx.rows = rows
+        ctx.dtypes = [w.dtype for w in weights]
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        parts = grad.split(ctx.rows)
+        return (None, *(g.to(dt) for g, dt in zip(parts, ctx.dtypes, strict=True)))
+
+
+def cast_cat(dtype: torch.dtype, *weights: torch.Tensor) -> torch.Tensor:
+    """The weights stacked along dim 0 in `dtype`; gradients flow back in each weight's dtype."""
+    return _CastCat.apply(dtype, *weights)
 
 
 class FastTransformerLM(TransformerLM):
@@ -75,11 +99,10 @@ class FastTransformerLM(TransformerLM):
         batch, seq, d_model = x.shape
         attn, ffn = layer.attn, layer.ffn
         h = rmsnorm(x, layer.ln1.weight, layer.ln1.eps, out_dtype=dtype)
-        w_qkv = torch.cat([attn.q_proj.weight.to(dtype), attn.k_proj.weight.to(dtype),
-                           attn.v_proj.weight.to(dtype)])
+        w_qkv = cast_cat(dtype, attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
         q, k, v = rope_qkv(F.linear(h, w_qkv), cos, sin, attn.num_heads)
         out = self._attend(q, k, v).transpose(1, 2).reshape(batch, seq, d_model)
         x = x + F.linear(out, attn.output_proj.weight.to(dtype))
         h = rmsnorm(x, layer.ln2.weight, layer.ln2.eps, out_dtype=dtype)
-        w_13 = torch.cat([ffn.w1.weight.to(dtype), ffn.w3.weight.to(dtype)])
+        w_13 = cast_cat(dtype, ffn.w1.weight, ffn.w3.weight)
         return x + F.linear(swiglu(F.linear(h, w_13)), ffn.w2.weight.to(dtype))

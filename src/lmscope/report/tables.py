@@ -19,6 +19,10 @@ METRIC_COLUMNS: dict[str, list[str]] = {
         "mean_ms", "std_ms", "median_ms", "forward_ms", "backward_ms", "optimizer_ms",
         "tokens_per_s", "tflops", "mfu", "peak_allocated_gib", "compile_s",
     ],
+    "attention": [
+        "fwd_ms", "bwd_ms", "fwd_bwd_ms", "fwd_tflops", "bwd_tflops", "fwd_bwd_tflops",
+        "mem_before_backward_mib", "peak_mib", "saved_bytes_per_seq2", "max_error", "max_grad_error",
+    ],
     "profile": [
         "step_ms", "profiled_step_ms", "overhead_pct", "launches_per_step", "gpu_busy_frac",
         "matmul_frac", "attention_frac", "elementwise_frac", "reduction_frac", "optimizer_frac",
@@ -33,7 +37,7 @@ METRIC_COLUMNS: dict[str, list[str]] = {
 }
 """Per workload, the metric columns a table shows (those present in the records)."""
 
-PRIMARY_METRIC: dict[str, str] = {"bench": "mean_ms", "profile": "matmul_frac",
+PRIMARY_METRIC: dict[str, str] = {"bench": "mean_ms", "attention": "fwd_bwd_ms", "profile": "matmul_frac",
                                   "comm": "busbw_gbps", "ddp": "step_ms"}
 """Per workload, the metric that `--compare` pivots (lower is better for *_ms)."""
 

@@ -1,0 +1,343 @@
+"""`lmscope attention`: latency, TFLOP/s, memory and error of one attention implementation at a point.
+
+A point is an implementation (see `attention_impls`) and a shape: q, k, v are random normal
+(batch, seq, d) tensors when heads == 1 (no head dim, as the classic study has them) and
+(batch, heads, seq, d) otherwise, in the point's dtype, with requires_grad; dO is random normal.
+
+What a point runs, in order:
+1. one forward+backward, which also compiles (naive-compiled) or autotunes (flash-triton); up to
+   `check_max_seq` its output and dQ, dK, dV are compared with a float64 reference on the same
+   inputs (`max_error`, `max_grad_error`: max absolute differences), computed a few sequences at a
+   time so the reference needs at most about 1 GiB per score matrix; above it `error_check` says
+   "skipped: seq > N" and the errors are None;
+2. on CUDA, one forward+backward with fresh peak statistics: memory in use after the forward
+   (what is kept for the backward, inputs included, as the study reports it) and the peak, in
+   MiB, and `saved_bytes_per_seq2` = (memory after the forward - memory before it) / seq^2, the
+   seq^2 coefficient that naive attention pays and FlashAttention does not;
+3. timings of the passes asked for: fwd = forward with autograd recording (as in training);
+   bwd = `out.backward(dO, retain_graph=True)` on one forward's graph; fwd_bwd = forward then
+   backward. On CUDA each is `triton.testing.do_bench` (L2 flushed before every call; median,
+   p20, p80 of its runs, `warmup_ms`/`rep_ms` are its warmup and rep in ms); on CPU, where
+   do_bench cannot run, `cpu_steps` synchronized calls of lmscope's timer. Gradients accumulate
+   into q.grad, k.grad, v.grad across calls as in training (no `grad_to_none`), so bwd and
+   fwd_bwd include the accumulation adds.
+
+FLOPs (`attention_flops`): forward 4 * batch * heads * seq_q * seq_k * d (two matmuls),
+halved when causal (the convention of the FlashAttention papers' benchmarks, not the exact
+(seq + 1) / (2 seq)); backward 2.5 x forward (five matmuls to the forward's two, the recomputed
+scores included); fwd_bwd 3.5 x forward. The same counts for every implementation, so TFLOP/s
+compare like latency does.
+
+Each point starts by freeing cached GPU memory and resetting peak statistics and ends by freeing
+its tensors, so points that share one worker process do not influence each other.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from lmscope.measure.timer import summarize, synchronize, time_steps
+from lmscope.workloads.attention_impls import impl_names, prepare
+from lmscope.workloads.train_step import device_facts, resolve_device
+
+MIB = 2**20
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+PASSES = ("fwd", "bwd", "fwd_bwd")
+BACKWARD_FLOP_FACTOR = 2.5
+"""Backward FLOPs per forward FLOP: five seq x seq x d matmuls (S = Q K^T recomputed, dV = P^T dO,
+dP = dO V^T, dQ = dS K, dK = dS^T Q) to the forward's two, the FlashAttention-2 benchmark
+convention, applied to every implementation alike (naive attention keeps P and skips the
+recomputation, so its own count is 2x: its TFLOP/s read as FlashAttention-equivalent)."""
+REFERENCE_CHUNK_ELEMENTS = 2**27
+"""Score-matrix elements per float64 reference call (2**27 * 8 bytes = 1 GiB)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Spec:
+    """One attention implementation at one shape, dtype and masking, and how to time it."""
+
+    impl: str = "naive"
+    """Implementation: one of attention_impls.impl_names()."""
+    batch: int = 8
+    """Leading batch dim."""
+    heads: int = 1
+    """Heads; 1 means no head dim: tensors are (batch, seq, d)."""
+    head_dim: int = 64
+    """d, the size of each query/key/value vector."""
+    seq_len: int = 1024
+    """Queries = keys per sequence."""
+    dtype: str = "fp32"
+    """fp32 | bf16 | fp16: the dtype of q, k, v (no autocast)."""
+    causal: bool = True
+    """Query i attends keys j <= i."""
+    passes: str = "fwd,bwd,fwd_bwd"
+    """Which passes to time, a comma list of fwd, bwd, fwd_bwd."""
+    warmup_ms: float = 25.0
+    """do_bench warmup, in ms of running the pass (CUDA)."""
+    rep_ms: float = 100.0
+    """do_bench rep, in ms of timed runs (CUDA)."""
+    cpu_steps: int = 3
+    """Timed calls per pass on CPU."""
+    check_max_seq: int = 4096
+    """Largest seq_len checked against the float64 reference (0: never)."""
+    seed: int = 0
+    """Seed of the random inputs."""
+    device: str = "auto"
+    """'auto' (cuda when present, else cpu), 'cuda', 'cuda:N' or 'cpu'."""
+
+    def __post_init__(self) -> None:
+        if self.impl not in impl_names():
+            raise ValueError(f"unknown attention impl {self.impl!r}: choose from {', '.join(impl_names())}")
+        for name in ("batch", "heads", "head_dim", "seq_len", "cpu_steps"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(f"{name} must be a positive integer, got {value!r}: pass {flag} N")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {self.dtype!r}: choose one of {', '.join(DTYPES)}")
+        if not isinstance(self.causal, bool):
+            raise ValueError(f"causal must be true or false, got {self.causal!r}: pass --causal on|off")
+        asked = [p.strip() for p in str(self.passes).split(",") if p.strip()]
+        unknown = [p for p in asked if p not in PASSES]
+        if unknown or not asked:
+            raise ValueError(
+                f"passes must be a comma list of {', '.join(PASSES)}, got {self.passes!r}: "
+                "pass e.g. --passes fwd,bwd"
+            )
+        object.__setattr__(self, "passes", ",".join(p for p in PASSES if p in asked))
+        if self.warmup_ms < 0 or self.rep_ms <= 0:
+            raise ValueError(
+                f"warmup_ms must be >= 0 and rep_ms > 0, got {self.warmup_ms}, {self.rep_ms}: "
+                "pass --warmup-ms and --rep-ms in milliseconds"
+            )
+        if not isinstance(self.check_max_seq, int) or self.check_max_seq < 0:
+            raise ValueError(f"check_max_seq must be 0 or more, got {self.check_max_seq!r}")
+        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
+            raise ValueError(f"unknown device {self.device!r}: use auto, cpu, cuda or cuda:N")
+
+    @property
+    def pass_list(self) -> list[str]:
+        """The passes to time, in the order fwd, bwd, fwd_bwd."""
+        return self.passes.split(",")
+
+    def shape(self) -> tuple[int, ...]:
+        """Shape of q, k and v."""
+        lead = (self.batch,) if self.heads == 1 else (self.batch, self.heads)
+        return (*lead, self.seq_len, self.head_dim)
+
+
+LEADERBOARD_PEERS = ["flash-triton", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "naive"]
+"""Implementations of the reference workload, ours first (the base of `--compare impl` ratios)."""
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "leaderboard": {
+        "impl": LEADERBOARD_PEERS, "batch": [1], "heads": [16], "head_dim": [64], "seq_len": [16384],
+        "dtype": ["bf16"], "causal": [True], "check_max_seq": 16384,
+    },
+    "classic": {
+        "impl": ["all"], "batch": [8], "heads": [1], "head_dim": [16, 32, 64, 128],
+        "seq_len": [256, 1024, 4096, 8192, 16384], "dtype": ["fp32", "bf16"], "causal": [True],
+    },
+    "tflops": {
+        "impl": ["flash-triton", "sdpa-flash", "sdpa-cudnn"], "batch": [1], "heads": [16],
+        "head_dim": [64, 128], "seq_len": [1024 * 2**i for i in range(7)], "dtype": ["bf16"],
+        "causal": [True], "passes": "fwd,bwd",
+    },
+}
+"""Named grids. leaderboard: the reference workload (batch 1, 16 heads, seq 16384, d 64, bf16,
+causal, forward+backward) with every peer, checked against float64 at full size; classic: the
+study's grid (batch 8, no head dim, d 16..128, seq 256..16384, fp32 and bf16, all
+implementations); tflops: forward-only and backward-only TFLOP/s of the fast kernels for d 64
+and 128 at seq 1k..64k."""
+
+DEFAULT_GRID: dict[str, Any] = {
+    "impl": ["all"], "batch": [8], "heads": [1], "head_dim": [64], "seq_len": [1024],
+    "dtype": ["fp32"], "causal": [True],
+}
+"""The grid without a preset: every implementation at one shape."""
+
+AXES = ("dtype", "causal", "batch", "heads", "head_dim", "seq_len", "impl")
+"""Swept fields, outermost first: every shape runs all its implementations back to back."""
+
+
+def attention_grid(
+    preset: str | None, overrides: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+    """(fixed, swept) fields for `runner.expand_grid`: the preset (or the default grid) with
+    `overrides` (field -> list for an axis, value otherwise; None keeps the preset's) on top;
+    'all' in impl stands for every implementation."""
+    if preset is not None and preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}: choose one of {', '.join(PRESETS)}")
+    merged = {**DEFAULT_GRID, **(PRESETS[preset] if preset else {})}
+    merged.update({key: value for key, value in overrides.items() if value is not None})
+    impls: list[str] = []
+    for name in merged["impl"]:
+        impls += impl_names() if name == "all" else [name]
+    merged["impl"] = list(dict.fromkeys(impls))
+    swept = {axis: list(merged.pop(axis)) for axis in AXES}
+    return merged, swept
+
+
+def attention_flops(
+    batch: int, heads: int, seq_q: int, seq_k: int, head_dim: int, causal: bool, which: str = "fwd"
+) -> float:
+    """FLOPs of one attention pass: fwd 4*B*H*Tq*Tk*d (halved when causal), bwd 2.5x, fwd_bwd 3.5x."""
+    forward = 4.0 * batch * heads * seq_q * seq_k * head_dim * (0.5 if causal else 1.0)
+    factors = {"fwd": 1.0, "bwd": BACKWARD_FLOP_FACTOR, "fwd_bwd": 1.0 + BACKWARD_FLOP_FACTOR}
+    if which not in factors:
+        raise ValueError(f"unknown pass {which!r}: choose one of {', '.join(factors)}")
+    return forward * factors[which]
+
+
+def _release(device: torch.device) -> None:
+    """Collect garbage and give cached GPU memory back; reset the peak statistics."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _inputs(spec: Spec, device: torch.device) -> tuple[torch.Tensor, ...]:
+    generator = torch.Generator(device=device).manual_seed(spec.seed)
+    dtype = DTYPES[spec.dtype]
+
+    def randn() -> torch.Tensor:
+        return torch.randn(spec.shape(), generator=generator, device=device, dtype=dtype)
+
+    q, k, v = (randn().requires_grad_() for _ in range(3))
+    return q, k, v, randn()
+
+
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    return x.detach().reshape(-1, x.shape[-2], x.shape[-1])
+
+
+def reference_errors(
+    out: torch.Tensor, grads: list[torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    d_out: torch.Tensor, causal: bool,
+) -> tuple[float, float]:
+    """Max |out - O_ref| and max over dQ, dK, dV of |grad - grad_ref|, against float64."""
+    from lmscope.kernels.attention_reference import attention_reference
+
+    fq, fk, fv, fdo, fo = map(_flat, (q, k, v, d_out, out))
+    fgrads = [_flat(g) for g in grads]
+    chunk = max(1, REFERENCE_CHUNK_ELEMENTS // (q.shape[-2] * k.shape[-2]))
+    out_error, grad_error = 0.0, 0.0
+    for start in range(0, fq.shape[0], chunk):
+        part = slice(start, start + chunk)
+        leaves = [x[part].double().requires_grad_() for x in (fq, fk, fv)]
+        ref, _ = attention_reference(*leaves, causal=causal)
+        ref.backward(fdo[part].double())
+        out_error = max(out_error, (fo[part].double() - ref).abs().max().item())
+        for grad, leaf in zip(fgrads, leaves, strict=True):
+            grad_error = max(grad_error, (grad[part].double() - leaf.grad).abs().max().item())
+        del leaves, ref
+    return out_error, grad_error
+
+
+def _clear_grads(*tensors: torch.Tensor) -> None:
+    for tensor in tensors:
+        tensor.grad = None
+
+
+def _bench(fn: Callable[[], Any], spec: Spec, device: torch.device) -> tuple[float, float, float]:
+    """(median, p20, p80) in ms: do_bench on CUDA, lmscope's synchronized timer on CPU."""
+    if device.type == "cuda":
+        from triton.testing import do_bench
+
+        median, p20, p80 = do_bench(fn, warmup=spec.warmup_ms, rep=spec.rep_ms, quantiles=[0.5, 0.2, 0.8])
+        return median, p20, p80
+    # The first forward+backward of the point already warmed everything up.
+    stats = summarize(time_steps(fn, warmup=0, steps=spec.cpu_steps, device=device))
+    return stats.median_ms, stats.p20_ms, stats.p80_ms
+
+
+def _memory(attend: Callable[..., torch.Tensor], q, k, v, d_out, device: torch.device) -> dict[str, Any]:
+    """Memory after the forward (kept for backward) and peak over forward+backward, in MiB."""
+    if device.type != "cuda":
+        return {"mem_before_backward_mib": None, "peak_mib": None, "saved_bytes_per_seq2": None}
+    _clear_grads(q, k, v)
+    _release(device)
+    baseline = torch.cuda.memory_allocated(device)  # the inputs, plus workspaces such as cuBLAS's
+    out = attend(q, k, v)
+    synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    out.backward(d_out)
+    synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device)
+    return {
+        "mem_before_backward_mib": before / MIB,
+        "peak_mib": peak / MIB,
+        "saved_bytes_per_seq2": (before - baseline) / q.shape[-2] ** 2,
+    }
+
+
+def _timings(attend: Callable[..., torch.Tensor], q, k, v, d_out, spec: Spec, device) -> dict[str, Any]:
+    """Latency and TFLOP/s of each pass asked for."""
+    _clear_grads(q, k, v)
+    metrics: dict[str, Any] = {}
+    for which in spec.pass_list:
+        if which == "fwd":
+            times = _bench(lambda: attend(q, k, v), spec, device)
+        elif which == "bwd":
+            out = attend(q, k, v)
+            times = _bench(lambda out=out: out.backward(d_out, retain_graph=True), spec, device)
+            del out
+        else:
+            times = _bench(lambda: attend(q, k, v).backward(d_out), spec, device)
+        median, p20, p80 = times
+        flops = attention_flops(spec.batch, spec.heads, spec.seq_len, spec.seq_len, spec.head_dim,
+                                spec.causal, which)
+        metrics.update({
+            f"{which}_ms": median, f"{which}_p20_ms": p20, f"{which}_p80_ms": p80,
+            f"{which}_tflops": flops / (median / 1e3) / 1e12,
+        })
+    return metrics
+
+
+def _measure(spec: Spec, device: torch.device) -> dict[str, Any]:
+    with prepare(spec.impl, device, DTYPES[spec.dtype], spec.head_dim, spec.causal) as attend:
+        q, k, v, d_out = _inputs(spec, device)
+        out = attend(q, k, v)
+        out.backward(d_out)
+        synchronize(device)
+        metrics: dict[str, Any] = {"max_error": None, "max_grad_error": None}
+        if spec.seq_len <= spec.check_max_seq:
+            metrics["max_error"], metrics["max_grad_error"] = reference_errors(
+                out, [q.grad, k.grad, v.grad], q, k, v, d_out, spec.causal
+            )
+            metrics["error_check"] = "float64 reference"
+        else:
+            metrics["error_check"] = f"skipped: seq > {spec.check_max_seq}"
+        del out
+        metrics.update(_memory(attend, q, k, v, d_out, device))
+        metrics.update(_timings(attend, q, k, v, d_out, spec, device))
+    return metrics
+
+
+def run_point(point: dict[str, Any]) -> dict[str, Any]:
+    """Measure one point; see the module docstring for what and how."""
+    spec = Spec(**point)
+    device = resolve_device(spec.device)
+    _release(device)
+    try:
+        metrics = _measure(spec, device)
+    except Exception as error:
+        # Drop the frames that hold this point's tensors, so that a worker reused for the next
+        # point gets their memory back as soon as the runner has recorded the failure.
+        error.__traceback__ = None
+        raise
+    finally:
+        _release(device)
+    return {
+        **device_facts(device),
+        "fwd_flops": attention_flops(spec.batch, spec.heads, spec.seq_len, spec.seq_len,
+                                     spec.head_dim, spec.causal),
+        **metrics,
+    }

@@ -34,11 +34,16 @@ METRIC_COLUMNS: dict[str, list[str]] = {
         "comm_overhead_pct", "predicted_comm_wait_ms", "comm_wait_error_pct", "tokens_per_s",
         "init_allocated_gib", "peak_before_optimizer_gib", "peak_after_optimizer_gib",
     ],
+    "memory": [
+        "after_init_gib", "forward_peak_gib", "predicted_forward_peak_gib", "backward_peak_gib",
+        "predicted_backward_peak_gib", "optimizer_peak_gib", "step_peak_gib", "predicted_step_peak_gib",
+        "step_peak_error_pct", "step_reserved_gib", "median_ms", "top_alloc_mib",
+    ],
 }
 """Per workload, the metric columns a table shows (those present in the records)."""
 
 PRIMARY_METRIC: dict[str, str] = {"bench": "mean_ms", "attention": "fwd_bwd_ms", "profile": "matmul_frac",
-                                  "comm": "busbw_gbps", "ddp": "step_ms"}
+                                  "comm": "busbw_gbps", "ddp": "step_ms", "memory": "step_peak_gib"}
 """Per workload, the metric that `--compare` pivots (lower is better for *_ms)."""
 
 IDENTITY_SKIP = {"device", "steps", "workload"}

@@ -41,7 +41,7 @@ stage() {  # stage NAME RESERVE_S ARGS...: lmscope attention ARGS, if NAME is in
   ((rc == 0)) || echo "== $name: exit $rc (124: stopped at its time limit; finished points are kept)"
 }
 
-FAST=(--warmup-ms 5 --rep-ms 20 --check-max-seq 2048 --timeout 90)
+FAST=(--warmup-ms 5 --rep-ms 20 --check-max-seq 2048 --timeout 120)
 CLASSIC=(--preset classic "${FAST[@]}" --compare impl --out "$OUT/classic.jsonl")
 FAST_IMPLS=flash-triton,sdpa-flash,sdpa-cudnn,sdpa-efficient,sdpa-math,naive,naive-compiled
 FP32_IMPLS=flash-triton,sdpa-efficient,sdpa-math,naive,naive-compiled

@@ -2,7 +2,7 @@
 
 Without CUDA the kernel runs in Triton's interpreter, which must be switched on before Triton
 decorates it: `test_fused_cross_entropy_in_interpreter` reruns this file in a child pytest with
-TRITON_INTERPRET=1, and the tests below skip in a parent process that lacks it.
+TRITON_INTERPRET=1, and the tests below skip in the parent.
 """
 
 from __future__ import annotations
@@ -15,14 +15,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-CHILD_NEEDED = not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+# The child is marked by LMSCOPE_TRITON_CHILD: another test module may set TRITON_INTERPRET in this
+# process after Triton was imported, so only a process started with it counts.
+CHILD_NEEDED = not torch.cuda.is_available() and os.environ.get("LMSCOPE_TRITON_CHILD") != "1"
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def test_fused_cross_entropy_in_interpreter() -> None:
     if not CHILD_NEEDED:
         pytest.skip("the kernel runs in this process")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    env = {**os.environ, "TRITON_INTERPRET": "1", "LMSCOPE_TRITON_CHILD": "1"}
     child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
                            env=env, capture_output=True, text=True, timeout=300)
     assert child.returncode == 0, child.stdout[-4000:] + child.stderr[-2000:]

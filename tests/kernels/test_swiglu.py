@@ -2,7 +2,7 @@
 
 Without CUDA the kernels run in Triton's interpreter, which must be switched on before Triton
 decorates them: `test_swiglu_in_interpreter` reruns this file in a child pytest with
-TRITON_INTERPRET=1, and the tests below skip in a parent process that lacks it.
+TRITON_INTERPRET=1, and the tests below skip in the parent.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-CHILD_NEEDED = not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+# The child is marked by LMSCOPE_TRITON_CHILD: another test module may set TRITON_INTERPRET in this
+# process after Triton was imported, so only a process started with it counts.
+CHILD_NEEDED = not torch.cuda.is_available() and os.environ.get("LMSCOPE_TRITON_CHILD") != "1"
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # Triton's interpreter truncates float32 -> bfloat16/float16 stores (the GPU rounds to nearest),
 # which doubles the rounding error; there the bound for 16-bit outputs is 3x PyTorch's error.
@@ -25,7 +27,7 @@ LOW_PRECISION_FACTOR = 3.0 if DEVICE == "cpu" else 2.0
 def test_swiglu_in_interpreter() -> None:
     if not CHILD_NEEDED:
         pytest.skip("the kernels run in this process")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    env = {**os.environ, "TRITON_INTERPRET": "1", "LMSCOPE_TRITON_CHILD": "1"}
     child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
                            env=env, capture_output=True, text=True, timeout=300)
     assert child.returncode == 0, child.stdout[-4000:] + child.stderr[-2000:]

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Distributed benchmarks on 2 GPUs (nvidia-h200-x2), from the repo root:
 #   OUT=/some/dir bash benchmarks/distributed/run_gpu_x2.sh
+# On a 4-GPU host, COMM_NPROC=2,4 runs the collectives at 2 and 4 ranks in the same call (the
+# ddp sweep always uses 2 ranks, GPUs 0 and 1).
 # 1. GPU tests of the distributed code paths (NCCL wrappers, sharded fused AdamW, comm, ddp);
 # 2. all-reduce at 1 MB, 10 MB, 100 MB, 1 GB on 2 ranks;
 # 3. the xl train step (context 512, bf16, batch 4 per rank: the study's batch, which by
@@ -16,6 +18,7 @@ export PYTHONPATH=src
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # no NVLink multicast
 LM=(python3 -m lmscope)
 SIZES=1MB,10MB,100MB,1GB
+COMM_NPROC=${COMM_NPROC:-2}
 XL=(--size xl --context-length 512 --batch-size 4 --precision bf16 --nproc 2 --warmup 3 --steps 10)
 main() {
 # (the body is not indented so that it reads as a plain script)
@@ -25,8 +28,8 @@ python3 -c "import torch; print('torch', torch.__version__, 'nccl', torch.cuda.n
 echo "== 1. gpu tests ($SECONDS s)"
 timeout -k 15 -s INT 120 python3 -m pytest -q -m gpu tests/parallel -p no:cacheprovider 2>&1 | tail -15
 
-echo "== 2. all-reduce, 2 ranks ($SECONDS s)"
-timeout -k 15 -s INT 90 "${LM[@]}" comm --op all-reduce --size "$SIZES" --nproc 2 \
+echo "== 2. all-reduce, $COMM_NPROC ranks ($SECONDS s)"
+timeout -k 15 -s INT 150 "${LM[@]}" comm --op all-reduce --size "$SIZES" --nproc "$COMM_NPROC" \
   --timeout 80 --out "$OUT/comm.jsonl" --format md
 
 echo "== 3. xl ddp strategies, unsharded optimizer, and the single-GPU baseline ($SECONDS s)"
@@ -48,9 +51,9 @@ if (( SECONDS < 380 )); then
     --shard-optimizer on --strategy "overlap,$BEST" --out "$OUT/ddp.jsonl" --resume
 fi
 
-echo "== 5. other collectives, 2 ranks ($SECONDS s)"
+echo "== 5. other collectives, $COMM_NPROC ranks ($SECONDS s)"
 if (( SECONDS < 400 )); then
-  timeout -k 15 -s INT $(( 460 - SECONDS )) "${LM[@]}" comm --op all --size "$SIZES" --nproc 2 \
+  timeout -k 15 -s INT $(( 460 - SECONDS )) "${LM[@]}" comm --op all --size "$SIZES" --nproc "$COMM_NPROC" \
     --timeout 80 --out "$OUT/comm.jsonl" --format md --resume
 fi
 

@@ -163,6 +163,19 @@ def long_table(rows: dict[tuple, dict[str, Any]]) -> list[str]:
     return lines
 
 
+def parameter_check(rows: dict[tuple, dict[str, Any]]) -> list[str]:
+    """HF's parameter count next to ours, per size (they should be equal: same architecture)."""
+    lines = []
+    for size in SIZES:
+        hf = rows.get((size, 512, 4, "hf"))
+        ours = next((rows.get((size, 512, 4, v)) for v in ("fast", "sdpa", "naive")
+                     if rows.get((size, 512, 4, v), {}).get("parameters")), None)
+        if hf and hf.get("parameters") and ours:
+            same = "equal" if hf["parameters"] == ours["parameters"] else "DIFFERENT"
+            lines.append(f"- {size}: HF {hf['parameters']:,} vs lmscope {ours['parameters']:,} ({same})")
+    return ["\n## Parameter counts\n", *lines] if lines else []
+
+
 def failures(*tables: dict[tuple, dict[str, Any]]) -> list[str]:
     bad = [r for table in tables for r in table.values() if r.get("status") != "ok"]
     if not bad:
@@ -186,7 +199,7 @@ def main() -> None:
              "head + cross-entropy). All: fp32 master weights, bf16 compute, torch fused AdamW. MFU "
              "counts attention as the full square (as lmscope.accounting.flops does).\n"]
     lines += main_table(rows) + targets(rows, bandwidth) + long_table(long_rows)
-    lines += failures(rows, long_rows)
+    lines += parameter_check(rows) + failures(rows, long_rows)
     print("\n".join(lines))
 
 

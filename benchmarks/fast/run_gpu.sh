@@ -10,7 +10,8 @@
 #   then, with what is left: xl fast under torch.compile (does compile pay around the fast path?),
 #             torch.compile at long context and for the other sizes
 # Estimate: tests ~40 s, xl ~150 s (compile ~90 s of it), sizes ~150 s, long ~50 s, kernels ~30 s:
-# ~7 min. Each stage gets at most what is left of BUDGET_S (470 s) minus a reserve kept for the
+# ~7 min; the compile rows of the other sizes (~1 min each) then rarely fit: run them in a second
+# call, e.g. STAGES="compile-sizes long-compile" BUDGET_S=500 (it resumes, keeping what is there). Each stage gets at most what is left of BUDGET_S (470 s) minus a reserve kept for the
 # stages after it, and is stopped with SIGINT at its limit (finished points are kept; rerun with
 # STAGES="..." to resume a stage).
 # Usage (repo root, GPU machine, no uv): OUT=/some/dir bash benchmarks/fast/run_gpu.sh
@@ -23,7 +24,7 @@ STAGES=${STAGES:-"tests xl-fast xl-hf xl-compile xl-sdpa xl-naive sizes-fast siz
 mkdir -p "$OUT"
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 LOG="$OUT/log.txt"
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit,memory.total --format=csv | tee "$LOG"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit,memory.total --format=csv | tee -a "$LOG"
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$LOG"
 python3 -c 'import transformers; print("transformers", transformers.__version__)' 2>&1 | tail -1 | tee -a "$LOG"
 deadline=$((SECONDS + BUDGET_S))
@@ -86,7 +87,7 @@ if ((left > 0)); then
   if python3 -m lmscope profile --help 2>/dev/null | grep -q -- "--fast"; then
     timeout -s INT -k 10 "$left" python3 -m lmscope profile --size xl --context-length 512 --batch-size 4 \
       --precision bf16 --mode train-step --attention flash --fast on --warmup 3 --steps 3 --device cuda \
-      --out "$OUT/profile.jsonl" > "$OUT/kernels.md" 2>&1
+      --out "$(mktemp -d)/profile.jsonl" > "$OUT/kernels.md" 2>&1
   else
     timeout -s INT -k 10 "$left" python3 benchmarks/fast/kernel_table.py --size xl > "$OUT/kernels.md" 2>&1
   fi

@@ -546,8 +546,9 @@ def _attention_backward(led: _Ledger, s: _Dims) -> None:
         _naive_attention_backward(led, s)
     else:
         _fused_attention_backward(led, s)
-    led.alloc(s.act)  # dv back to (B, T, d): the heads' transpose needs a copy
-    led.free(s.act)
+    if s.kernel == "naive":
+        led.alloc(s.act)  # dv back to (B, T, d): the heads' transpose needs a copy
+        led.free(s.act)  # (fused kernels write dv in the (B, T, H, D) layout of v)
     _linear_backward(led, s, d * d, grad_input=s.act, saved_input=s.cast)  # v_proj
     _grad_to_fp32(led, s, s.act, s.res)
     led.free(s.act)  # dv consumed; the grad of h is live

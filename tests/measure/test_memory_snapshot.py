@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import pickle
 from pathlib import Path
@@ -128,6 +129,14 @@ def test_live_tensor_bytes_count_storages_once_and_frees():
         meter.reset_peak()
         assert meter.peak() == 220
         del view
+
+
+def test_the_installed_torch_takes_the_history_keywords_lmscope_passes():
+    # MemoryMeter.record calls _record_memory_history(enabled=, context=, stacks=, max_entries=)
+    memory = torch.cuda.memory
+    impl = getattr(memory, "_record_memory_history_impl", memory._record_memory_history)
+    assert {"enabled", "context", "stacks", "max_entries"} <= set(inspect.signature(impl).parameters)
+    assert "filename" in inspect.signature(memory._dump_snapshot).parameters
 
 
 @pytest.mark.skipif(not (FIXTURES / "tiny_snapshot.pickle").exists(),

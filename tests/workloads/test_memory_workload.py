@@ -65,6 +65,17 @@ def test_autocast_forward_runs_and_reports_errors(tmp_path):
     assert record["forward_peak_error_pct"] is not None  # CPU autocast rules differ from CUDA's
 
 
+def test_a_failed_snapshot_keeps_the_measured_peaks(tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise ValueError("no plot today")
+
+    monkeypatch.setattr("lmscope.workloads.memory.plot_timeline", broken)
+    record = run_point({**TINY, "mode": "forward", "artifacts_dir": str(tmp_path)})
+    assert record["snapshot_error"] == "ValueError: no plot today"
+    _close(record, "forward_peak")
+    assert "timeline_png" not in record
+
+
 @pytest.mark.parametrize(
     ("fields", "message"),
     [

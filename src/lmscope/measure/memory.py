@@ -24,7 +24,7 @@ import pickle
 import re
 import sys
 import weakref
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,10 +68,10 @@ class LiveTensorBytes(TorchDispatchMode):
         self.peak = 0
         self._sizes: dict[int, int] = {}
         self._refs: dict[int, weakref.ref] = {}
-        self.history: list[dict[str, Any]] | None = None
-        self.max_entries = 0
+        self.history: deque[dict[str, Any]] | None = None
+        """Trace entries while recording (the latest `maxlen`), else None."""
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch's signature
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for leaf in tree_leaves(out):
             if isinstance(leaf, torch.Tensor):
@@ -91,20 +91,18 @@ class LiveTensorBytes(TorchDispatchMode):
         self.current += size
         self.peak = max(self.peak, self.current)
         self._refs[key] = weakref.ref(storage, lambda _, key=key: self._release(key))
-        self._trace("alloc", key, size, _python_frames())
+        if self.history is not None:
+            self._trace("alloc", key, size, _python_frames())
 
     def _release(self, key: int) -> None:
         size = self._sizes.pop(key, 0)
         self._refs.pop(key, None)
         self.current -= size
-        self._trace("free_completed", key, size, [])
+        if self.history is not None:
+            self._trace("free_completed", key, size, [])
 
     def _trace(self, action: str, key: int, size: int, frames: list[dict[str, Any]]) -> None:
-        if self.history is None:
-            return
         self.history.append({"action": action, "addr": key, "size": size, "stream": 0, "frames": frames})
-        if len(self.history) > self.max_entries:
-            del self.history[0]
 
     def snapshot(self) -> dict[str, Any]:
         """The recorded history in torch's snapshot format; each live storage is a one-block segment."""
@@ -177,7 +175,7 @@ class MemoryMeter:
                 enabled="all", context="all", stacks="python", max_entries=max_entries
             )
         else:
-            self._live.history, self._live.max_entries = [], max_entries
+            self._live.history = deque(maxlen=max_entries)
         try:
             yield
         finally:

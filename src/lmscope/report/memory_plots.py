@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from lmscope.measure.memory import AllocationGroup, Block, Timeline, site, top_allocations
@@ -96,7 +97,7 @@ def _color(index: int) -> str:
     return PALETTE[index % len(PALETTE)]
 
 
-def _mark_phases(ax, timeline: Timeline, top: float) -> None:  # noqa: ANN001 - a matplotlib Axes
+def _mark_phases(ax: Axes, timeline: Timeline, top: float) -> None:
     edges = [at for at, _ in timeline.boundaries] + [timeline.events]
     for (at, name), end in zip(timeline.boundaries, edges[1:], strict=False):
         ax.axvline(at, color="black", linewidth=0.8, linestyle="--")
@@ -107,6 +108,9 @@ def _mark_phases(ax, timeline: Timeline, top: float) -> None:  # noqa: ANN001 - 
 def show_top_allocations(records: Sequence[Record]) -> None:
     """Print each point's largest allocations (size, count, where) after the sweep's table."""
     for record in records:
+        if record.get("snapshot_error"):
+            console.say(f"snapshot of {record.get('size')} ctx {record.get('context_length')} "
+                        f"{record.get('mode')} {record.get('precision')} failed: {record['snapshot_error']}")
         top = record.get("top_allocations") or []
         if not top:
             continue

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from lmscope.accounting.memory import GIB, checkpointed_blocks, predict_memory
 from lmscope.measure.memory import MemoryMeter, PhasePeaks, build_timeline, load_snapshot, top_allocations
 from lmscope.measure.timer import synchronize
@@ -96,7 +98,7 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
             synchronize(device)
         peaks, times, start = _measured_steps(step, meter, spec.steps)
         measured.update(peaks)
-        artifacts = _snapshot_step(step, meter, spec) if spec.snapshot else {}
+        artifacts = _snapshot_or_error(step, meter, spec) if spec.snapshot else {}
     prediction = predict_memory(
         spec.model_config(), batch_size=spec.batch_size, seq_len=spec.context_length, mode=spec.mode,
         precision=spec.precision, attention=spec.attention, checkpoint=spec.checkpoint,
@@ -149,6 +151,16 @@ def _measured_steps(
     reserved = [r for _, r in highest.values() if r is not None]
     peaks["step_reserved_gib"] = max(reserved) / GIB if reserved else None
     return peaks, times, start
+
+
+def _snapshot_or_error(step: TrainStep, meter: MemoryMeter, spec: Spec) -> dict[str, Any]:
+    """The snapshot's artifacts; if they fail (not OOM), the point keeps its peaks and says why."""
+    try:
+        return _snapshot_step(step, meter, spec)
+    except torch.cuda.OutOfMemoryError:
+        raise
+    except Exception as error:  # noqa: BLE001 - e.g. an allocator backend without history
+        return {"snapshot_error": f"{type(error).__name__}: {error}"[:400]}
 
 
 def _snapshot_step(step: TrainStep, meter: MemoryMeter, spec: Spec) -> dict[str, Any]:

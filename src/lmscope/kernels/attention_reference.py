@@ -19,7 +19,13 @@ import math
 
 import torch
 
-__all__ = ["attention_naive", "attention_reference", "causal_mask"]
+__all__ = [
+    "attention_naive",
+    "attention_reference",
+    "causal_mask",
+    "reference_with_grads",
+    "relative_error",
+]
 
 
 def causal_mask(n_queries: int, n_keys: int, device: torch.device | str | None = None) -> torch.Tensor:
@@ -75,3 +81,30 @@ def attention_naive(
     if causal:
         s = s.masked_fill(~causal_mask(q.shape[-2], k.shape[-2], q.device), float("-inf"))
     return torch.matmul(torch.softmax(s, dim=-1), v)
+
+
+def relative_error(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """||x - ref|| / ||ref|| in float64 (Frobenius norms); inf if x has a NaN or inf."""
+    x64, ref64 = x.detach().double(), ref.detach().double()
+    if not torch.isfinite(x64).all():
+        return float("inf")
+    return ((x64 - ref64).norm() / ref64.norm().clamp_min(1e-300)).item()
+
+
+def reference_with_grads(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    do: torch.Tensor,
+    causal: bool = False,
+) -> tuple[torch.Tensor, ...]:
+    """(O, L, dQ, dK, dV), all float64, from float64 copies of the inputs.
+
+    The gradients are taken with respect to float64 leaves, so they are not rounded back to the
+    inputs' dtype (as autograd would do for low-precision leaves).
+    """
+    q64, k64, v64 = (t.detach().to(torch.float64).requires_grad_(True) for t in (q, k, v))
+    with torch.enable_grad():
+        o, lse = attention_reference(q64, k64, v64, causal)
+        dq, dk, dv = torch.autograd.grad(o, (q64, k64, v64), do.to(torch.float64))
+    return o.detach(), lse.detach(), dq, dk, dv

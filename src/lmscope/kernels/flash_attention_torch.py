@@ -148,7 +148,9 @@ def flash_attention_torch_backward(
     dof, of = _flat(do, acc), _flat(o, acc)
     lf = lse.reshape(-1, n_q).to(acc)
     scale = 1.0 / math.sqrt(d)
-    delta = (dof * of).sum(dim=-1)  # D_i = rowsum(dO_i * O_i) = sum_j P_ij dP_ij
+    # D_i = rowsum(dO_i * O_i) = sum_j P_ij dP_ij. dS = P * (dP - D) cancels when dP ~ D, so D
+    # is summed in float64: an O(n d) op that keeps fp32 gradients as accurate as PyTorch's own.
+    delta = (dof.to(torch.float64) * of.to(torch.float64)).sum(dim=-1).to(acc)
     dq = torch.zeros_like(qf)
     dk = torch.zeros_like(kf)
     dv = torch.zeros_like(vf)

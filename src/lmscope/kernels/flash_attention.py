@@ -1,0 +1,819 @@
+"""FlashAttention-2 forward and backward in Triton, with its autograd.Function.
+
+API
+    ``flash_attention(q, k, v, causal=False)`` (differentiable), or
+    ``FlashAttentionTriton.apply(q, k, v, is_causal=False)``;
+    ``flash_attention_forward(q, k, v, causal)`` -> (O, L) and ``flash_attention_backward`` for
+    tests and benchmarks.
+
+Shapes
+    q (..., n_queries, d); k, v (..., n_keys, d); identical leading dims (batch, heads, ... or
+    none). Inputs may be strided views, e.g. (B, T, H, d).transpose(1, 2): a 4-d input is read in
+    place through its strides as long as its last dim is contiguous; other layouts are copied.
+    n_queries != n_keys and sequence lengths that are not multiples of the tiles are supported.
+    Head dims 1..128; powers of two >= 16 (16, 32, 64, 128) are the fast path, other sizes are
+    zero-padded to the next power of two inside the kernel (masked loads).
+
+Dtypes
+    float16 and bfloat16 (tensor-core dots, fp32 accumulators and softmax statistics) and
+    float32 (dots in IEEE fp32, not TF32, so results match PyTorch's default fp32 matmul).
+    O has the input dtype; the saved log-sum-exp L = m + log(l) (natural log) is float32 with
+    shape (..., n_queries).
+
+Causal
+    Query i attends keys j <= i: top-left alignment, the same as
+    ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``, also when
+    n_queries != n_keys (with n_queries > n_keys the later queries see every key; with
+    n_queries < n_keys the later keys are seen by nobody and get zero gradients).
+    Tiles above the diagonal are skipped; key loops are split into an unmasked part (tiles fully
+    below the diagonal and inside the sequence) and a masked part (diagonal and ragged tail).
+
+Kernels
+    forward: grid over (query tiles, batch*heads) -- in either order, an autotuned choice --
+    with the query-tile id reversed so the heaviest causal tiles start first; online softmax in
+    the log2 domain (scores pre-scaled by log2(e)/sqrt(d), ``exp2``); writes O and L.
+    backward: (1) preprocess D = rowsum(dO * O) (fp64 sum for fp32 inputs: dP - D cancels);
+    (2) dK/dV kernel: one key/value tile resident,
+    loop over query tiles, recompute P^T = exp2(K Q^T * c - L2); (3) dQ kernel: one query tile
+    resident, loop over key tiles (no atomics). ``DQ_MODE = "atomic"`` instead adds dQ from the
+    dK/dV kernel with fp32 atomics into a zeroed buffer (one fewer kernel, one fewer matmul per
+    tile pair); the default is the mode that measured faster on H100 (docs/kernels/
+    flash_attention.md).
+    Tile sizes, warps and pipeline stages are autotuned from a small list per head dim, keyed on
+    head dim, causal, dtype and power-of-two buckets of the sequence lengths.
+
+Hardware
+    Tuned on an NVIDIA H100 80GB HBM3 (sm_90) with Triton 3.6 and PyTorch 2.11: batch 1, 16
+    heads, seq 16384, d 64, bf16, causal, fwd+bwd in 5.20 ms against 7.00 ms for SDPA's
+    FlashAttention-2 backend and 4.42 ms for its cuDNN backend (same run; numbers and method in
+    docs/kernels/flash_attention.md). Runs on any GPU Triton supports; other GPUs get the same
+    config lists (the autotuner skips configs that do not fit).
+
+Caveats
+    No dropout, no attention bias, no sliding window, no GQA head broadcasting; softmax scale is
+    fixed at 1/sqrt(d). Under ``TRITON_INTERPRET=1`` (CPU, for tests) the kernels run in
+    Triton's interpreter with one small tile config; the variable must be set before this module
+    is imported (Triton reads it when the kernels are decorated); there dots are upcast to fp32
+    and fp32 -> bf16 is rounded by hand (the interpreter's bf16 dot and rounding are wrong).
+    The first call at a new (head dim, causal, dtype, length bucket) spends a few seconds
+    autotuning. At ~1k tokens the backward measured no faster than SDPA's FlashAttention-2 and
+    varied between runs (see the docs); from 2k tokens on it is 1.1-1.5x faster.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = [
+    "DQ_MODE",
+    "FlashAttentionTriton",
+    "flash_attention",
+    "flash_attention_backward",
+    "flash_attention_forward",
+]
+
+LOG2E = 1.4426950408889634  # log2(e)
+LN2 = 0.6931471805599453  # ln(2)
+MAX_HEAD_DIM = 128
+
+# "separate": dQ by its own kernel (no atomics); "atomic": dQ accumulated by the dK/dV kernel.
+DQ_MODE = os.environ.get("LMSCOPE_FLASH_DQ", "separate")
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0").strip().lower() not in ("", "0", "false")
+# Triton's CPU interpreter mis-computes bfloat16 dots (seen with Triton 3.9): there, dot operands
+# are upcast to float32 after the same roundings the GPU path does, so results stay comparable.
+_UPCAST_DOTS = tl.constexpr(_INTERPRET)
+# Benchmark hook (benchmarks/flash_tune.py warms Triton's disk cache in parallel processes):
+# pin every autotuned kernel to the config with this index in its list.
+_ONLY_CONFIG = (
+    int(os.environ["LMSCOPE_FLASH_ONLY_CONFIG"]) if os.environ.get("LMSCOPE_FLASH_ONLY_CONFIG") else None
+)
+
+
+# --------------------------------------------------------------------------------------------
+# autotuning configs
+# --------------------------------------------------------------------------------------------
+
+
+def _cfg(names: tuple[str, str], t: tuple) -> triton.Config:
+    b0, b1, warps, stages, *rest = t
+    head_major = bool(rest[0]) if rest else False
+    return triton.Config(
+        {names[0]: b0, names[1]: b1, "HEAD_MAJOR": head_major}, num_warps=warps, num_stages=stages
+    )
+
+
+def _key(c: triton.Config, names: tuple[str, str]) -> tuple:
+    k = (c.kwargs[names[0]], c.kwargs[names[1]], c.num_warps, c.num_stages)
+    return (*k, True) if c.kwargs["HEAD_MAJOR"] else k
+
+
+# (tile0, tile1, num_warps, num_stages[, HEAD_MAJOR]) per kernel; "small" for head dims <= 64,
+# "large" above; fp32 gets one config (IEEE dots run on the FMA units: correctness, not speed).
+# Picked from register/spill reports of sm_90 builds (4-warp variants of the larger tiles spill)
+# and from timings on an H100 (docs/kernels/flash_attention.md). A fifth entry True means
+# HEAD_MAJOR grid order: batch*heads on grid axis 0, so every head's heavy tiles start first.
+_FWD = {
+    "small": [(128, 64, 8, 3, True), (64, 64, 4, 3, True), (64, 64, 4, 3), (128, 64, 8, 3)],
+    "large": [(128, 64, 8, 3), (128, 64, 8, 3, True), (128, 64, 8, 2), (64, 64, 4, 3),
+              (64, 64, 4, 3, True), (128, 128, 8, 2)],  # fmt: skip
+    "fp32": [(32, 32, 4, 2)],
+    "interp": [(16, 16, 1, 1, True)],
+}
+_DKDV = {  # (BLOCK_M1 queries per step, BLOCK_N1 resident keys)
+    "small": [(64, 64, 4, 3), (64, 64, 4, 3, True), (32, 128, 4, 5), (64, 128, 8, 3)],
+    "large": [(32, 128, 8, 3), (32, 128, 8, 2), (16, 128, 8, 3), (64, 128, 8, 2)],
+    "fp32": [(16, 64, 8, 2)],
+    "interp": [(16, 32, 1, 1)],
+}
+_DQ = {  # (BLOCK_M2 resident queries, BLOCK_N2 keys per step)
+    "small": [(64, 64, 4, 3, True), (64, 128, 4, 3), (64, 64, 4, 3), (128, 32, 4, 5)],
+    "large": [(128, 32, 8, 3), (128, 32, 8, 3, True), (128, 64, 8, 2), (64, 32, 4, 3),
+              (64, 32, 4, 3, True), (128, 16, 8, 3)],  # fmt: skip
+    "fp32": [(32, 16, 4, 2)],
+    "interp": [(32, 16, 1, 1, True)],
+}
+# LMSCOPE_FLASH_WIDE=1: the longer head-dim <= 64 lists the lists above were chosen from
+# (benchmarks/flash_tune.py run with it; numbers in docs/kernels/flash_attention.md).
+if os.environ.get("LMSCOPE_FLASH_WIDE"):
+    _FWD["small"] = [(128, 64, 8, 3), (128, 64, 8, 4), (128, 64, 8, 2), (64, 64, 4, 3),
+                     (64, 128, 4, 3), (128, 32, 8, 3), (64, 64, 4, 4), (128, 64, 4, 4),
+                     (128, 64, 8, 3, True), (64, 64, 4, 3, True)]  # fmt: skip
+    _DKDV["small"] = [(32, 128, 4, 5), (64, 64, 4, 3), (64, 64, 4, 4), (64, 64, 4, 2),
+                      (32, 64, 4, 3), (32, 64, 4, 4), (64, 128, 8, 4), (32, 128, 4, 4),
+                      (32, 128, 4, 5, True), (64, 64, 4, 3, True)]  # fmt: skip
+    _DQ["small"] = [(64, 64, 4, 3), (64, 64, 4, 4), (64, 64, 4, 2), (64, 32, 4, 3),
+                    (64, 32, 4, 4), (64, 128, 4, 3), (128, 64, 8, 4), (32, 64, 4, 3),
+                    (64, 64, 4, 3, True), (128, 64, 8, 3, True)]  # fmt: skip
+
+
+def _configs(table: dict, names: tuple[str, str]) -> list[triton.Config]:
+    if _INTERPRET:
+        return [_cfg(names, t) for t in table["interp"]]
+    seen: list[tuple] = []
+    for group in ("small", "large", "fp32"):
+        for t in table[group]:
+            if t not in seen:
+                seen.append(t)
+    return [_cfg(names, t) for t in seen]
+
+
+def _pruner(table: dict, names: tuple[str, str]):
+    """Keep the configs listed for this launch's head dim and dtype."""
+
+    def prune(configs, named_args, **kwargs):
+        if _INTERPRET:
+            return configs
+        args = {**named_args, **kwargs}
+        head_dim = int(args["HEAD_DIM"])
+        is_fp32 = args["Q"].dtype == torch.float32
+        group = "fp32" if is_fp32 else ("small" if head_dim <= 64 else "large")
+        wanted = set(table[group])
+        kept = [c for c in configs if _key(c, names) in wanted]
+        q = args["Q"]
+        if q.shape[0] * q.shape[1] > 65535:  # batch*heads must go on grid axis 0
+            kept = [c for c in kept if c.kwargs["HEAD_MAJOR"]] or [
+                _cfg(names, (*_key(kept[0] if kept else configs[0], names)[:4], True))
+            ]
+        kept = kept or configs[:1]
+        if _ONLY_CONFIG is not None:  # benchmark warm-up: compile exactly one config
+            return [kept[_ONLY_CONFIG % len(kept)]]
+        return kept
+
+    return prune
+
+
+def _autotune_kwargs() -> dict:
+    # Shorter benchmarking than Triton's default (25 ms warm-up, 100 ms repeats) so a first call
+    # at a new shape tunes in seconds; medians of ~20 launches separate these configs well.
+    params = inspect.signature(triton.autotune).parameters
+    if "do_bench" in params:
+
+        def bench(fn, quantiles=None):
+            return triton.testing.do_bench(fn, warmup=5, rep=25, quantiles=quantiles)
+
+        return {"do_bench": bench}
+    return {}
+
+
+_TUNE_KEY = ["HEAD_DIM", "CAUSAL", "NQ_BUCKET", "NK_BUCKET"]  # dtypes are added by Triton
+# Sequence lengths and head counts are not specialised on (divisibility by 16, == 1): one binary
+# per (head dim, dtype, causal, config) serves every length, so tuning compiles each config once.
+_NO_SPEC = ["H", "n_q", "n_k", "NQ_BUCKET", "NK_BUCKET"]
+
+
+# --------------------------------------------------------------------------------------------
+# shared helpers
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _load(ptrs, row_ok, col_ok, ROW_MASK: tl.constexpr, COL_MASK: tl.constexpr):
+    """Load a tile, masking rows and/or columns (zero fill) only where asked."""
+    if ROW_MASK and COL_MASK:
+        x = tl.load(ptrs, mask=row_ok & col_ok, other=0.0)
+    elif ROW_MASK:
+        x = tl.load(ptrs, mask=row_ok, other=0.0)
+    elif COL_MASK:
+        x = tl.load(ptrs, mask=col_ok, other=0.0)
+    else:
+        x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
+def _cast(x, dtype: tl.constexpr):
+    """x.to(dtype). Triton's interpreter rounds fp32 -> bf16 towards zero where the GPU rounds
+    to nearest even; there the rounding is done by hand (the value stays in fp32, exact in bf16)."""
+    if _UPCAST_DOTS:
+        if dtype == tl.bfloat16:
+            bits = x.to(tl.uint32, bitcast=True)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+            y = bits.to(tl.float32, bitcast=True)
+        else:
+            y = x.to(dtype)
+    else:
+        y = x.to(dtype)
+    return y
+
+
+@triton.jit
+def _dot(a, b, DOT_PREC: tl.constexpr):
+    if _UPCAST_DOTS:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    return tl.dot(a, b, input_precision=DOT_PREC)
+
+
+@triton.jit
+def _dot_acc(a, b, acc, DOT_PREC: tl.constexpr):
+    if _UPCAST_DOTS:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    return tl.dot(a, b, acc, input_precision=DOT_PREC)
+
+
+# --------------------------------------------------------------------------------------------
+# forward
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _fwd_inner(
+    acc, l_i, m_i, q,
+    k_base, v_base, stride_kn, stride_vn,
+    offs_m, offs_d, lo, hi, n_k, qk_scale,
+    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, EVEN_D: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr,
+):  # fmt: skip
+    offs_nb = tl.arange(0, BLOCK_N)
+    d_ok = offs_d[None, :] < HEAD_DIM
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        offs_n = start_n + offs_nb
+        n_ok = offs_n[:, None] < n_k
+        k = _load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], n_ok, d_ok,
+                  MASKED, not EVEN_D)  # fmt: skip
+        qk = _dot(q, tl.trans(k), DOT_PREC)
+        if MASKED:
+            keep = offs_n[None, :] < n_k
+            if CAUSAL:
+                keep = keep & (offs_n[None, :] <= offs_m[:, None])
+            qk = tl.where(keep, qk * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            qk = qk - m_new[:, None]
+        else:
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            qk = qk * qk_scale - m_new[:, None]
+        p = tl.math.exp2(qk)
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        v = _load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], n_ok, d_ok,
+                  MASKED, not EVEN_D)  # fmt: skip
+        acc = _dot_acc(_cast(p, v.dtype), v, acc, DOT_PREC)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.autotune(
+    configs=_configs(_FWD, ("BLOCK_M", "BLOCK_N")),
+    key=_TUNE_KEY,
+    prune_configs_by={"early_config_prune": _pruner(_FWD, ("BLOCK_M", "BLOCK_N"))},
+    **_autotune_kwargs(),
+)
+@triton.jit(do_not_specialize=_NO_SPEC)
+def _attn_fwd(
+    Q, K, V, O, LSE,
+    stride_qz, stride_qh, stride_qm,
+    stride_kz, stride_kh, stride_kn,
+    stride_vz, stride_vh, stride_vn,
+    stride_oz, stride_oh, stride_om,
+    H, n_q, n_k, qk_scale, NQ_BUCKET, NK_BUCKET,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_MAJOR: tl.constexpr,
+):  # fmt: skip
+    EVEN_D: tl.constexpr = HEAD_DIM == D_PAD
+    # Reverse the query-tile order: under causal masking the last tiles do the most work.
+    # Reverse the query-tile order: under causal masking the last tiles do the most work.
+    # HEAD_MAJOR puts batch*heads on grid axis 0 (launched first): the heavy tiles of every
+    # head then start before any light one.
+    if HEAD_MAJOR:
+        pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
+        off_bh = tl.program_id(0)
+    else:
+        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+        off_bh = tl.program_id(1)
+    off_z = (off_bh // H).to(tl.int64)
+    off_h = (off_bh % H).to(tl.int64)
+    q_base = Q + off_z * stride_qz + off_h * stride_qh
+    k_base = K + off_z * stride_kz + off_h * stride_kh
+    v_base = V + off_z * stride_vz + off_h * stride_vh
+    o_base = O + off_z * stride_oz + off_h * stride_oh
+
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D_PAD)
+    m_ok = offs_m[:, None] < n_q
+    d_ok = offs_d[None, :] < HEAD_DIM
+    q = _load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], m_ok, d_ok, True, not EVEN_D)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
+
+    # Keys [0, full_hi) are visible to every row of this tile and inside the sequence: no mask.
+    # Keys [full_hi, hi) cross the diagonal and/or the end of the sequence: masked.
+    if CAUSAL:
+        full_hi = tl.minimum(start_m, n_k)
+        hi = tl.minimum(start_m + BLOCK_M, n_k)
+    else:
+        full_hi = n_k
+        hi = n_k
+    full_hi = (full_hi // BLOCK_N) * BLOCK_N
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
+                               offs_m, offs_d, 0, full_hi, n_k, qk_scale,
+                               BLOCK_N, HEAD_DIM, EVEN_D, False, CAUSAL, DOT_PREC)  # fmt: skip
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
+                               offs_m, offs_d, full_hi, hi, n_k, qk_scale,
+                               BLOCK_N, HEAD_DIM, EVEN_D, True, CAUSAL, DOT_PREC)  # fmt: skip
+
+    acc = acc / l_i[:, None]
+    tl.store(o_base + offs_m[:, None] * stride_om + offs_d[None, :],
+             _cast(acc, O.dtype.element_ty), mask=m_ok & d_ok)  # fmt: skip
+    # m_i is in log2 units of the scaled scores: L = ln(2) * (m + log2(l)).
+    lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
+    tl.store(LSE + off_bh.to(tl.int64) * n_q + offs_m, lse, mask=offs_m < n_q)
+
+
+# --------------------------------------------------------------------------------------------
+# backward
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit(do_not_specialize=["H", "n_q"])
+def _bwd_preprocess(
+    O, DO, DELTA,
+    stride_oz, stride_oh, stride_om,
+    stride_dz, stride_dh, stride_dm,
+    H, n_q,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, ACC64: tl.constexpr,
+):  # fmt: skip
+    off_bh = tl.program_id(1)
+    off_z = (off_bh // H).to(tl.int64)
+    off_h = (off_bh % H).to(tl.int64)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D_PAD)
+    mask = (offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM)
+    o = tl.load(O + off_z * stride_oz + off_h * stride_oh
+                + offs_m[:, None] * stride_om + offs_d[None, :], mask=mask, other=0.0)  # fmt: skip
+    do = tl.load(DO + off_z * stride_dz + off_h * stride_dh
+                 + offs_m[:, None] * stride_dm + offs_d[None, :], mask=mask, other=0.0)  # fmt: skip
+    # dS = P * (dP - D) cancels where dP ~ D; for fp32 inputs D is summed in fp64 so the fp32
+    # gradients stay as accurate as PyTorch's own fp32 computation (an O(n d) op: cheap).
+    if ACC64:
+        delta = tl.sum(o.to(tl.float64) * do.to(tl.float64), axis=1).to(tl.float32)
+    else:
+        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+    tl.store(DELTA + off_bh.to(tl.int64) * n_q + offs_m, delta, mask=offs_m < n_q)
+
+
+@triton.jit
+def _dkdv_inner(
+    dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
+    stride_qm, stride_dom, offs_n, offs_d, start_m, n_steps, n_q, qk_scale,
+    BLOCK_M1: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr,
+):  # fmt: skip
+    EVEN_D: tl.constexpr = HEAD_DIM == D_PAD
+    offs_mb = tl.arange(0, BLOCK_M1)
+    d_row = offs_d[:, None] < HEAD_DIM
+    d_col = offs_d[None, :] < HEAD_DIM
+    curr_m = start_m
+    for _ in range(n_steps):
+        offs_m = curr_m + offs_mb
+        m_ok = offs_m < n_q
+        # Q^T tile (D, BLOCK_M1) and dO tile (BLOCK_M1, D).
+        qT = _load(q_base + offs_m[None, :] * stride_qm + offs_d[:, None], m_ok[None, :], d_row,
+                   MASKED, not EVEN_D)  # fmt: skip
+        do = _load(do_base + offs_m[:, None] * stride_dom + offs_d[None, :], m_ok[:, None],
+                   d_col, MASKED, not EVEN_D)  # fmt: skip
+        if MASKED:
+            lse2 = tl.load(lse_base + offs_m, mask=m_ok, other=0.0) * 1.4426950408889634
+            delta = tl.load(delta_base + offs_m, mask=m_ok, other=0.0)
+        else:
+            lse2 = tl.load(lse_base + offs_m) * 1.4426950408889634
+            delta = tl.load(delta_base + offs_m)
+        kqT = _dot(k, qT, DOT_PREC)  # (BLOCK_N1, BLOCK_M1)
+        pT = tl.math.exp2(kqT * qk_scale - lse2[None, :])
+        if MASKED:
+            keep = m_ok[None, :]
+            if CAUSAL:
+                keep = keep & (offs_m[None, :] >= offs_n[:, None])
+            pT = tl.where(keep, pT, 0.0)
+        dv = _dot_acc(_cast(pT, do.dtype), do, dv, DOT_PREC)
+        dpT = _dot(v, tl.trans(do), DOT_PREC)
+        dsT = _cast(pT * (dpT - delta[None, :]), qT.dtype)
+        dk = _dot_acc(dsT, tl.trans(qT), dk, DOT_PREC)
+        if ATOMIC_DQ:
+            dq = _dot(tl.trans(dsT), k, DOT_PREC)  # (BLOCK_M1, D), unscaled
+            dq_ptrs = dq_base + offs_m[:, None] * D_PAD + offs_d[None, :]
+            tl.atomic_add(dq_ptrs, dq, mask=m_ok[:, None], sem="relaxed")
+        curr_m += BLOCK_M1
+    return dk, dv
+
+
+@triton.autotune(
+    configs=_configs(_DKDV, ("BLOCK_M1", "BLOCK_N1")),
+    key=_TUNE_KEY + ["ATOMIC_DQ"],
+    prune_configs_by={"early_config_prune": _pruner(_DKDV, ("BLOCK_M1", "BLOCK_N1"))},
+    reset_to_zero=["DQ_ACC"],
+    **_autotune_kwargs(),
+)
+@triton.jit(do_not_specialize=_NO_SPEC)
+def _attn_bwd_dkdv(
+    Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACC,
+    stride_qz, stride_qh, stride_qm,
+    stride_kz, stride_kh, stride_kn,
+    stride_vz, stride_vh, stride_vn,
+    stride_doz, stride_doh, stride_dom,
+    stride_dkz, stride_dkh, stride_dkn,
+    stride_dvz, stride_dvh, stride_dvn,
+    H, n_q, n_k, qk_scale, sm_scale, NQ_BUCKET, NK_BUCKET,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr, BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
+    HEAD_MAJOR: tl.constexpr,
+):  # fmt: skip
+    tl.static_assert(BLOCK_N1 % BLOCK_M1 == 0)
+    EVEN_D: tl.constexpr = HEAD_DIM == D_PAD
+    # Natural order: under causal masking the first key tiles see the most queries.
+    if HEAD_MAJOR:
+        pid_n = tl.program_id(1)
+        off_bh = tl.program_id(0)
+    else:
+        pid_n = tl.program_id(0)
+        off_bh = tl.program_id(1)
+    off_z = (off_bh // H).to(tl.int64)
+    off_h = (off_bh % H).to(tl.int64)
+    q_base = Q + off_z * stride_qz + off_h * stride_qh
+    do_base = DO + off_z * stride_doz + off_h * stride_doh
+    lse_base = LSE + off_bh.to(tl.int64) * n_q
+    delta_base = DELTA + off_bh.to(tl.int64) * n_q
+    dq_base = DQ_ACC + off_bh.to(tl.int64) * n_q * D_PAD
+
+    start_n = pid_n * BLOCK_N1
+    offs_n = start_n + tl.arange(0, BLOCK_N1)
+    offs_d = tl.arange(0, D_PAD)
+    n_ok = offs_n[:, None] < n_k
+    d_ok = offs_d[None, :] < HEAD_DIM
+    k = _load(K + off_z * stride_kz + off_h * stride_kh + offs_n[:, None] * stride_kn
+              + offs_d[None, :], n_ok, d_ok, True, not EVEN_D)  # fmt: skip
+    v = _load(V + off_z * stride_vz + off_h * stride_vh + offs_n[:, None] * stride_vn
+              + offs_d[None, :], n_ok, d_ok, True, not EVEN_D)  # fmt: skip
+    dk = tl.zeros([BLOCK_N1, D_PAD], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N1, D_PAD], dtype=tl.float32)
+
+    # Query blocks: [start_n, start_n + BLOCK_N1) crosses the diagonal (causal, masked);
+    # [full_lo, full_hi) is fully visible and inside the sequence (unmasked);
+    # [tail_lo, n_q) is the ragged end of the sequence (masked).
+    if CAUSAL:
+        diag_hi = tl.minimum(start_n + BLOCK_N1, n_q)
+        n_diag = tl.maximum(diag_hi - start_n, 0)
+        n_diag = (n_diag + BLOCK_M1 - 1) // BLOCK_M1
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
+                             stride_qm, stride_dom, offs_n, offs_d, start_n, n_diag, n_q,
+                             qk_scale, BLOCK_M1, HEAD_DIM, D_PAD, True, CAUSAL, DOT_PREC,
+                             ATOMIC_DQ)  # fmt: skip
+        full_lo = start_n + BLOCK_N1
+    else:
+        full_lo = 0
+    full_hi = (n_q // BLOCK_M1) * BLOCK_M1
+    n_full = tl.maximum(full_hi - full_lo, 0) // BLOCK_M1
+    dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
+                         stride_qm, stride_dom, offs_n, offs_d, full_lo, n_full, n_q,
+                         qk_scale, BLOCK_M1, HEAD_DIM, D_PAD, False, CAUSAL, DOT_PREC,
+                         ATOMIC_DQ)  # fmt: skip
+    tail_lo = tl.maximum(full_lo, full_hi)
+    n_tail = (tl.maximum(n_q - tail_lo, 0) + BLOCK_M1 - 1) // BLOCK_M1
+    dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
+                         stride_qm, stride_dom, offs_n, offs_d, tail_lo, n_tail, n_q,
+                         qk_scale, BLOCK_M1, HEAD_DIM, D_PAD, True, CAUSAL, DOT_PREC,
+                         ATOMIC_DQ)  # fmt: skip
+
+    dk = dk * sm_scale
+    out_ok = n_ok & d_ok
+    tl.store(DK + off_z * stride_dkz + off_h * stride_dkh + offs_n[:, None] * stride_dkn
+             + offs_d[None, :], _cast(dk, DK.dtype.element_ty), mask=out_ok)  # fmt: skip
+    tl.store(DV + off_z * stride_dvz + off_h * stride_dvh + offs_n[:, None] * stride_dvn
+             + offs_d[None, :], _cast(dv, DV.dtype.element_ty), mask=out_ok)  # fmt: skip
+
+
+@triton.jit
+def _dq_inner(
+    dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
+    offs_m, offs_d, lo, hi, n_k, qk_scale,
+    BLOCK_N2: tl.constexpr, HEAD_DIM: tl.constexpr, EVEN_D: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr,
+):  # fmt: skip
+    offs_nb = tl.arange(0, BLOCK_N2)
+    d_ok = offs_d[None, :] < HEAD_DIM
+    for start_n in range(lo, hi, BLOCK_N2):
+        start_n = tl.multiple_of(start_n, BLOCK_N2)
+        offs_n = start_n + offs_nb
+        n_ok = offs_n[:, None] < n_k
+        k = _load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], n_ok, d_ok,
+                  MASKED, not EVEN_D)  # fmt: skip
+        v = _load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], n_ok, d_ok,
+                  MASKED, not EVEN_D)  # fmt: skip
+        qk = _dot(q, tl.trans(k), DOT_PREC)  # (BLOCK_M2, BLOCK_N2)
+        p = tl.math.exp2(qk * qk_scale - lse2[:, None])
+        if MASKED:
+            keep = offs_n[None, :] < n_k
+            if CAUSAL:
+                keep = keep & (offs_n[None, :] <= offs_m[:, None])
+            p = tl.where(keep, p, 0.0)
+        dp = _dot(do, tl.trans(v), DOT_PREC)
+        ds = _cast(p * (dp - delta[:, None]), k.dtype)
+        dq = _dot_acc(ds, k, dq, DOT_PREC)
+    return dq
+
+
+@triton.autotune(
+    configs=_configs(_DQ, ("BLOCK_M2", "BLOCK_N2")),
+    key=_TUNE_KEY,
+    prune_configs_by={"early_config_prune": _pruner(_DQ, ("BLOCK_M2", "BLOCK_N2"))},
+    **_autotune_kwargs(),
+)
+@triton.jit(do_not_specialize=_NO_SPEC)
+def _attn_bwd_dq(
+    Q, K, V, DO, LSE, DELTA, DQ,
+    stride_qz, stride_qh, stride_qm,
+    stride_kz, stride_kh, stride_kn,
+    stride_vz, stride_vh, stride_vn,
+    stride_doz, stride_doh, stride_dom,
+    stride_dqz, stride_dqh, stride_dqm,
+    H, n_q, n_k, qk_scale, sm_scale, NQ_BUCKET, NK_BUCKET,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr,
+    BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr, HEAD_MAJOR: tl.constexpr,
+):  # fmt: skip
+    EVEN_D: tl.constexpr = HEAD_DIM == D_PAD
+    # heaviest causal tiles first (see _attn_fwd)
+    if HEAD_MAJOR:
+        pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
+        off_bh = tl.program_id(0)
+    else:
+        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+        off_bh = tl.program_id(1)
+    off_z = (off_bh // H).to(tl.int64)
+    off_h = (off_bh % H).to(tl.int64)
+    k_base = K + off_z * stride_kz + off_h * stride_kh
+    v_base = V + off_z * stride_vz + off_h * stride_vh
+
+    start_m = pid_m * BLOCK_M2
+    offs_m = start_m + tl.arange(0, BLOCK_M2)
+    offs_d = tl.arange(0, D_PAD)
+    m_ok = offs_m < n_q
+    d_ok = offs_d[None, :] < HEAD_DIM
+    q = _load(Q + off_z * stride_qz + off_h * stride_qh + offs_m[:, None] * stride_qm
+              + offs_d[None, :], m_ok[:, None], d_ok, True, not EVEN_D)  # fmt: skip
+    do = _load(DO + off_z * stride_doz + off_h * stride_doh + offs_m[:, None] * stride_dom
+               + offs_d[None, :], m_ok[:, None], d_ok, True, not EVEN_D)  # fmt: skip
+    row = off_bh.to(tl.int64) * n_q + offs_m
+    lse2 = tl.load(LSE + row, mask=m_ok, other=0.0) * 1.4426950408889634
+    delta = tl.load(DELTA + row, mask=m_ok, other=0.0)
+    dq = tl.zeros([BLOCK_M2, D_PAD], dtype=tl.float32)
+
+    if CAUSAL:
+        full_hi = tl.minimum(start_m, n_k)
+        hi = tl.minimum(start_m + BLOCK_M2, n_k)
+    else:
+        full_hi = n_k
+        hi = n_k
+    full_hi = (full_hi // BLOCK_N2) * BLOCK_N2
+    dq = _dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
+                   offs_m, offs_d, 0, full_hi, n_k, qk_scale,
+                   BLOCK_N2, HEAD_DIM, EVEN_D, False, CAUSAL, DOT_PREC)  # fmt: skip
+    dq = _dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
+                   offs_m, offs_d, full_hi, hi, n_k, qk_scale,
+                   BLOCK_N2, HEAD_DIM, EVEN_D, True, CAUSAL, DOT_PREC)  # fmt: skip
+    dq = dq * sm_scale
+    tl.store(DQ + off_z * stride_dqz + off_h * stride_dqh + offs_m[:, None] * stride_dqm
+             + offs_d[None, :], _cast(dq, DQ.dtype.element_ty), mask=m_ok[:, None] & d_ok)  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# host side
+# --------------------------------------------------------------------------------------------
+
+
+def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    if q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim:
+        raise ValueError(
+            "q, k, v need the same number (>= 2) of dims, shaped (..., n, d); got "
+            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    if k.shape != v.shape or q.shape[:-2] != k.shape[:-2] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            "expected q (..., n_queries, d) and k, v (..., n_keys, d) with equal leading dims and d;"
+            f" got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    if q.shape[-2] == 0 or k.shape[-2] == 0 or q.numel() == 0:
+        raise ValueError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if not 1 <= q.shape[-1] <= MAX_HEAD_DIM:
+        raise ValueError(f"head dim {q.shape[-1]} unsupported; use 1..{MAX_HEAD_DIM}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"unsupported dtype {q.dtype}; use float16, bfloat16 or float32")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v on different devices: {q.device}, {k.device}, {v.device}")
+    if q.device.type != "cuda" and not _INTERPRET:
+        raise ValueError(
+            f"Triton flash attention needs CUDA tensors (got {q.device}); on CPU set "
+            "TRITON_INTERPRET=1 before importing lmscope.kernels.flash_attention, or use "
+            "lmscope.kernels.flash_attention_torch"
+        )
+
+
+def _as4d(x: torch.Tensor) -> torch.Tensor:
+    """(..., n, d) -> (Z, H, n, d), a view where possible, with a unit last-dim stride."""
+    if x.ndim == 2:
+        x = x[None, None]
+    elif x.ndim == 3:
+        x = x[None]
+    elif x.ndim > 4:
+        x = x.reshape(-1, *x.shape[-3:])
+    if x.stride(-1) != 1 and x.shape[-1] > 1:
+        x = x.contiguous()
+    return x
+
+
+def _grid(tiles: int, bh: int, meta: dict) -> tuple[int, int]:
+    return (bh, tiles) if meta["HEAD_MAJOR"] else (tiles, bh)
+
+
+def _bucket(n: int) -> int:
+    return triton.next_power_of_2(max(int(n), 16))
+
+
+def _common(q: torch.Tensor) -> dict:
+    d = q.shape[-1]
+    return {
+        "HEAD_DIM": d,
+        "D_PAD": max(16, triton.next_power_of_2(d)),
+        "DOT_PREC": "ieee" if q.dtype == torch.float32 else "tf32",
+    }
+
+
+def flash_attention_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward kernel only. Returns (O with q's shape and dtype, L float32 (..., n_queries))."""
+    _check_inputs(q, k, v)
+    lead, n_q, d = q.shape[:-2], q.shape[-2], q.shape[-1]
+    n_k = k.shape[-2]
+    q4, k4, v4 = _as4d(q), _as4d(k), _as4d(v)
+    z, h = q4.shape[0], q4.shape[1]
+    o = torch.empty(*lead, n_q, d, dtype=q.dtype, device=q.device)
+    o4 = _as4d(o)
+    lse = torch.empty(z * h, n_q, dtype=torch.float32, device=q.device)
+    sm_scale = 1.0 / math.sqrt(d)
+
+    def grid(meta):
+        return _grid(triton.cdiv(n_q, meta["BLOCK_M"]), z * h, meta)
+
+    _attn_fwd[grid](
+        q4, k4, v4, o4, lse,
+        *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3], *o4.stride()[:3],
+        h, n_q, n_k, sm_scale * LOG2E, _bucket(n_q), _bucket(n_k),
+        CAUSAL=bool(causal), **_common(q),
+    )  # fmt: skip
+    return o, lse.reshape(*lead, n_q)
+
+
+def flash_attention_backward(
+    do: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    lse: torch.Tensor,
+    causal: bool = False,
+    dq_mode: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Backward kernels. Returns (dQ, dK, dV) with the shapes and dtype of q, k, v."""
+    mode = dq_mode or DQ_MODE
+    if mode not in ("separate", "atomic"):
+        raise ValueError(f"dq_mode must be 'separate' or 'atomic', got {mode!r}")
+    lead, n_q, d = q.shape[:-2], q.shape[-2], q.shape[-1]
+    n_k = k.shape[-2]
+    q4, k4, v4, o4 = _as4d(q), _as4d(k), _as4d(v), _as4d(o)
+    if do.shape != o.shape:
+        raise ValueError(f"dO shape {tuple(do.shape)} != O shape {tuple(o.shape)}")
+    do4 = _as4d(do.to(q.dtype))
+    if 0 in do4.stride()[:3]:  # e.g. the expanded gradient of o.sum()
+        do4 = do4.contiguous()
+    z, h = q4.shape[0], q4.shape[1]
+    lse = lse.reshape(z * h, n_q).contiguous()
+    common = _common(q)
+    sm_scale = 1.0 / math.sqrt(d)
+
+    delta = torch.empty(z * h, n_q, dtype=torch.float32, device=q.device)
+    pre_block = 16 if _INTERPRET else 128
+    _bwd_preprocess[(triton.cdiv(n_q, pre_block), z * h)](
+        o4, do4, delta, *o4.stride()[:3], *do4.stride()[:3], h, n_q,
+        HEAD_DIM=d, D_PAD=common["D_PAD"], BLOCK_M=pre_block, ACC64=q.dtype == torch.float32,
+    )  # fmt: skip
+
+    dq = torch.empty(*lead, n_q, d, dtype=q.dtype, device=q.device)
+    dk = torch.empty(*lead, n_k, d, dtype=k.dtype, device=k.device)
+    dv = torch.empty(*lead, n_k, d, dtype=v.dtype, device=v.device)
+    dq4, dk4, dv4 = _as4d(dq), _as4d(dk), _as4d(dv)
+    atomic = mode == "atomic"
+    if atomic:
+        dq_acc = torch.zeros(z * h, n_q, common["D_PAD"], dtype=torch.float32, device=q.device)
+    else:
+        # Unused by the kernel, but the autotuner zeroes it (reset_to_zero) while benchmarking:
+        # it must be a buffer of its own, never one the backward reads (such as delta).
+        dq_acc = torch.empty(1, dtype=torch.float32, device=q.device)
+
+    def grid_kv(meta):
+        return _grid(triton.cdiv(n_k, meta["BLOCK_N1"]), z * h, meta)
+
+    _attn_bwd_dkdv[grid_kv](
+        q4, k4, v4, do4, lse, delta, dk4, dv4, dq_acc,
+        *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3], *do4.stride()[:3],
+        *dk4.stride()[:3], *dv4.stride()[:3],
+        h, n_q, n_k, sm_scale * LOG2E, sm_scale, _bucket(n_q), _bucket(n_k),
+        CAUSAL=bool(causal), ATOMIC_DQ=atomic, **common,
+    )  # fmt: skip
+
+    if atomic:
+        dq.copy_((dq_acc[..., :d] * sm_scale).reshape(dq.shape))
+    else:
+
+        def grid_q(meta):
+            return _grid(triton.cdiv(n_q, meta["BLOCK_M2"]), z * h, meta)
+
+        _attn_bwd_dq[grid_q](
+            q4, k4, v4, do4, lse, delta, dq4,
+            *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3], *do4.stride()[:3],
+            *dq4.stride()[:3],
+            h, n_q, n_k, sm_scale * LOG2E, sm_scale, _bucket(n_q), _bucket(n_k),
+            CAUSAL=bool(causal), **common,
+        )  # fmt: skip
+    return dq, dk, dv
+
+
+class FlashAttentionTriton(torch.autograd.Function):
+    """FlashAttention-2 in Triton. ``FlashAttentionTriton.apply(q, k, v, is_causal=False)``.
+
+    Saves Q, K, V, O and one float32 log-sum-exp tensor L of shape (..., n_queries).
+    """
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False):
+        o, lse = flash_attention_forward(q, k, v, bool(is_causal))
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.is_causal = bool(is_causal)
+        return o
+
+    @staticmethod
+    def backward(ctx, do: torch.Tensor):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = flash_attention_backward(do, q, k, v, o, lse, ctx.is_causal)
+        return dq, dk, dv, None
+
+
+def flash_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False
+) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d)) v with the Triton FlashAttention-2 kernels; differentiable."""
+    return FlashAttentionTriton.apply(q, k, v, causal)

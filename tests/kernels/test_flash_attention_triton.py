@@ -1,0 +1,174 @@
+"""Triton FlashAttention-2 against a float64 reference.
+
+Without CUDA the kernels run in Triton's CPU interpreter at tiny shapes: TRITON_INTERPRET must
+be set before the kernels are decorated, i.e. before lmscope.kernels.flash_attention is
+imported, so it is set here at the top (and the module reloaded if something imported it
+earlier without it). Tests marked ``gpu`` run the compiled kernels at real sizes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import random
+import sys
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+pytest.importorskip("triton")
+
+from lmscope.kernels import flash_attention as fa  # noqa: E402
+from lmscope.kernels.attention_reference import (  # noqa: E402
+    attention_naive,
+    attention_reference,
+    reference_with_grads,
+    relative_error,
+)
+
+if not torch.cuda.is_available() and not fa._INTERPRET:
+    fa = importlib.reload(sys.modules["lmscope.kernels.flash_attention"])
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _inputs(lead, nq, nk, d, dtype, seed, device=DEVICE):
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(*lead, n, d, generator=gen) for n in (nq, nk, nk))
+    do = torch.randn(*lead, nq, d, generator=gen)
+    q, k, v, do = (t.to(device=device, dtype=dtype) for t in (q, k, v, do))
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    return q, k, v, do
+
+
+def _check_against_reference(q, k, v, do, causal, dq_mode=None):
+    """Assert O, L, dQ, dK, dV are within 2x the error of torch's naive same-dtype attention."""
+    ref_o, ref_l, *ref_g = reference_with_grads(q, k, v, do, causal)
+    naive_o = attention_naive(q, k, v, causal)
+    naive_g = torch.autograd.grad(naive_o, (q, k, v), do)
+
+    o, lse = fa.flash_attention_forward(q, k, v, causal)
+    g = fa.flash_attention_backward(do, q, k, v, o, lse, causal, dq_mode=dq_mode)
+
+    assert o.dtype == q.dtype and o.shape == q.shape
+    assert lse.dtype == torch.float32 and lse.shape == q.shape[:-1]
+    assert (lse.double() - ref_l).abs().max().item() < 1e-4
+    for name, ours, theirs, ref in zip(
+        ("O", "dQ", "dK", "dV"), (o, *g), (naive_o, *naive_g), (ref_o, *ref_g), strict=True
+    ):
+        err, tol = relative_error(ours, ref), 2 * relative_error(theirs, ref)
+        assert err <= tol, f"{name}: error {err:.2e} > 2x torch's {q.dtype} error ({tol:.2e})"
+
+
+CPU_CASES = [  # (leading dims, n_queries, n_keys, head dim, causal, dtype)
+    ((2, 3), 37, 37, 16, True, "fp32"),
+    ((2, 3), 37, 37, 16, False, "bf16"),
+    ((2, 2), 23, 40, 32, True, "bf16"),
+    ((3,), 40, 19, 16, True, "fp32"),
+    ((3,), 29, 33, 16, False, "fp16"),
+    ((), 33, 17, 32, False, "fp32"),
+    ((2,), 21, 21, 24, True, "bf16"),  # head dim padded to 32 inside the kernel
+]
+
+
+@pytest.mark.parametrize("case", CPU_CASES, ids=lambda c: f"{c[0]}-{c[1]}x{c[2]}-d{c[3]}-{c[5]}")
+def test_matches_reference(case):
+    lead, nq, nk, d, causal, dt = case
+    q, k, v, do = _inputs(lead, nq, nk, d, DTYPES[dt], seed=CPU_CASES.index(case))
+    _check_against_reference(q, k, v, do, causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_atomic_dq_mode(causal):
+    q, k, v, do = _inputs((2, 2), 35, 26, 16, torch.float32, seed=11 + causal)
+    _check_against_reference(q, k, v, do, causal, dq_mode="atomic")
+
+
+def test_autograd_function_saves_one_fp32_lse_and_expanded_grad():
+    """apply(q, k, v, is_causal); o.sum() gives backward an expanded, stride-0 dO."""
+    q, k, v, _ = _inputs((2, 2), 19, 26, 16, torch.float32, seed=5)
+    o = fa.FlashAttentionTriton.apply(q, k, v, True)
+    saved = o.grad_fn.saved_tensors
+    assert len(saved) == 5
+    assert saved[4].shape == (2, 2, 19) and saved[4].dtype == torch.float32
+    o.sum().backward()
+    q2, k2, v2 = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    attention_reference(q2, k2, v2, True)[0].sum().backward()
+    for a, b in ((q, q2), (k, k2), (v, v2)):
+        assert relative_error(a.grad, b.grad) < 1e-5
+
+
+def test_strided_bthd_inputs():
+    """(B, T, H, d) storage read through .transpose(1, 2) without a copy."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, n, 3, 16, generator=gen).to(DEVICE).transpose(1, 2)
+               for n in (25, 31, 31))  # fmt: skip
+    o = fa.flash_attention(q, k, v, causal=True)
+    ref, _ = attention_reference(q, k, v, True)
+    assert relative_error(o, ref) < 1e-5
+
+
+def test_random_shape():
+    """A fresh random shape every run (kept tiny for the interpreter)."""
+    rng = random.Random()
+    nq, nk = rng.randint(1, 40), rng.randint(1, 40)
+    causal = rng.random() < 0.5
+    q, k, v, do = _inputs((2,), nq, nk, 16, torch.float32, seed=rng.randrange(2**31))
+    o, lse = fa.flash_attention_forward(q, k, v, causal)
+    ref_o, ref_l = attention_reference(q, k, v, causal)
+    assert relative_error(o, ref_o) < 1e-5, (nq, nk, causal)
+    assert (lse.double() - ref_l).abs().max().item() < 1e-4
+
+
+def test_rejects_bad_inputs():
+    q = torch.randn(2, 5, 16, device=DEVICE)
+    with pytest.raises(ValueError, match="n_queries"):
+        fa.flash_attention(q, torch.randn(3, 5, 16, device=DEVICE), torch.randn(3, 5, 16))
+    with pytest.raises(ValueError, match="dtype"):
+        fa.flash_attention(q.double(), q.double(), q.double())
+    with pytest.raises(ValueError, match="head dim"):
+        big = torch.randn(1, 4, 256, device=DEVICE)
+        fa.flash_attention(big, big, big)
+
+
+# ------------------------------------------------------------------------------ GPU, real sizes
+
+GPU_CASES = [  # (batch, heads, n_queries, n_keys, head dim, causal, dtype)
+    (2, 4, 1000, 1000, 64, True, "bf16"),
+    (2, 4, 1000, 1000, 64, False, "bf16"),
+    (2, 4, 1000, 1000, 64, True, "fp32"),
+    (2, 4, 1000, 1000, 64, False, "fp32"),
+    (1, 2, 4096, 4096, 128, True, "bf16"),
+    (1, 2, 4096, 4096, 128, False, "bf16"),
+    (1, 2, 4096, 4096, 128, True, "fp32"),
+    (1, 3, 517, 333, 128, True, "bf16"),
+    (2, 2, 77, 1029, 32, True, "fp16"),
+]
+
+
+def _gpu_case_id(c):
+    return f"{c[2]}x{c[3]}-d{c[4]}-c{int(c[5])}-{c[6]}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("case", GPU_CASES, ids=_gpu_case_id)
+def test_gpu_matches_reference(case):
+    b, h, nq, nk, d, causal, dt = case
+    q, k, v, do = _inputs((b, h), nq, nk, d, DTYPES[dt], seed=GPU_CASES.index(case), device="cuda")
+    _check_against_reference(q, k, v, do, causal, dq_mode="separate")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("case", [GPU_CASES[0], (1, 3, 517, 333, 128, False, "bf16")],
+                         ids=_gpu_case_id)  # fmt: skip
+def test_gpu_atomic_dq_mode(case):
+    b, h, nq, nk, d, causal, dt = case
+    q, k, v, do = _inputs((b, h), nq, nk, d, DTYPES[dt], seed=99, device="cuda")
+    _check_against_reference(q, k, v, do, causal, dq_mode="atomic")

@@ -1,23 +1,18 @@
 """Triton FlashAttention-2 against a float64 reference.
 
-Without CUDA the kernels run in Triton's CPU interpreter at tiny shapes: TRITON_INTERPRET must
-be set before the kernels are decorated, i.e. before lmscope.kernels.flash_attention is
-imported, so it is set here at the top (and the module reloaded if something imported it
-earlier without it). Tests marked ``gpu`` run the compiled kernels at real sizes.
+Without CUDA the kernels run in Triton's CPU interpreter at tiny shapes, in a child pytest that
+`test_flash_triton_in_interpreter` starts with TRITON_INTERPRET=1 (see tests/support/
+triton_child.py); in the parent those tests skip. Tests marked ``gpu`` run the compiled kernels
+at real sizes.
 """
 
 from __future__ import annotations
 
-import importlib
-import os
 import random
-import sys
 
 import pytest
 import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from triton_child import rerun_in_interpreter, skip_in_parent
 
 pytest.importorskip("triton")
 
@@ -29,8 +24,18 @@ from lmscope.kernels.attention_reference import (  # noqa: E402
     relative_error,
 )
 
-if not torch.cuda.is_available() and not fa._INTERPRET:
-    fa = importlib.reload(sys.modules["lmscope.kernels.flash_attention"])
+PARENT = "test_flash_triton_in_interpreter"
+
+
+def test_flash_triton_in_interpreter() -> None:
+    rerun_in_interpreter(__file__)
+
+
+@pytest.fixture(autouse=True)
+def _kernels_run_here(request):
+    if request.node.name != PARENT and not request.node.get_closest_marker("gpu"):
+        skip_in_parent(PARENT)
+
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

@@ -7,34 +7,21 @@ TRITON_INTERPRET=1, and the tests below skip in the parent.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 import torch.nn.functional as F
+from triton_child import rerun_in_interpreter, skip_in_parent
 
-# The child is marked by LMSCOPE_TRITON_CHILD: another test module may set TRITON_INTERPRET in this
-# process after Triton was imported, so only a process started with it counts.
-CHILD_NEEDED = not torch.cuda.is_available() and os.environ.get("LMSCOPE_TRITON_CHILD") != "1"
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def test_fused_cross_entropy_in_interpreter() -> None:
-    if not CHILD_NEEDED:
-        pytest.skip("the kernel runs in this process")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "LMSCOPE_TRITON_CHILD": "1"}
-    child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                           env=env, capture_output=True, text=True, timeout=300)
-    assert child.returncode == 0, child.stdout[-4000:] + child.stderr[-2000:]
-    assert " passed" in child.stdout
+    rerun_in_interpreter(__file__)
 
 
 @pytest.fixture(scope="module")
 def ce():
-    if CHILD_NEEDED:
-        pytest.skip("runs in the TRITON_INTERPRET=1 child (test_fused_cross_entropy_in_interpreter)")
+    skip_in_parent("test_fused_cross_entropy_in_interpreter")
     import lmscope.kernels.fused_cross_entropy as module
 
     return module

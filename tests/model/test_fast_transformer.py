@@ -8,38 +8,27 @@ TRITON_INTERPRET=1, and the kernel-using tests skip in the parent.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
+from triton_child import rerun_in_interpreter, skip_in_parent
 
 from lmscope.config import preset
 from lmscope.model.transformer import TransformerLM
 from lmscope.workloads.step import Spec
 
-# The child is marked by LMSCOPE_TRITON_CHILD: another test module may set TRITON_INTERPRET in this
-# process after Triton was imported, so only a process started with it counts.
-CHILD_NEEDED = not torch.cuda.is_available() and os.environ.get("LMSCOPE_TRITON_CHILD") != "1"
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 CONFIG = preset("tiny", vocab_size=97, d_model=24, d_ff=40, num_heads=3, num_layers=2, context_length=16)
 
 
 def test_fast_model_in_interpreter() -> None:
-    if not CHILD_NEEDED:
-        pytest.skip("the kernels run in this process")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "LMSCOPE_TRITON_CHILD": "1"}
-    child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                           env=env, capture_output=True, text=True, timeout=300)
-    assert child.returncode == 0, child.stdout[-4000:] + child.stderr[-2000:]
-    assert " passed" in child.stdout
+    rerun_in_interpreter(__file__)
 
 
 @pytest.fixture(scope="module")
 def fast_cls():
-    if CHILD_NEEDED:
-        pytest.skip("runs in the TRITON_INTERPRET=1 child (test_fast_model_in_interpreter)")
+    skip_in_parent("test_fast_model_in_interpreter")
     from lmscope.model.fast_transformer import FastTransformerLM
 
     return FastTransformerLM

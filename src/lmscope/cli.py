@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from lmscope.commands import run_and_report, show, split_list
+from lmscope.commands import model_axes, run_and_report, show, split_list
 from lmscope.report import console
 from lmscope.results import read_records
 from lmscope.runner import expand_grid, spec_fields
@@ -35,6 +35,24 @@ ReuseWorker = Annotated[
     bool, typer.Option(help="run consecutive points in one worker process (a failure replaces it)")
 ]
 
+# Options shared by the commands that run the Transformer LM (bench, profile, memory, ddp).
+Size = Annotated[str | None, typer.Option(help="preset(s): tiny,small,medium,large,xl,2.7B")]
+DModel = Annotated[int | None, typer.Option(help="override d_model")]
+DFf = Annotated[int | None, typer.Option(help="override d_ff")]
+NumLayers = Annotated[int | None, typer.Option(help="override num_layers")]
+NumHeads = Annotated[int | None, typer.Option(help="override num_heads")]
+VocabSize = Annotated[int | None, typer.Option(help="override vocab_size")]
+ContextLength = Annotated[str, typer.Option(help="tokens per sequence, list ok")]
+ModelContextLength = Annotated[
+    int | None, typer.Option(help="the model's context_length (default: --context-length)")
+]
+BatchSize = Annotated[str, typer.Option(help="sequences per batch, list ok")]
+Mode = Annotated[str, typer.Option(help="forward | forward-backward | train-step, list ok")]
+Precision = Annotated[str, typer.Option(help="fp32 | bf16 | fp16, list ok")]
+Compile = Annotated[str, typer.Option("--compile", help="torch.compile: off | on | off,on")]
+Attention = Annotated[str, typer.Option(help="naive | sdpa | flash | flash-torch, list ok")]
+Device = Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")]
+
 
 def _default_size() -> str:
     import torch
@@ -44,26 +62,24 @@ def _default_size() -> str:
 
 @app.command()
 def bench(
-    size: Annotated[str | None, typer.Option(help="preset(s): tiny,small,medium,large,xl,2.7B")] = None,
-    d_model: Annotated[int | None, typer.Option(help="override d_model")] = None,
-    d_ff: Annotated[int | None, typer.Option(help="override d_ff")] = None,
-    num_layers: Annotated[int | None, typer.Option(help="override num_layers")] = None,
-    num_heads: Annotated[int | None, typer.Option(help="override num_heads")] = None,
-    vocab_size: Annotated[int | None, typer.Option(help="override vocab_size")] = None,
-    context_length: Annotated[str, typer.Option(help="tokens per sequence, list ok")] = "128",
-    model_context_length: Annotated[
-        int | None, typer.Option(help="the model's context_length (default: --context-length)")
-    ] = None,
-    batch_size: Annotated[str, typer.Option(help="sequences per batch, list ok")] = "4",
-    mode: Annotated[str, typer.Option(help="forward | forward-backward | train-step")] = "train-step",
-    precision: Annotated[str, typer.Option(help="fp32 | bf16 | fp16, list ok")] = "fp32",
-    compile: Annotated[str, typer.Option("--compile", help="torch.compile: off | on | off,on")] = "off",
-    attention: Annotated[str, typer.Option(help="naive | sdpa | flash | flash-torch, list ok")] = "naive",
+    size: Size = None,
+    d_model: DModel = None,
+    d_ff: DFf = None,
+    num_layers: NumLayers = None,
+    num_heads: NumHeads = None,
+    vocab_size: VocabSize = None,
+    context_length: ContextLength = "128",
+    model_context_length: ModelContextLength = None,
+    batch_size: BatchSize = "4",
+    mode: Mode = "train-step",
+    precision: Precision = "fp32",
+    compile: Compile = "off",
+    attention: Attention = "naive",
     fast: Annotated[str, typer.Option("--fast", help="lmscope's fused fast path: off | on | off,on")] = "off",
     peer: Annotated[str, typer.Option(help="none | hf (transformers' Llama, same sizes), list ok")] = "none",
     warmup: Annotated[str, typer.Option(help="untimed steps before measuring, list ok")] = "5",
     steps: Annotated[int, typer.Option(help="timed steps")] = 10,
-    device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")] = "auto",
+    device: Device = "auto",
     out: Out = None,
     resume: Resume = False,
     timeout: Timeout = 900.0,
@@ -78,13 +94,8 @@ def bench(
                  vocab_size=vocab_size, model_context_length=model_context_length,
                  steps=steps, device=device)
     swept = {
-        "size": split_list(size or _default_size(), str, "--size"),
-        "context_length": split_list(context_length, int, "--context-length"),
-        "batch_size": split_list(batch_size, int, "--batch-size"),
-        "mode": split_list(mode, str, "--mode"),
-        "precision": split_list(precision, str, "--precision"),
-        "compile": split_list(compile, bool, "--compile"),
-        "attention": split_list(attention, str, "--attention"),
+        **model_axes(size=size or _default_size(), context_length=context_length, batch_size=batch_size,
+                     mode=mode, precision=precision, compile=compile, attention=attention),
         "warmup": split_list(warmup, int, "--warmup"),
         "fast": split_list(fast, bool, "--fast"),
         "peer": split_list(peer, str, "--peer"),
@@ -96,21 +107,21 @@ def bench(
 
 @app.command()
 def profile(
-    size: Annotated[str | None, typer.Option(help="preset(s): tiny,small,medium,large,xl,2.7B")] = None,
-    d_model: Annotated[int | None, typer.Option(help="override d_model")] = None,
-    d_ff: Annotated[int | None, typer.Option(help="override d_ff")] = None,
-    num_layers: Annotated[int | None, typer.Option(help="override num_layers")] = None,
-    num_heads: Annotated[int | None, typer.Option(help="override num_heads")] = None,
-    vocab_size: Annotated[int | None, typer.Option(help="override vocab_size")] = None,
-    context_length: Annotated[str, typer.Option(help="tokens per sequence, list ok")] = "128",
-    batch_size: Annotated[str, typer.Option(help="sequences per batch, list ok")] = "4",
-    mode: Annotated[str, typer.Option(help="forward|forward-backward|train-step, list ok")] = "train-step",
-    precision: Annotated[str, typer.Option(help="fp32 | bf16 | fp16, list ok")] = "fp32",
-    compile: Annotated[str, typer.Option("--compile", help="torch.compile: off | on | off,on")] = "off",
-    attention: Annotated[str, typer.Option(help="naive | sdpa | flash | flash-torch, list ok")] = "naive",
+    size: Size = None,
+    d_model: DModel = None,
+    d_ff: DFf = None,
+    num_layers: NumLayers = None,
+    num_heads: NumHeads = None,
+    vocab_size: VocabSize = None,
+    context_length: ContextLength = "128",
+    batch_size: BatchSize = "4",
+    mode: Mode = "train-step",
+    precision: Precision = "fp32",
+    compile: Compile = "off",
+    attention: Attention = "naive",
     warmup: Annotated[int, typer.Option(help="untimed steps before measuring (outside the profiler)")] = 5,
     steps: Annotated[int, typer.Option(help="steps timed unprofiled, then as many profiled")] = 3,
-    device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")] = "auto",
+    device: Device = "auto",
     nsys: Annotated[bool, typer.Option("--nsys", help="print (and, with nsys on PATH, run) nsys")] = False,
     out: Out = None,
     resume: Resume = False,
@@ -128,15 +139,9 @@ def profile(
     fixed = dict(d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
                  vocab_size=vocab_size, warmup=warmup, steps=steps, device=device,
                  artifacts_dir=str(out.parent / "profile"))
-    swept = {
-        "size": split_list(size or _default_size(), str, "--size"),
-        "context_length": split_list(context_length, int, "--context-length"),
-        "batch_size": split_list(batch_size, int, "--batch-size"),
-        "mode": split_list(mode, str, "--mode"),
-        "precision": split_list(precision, str, "--precision"),
-        "compile": split_list(compile, bool, "--compile"),
-        "attention": split_list(attention, str, "--attention"),
-    }
+    swept = model_axes(size=size or _default_size(), context_length=context_length,
+                       batch_size=batch_size, mode=mode, precision=precision, compile=compile,
+                       attention=attention)
     specs = [Spec(**point) for point in expand_grid(fixed, swept)]
     records = run_and_report("profile", specs, out=out, resume=resume, timeout_s=timeout, fmt=fmt,
                              compare=compare, title="lmscope profile", reuse_worker=reuse_worker)
@@ -162,7 +167,7 @@ def attention(
     check_max_seq: Annotated[
         int | None, typer.Option(help="largest seq checked against float64 (default 4096; 0: never)")
     ] = None,
-    device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")] = "auto",
+    device: Device = "auto",
     plot: Annotated[
         bool | None, typer.Option("--plot/--no-plot", help="latency plot (default: if >1 seq length)")
     ] = None,
@@ -235,15 +240,15 @@ def comm(
 
 @app.command()
 def ddp(
-    size: Annotated[str | None, typer.Option(help="preset(s): tiny,small,medium,large,xl,2.7B")] = None,
-    d_model: Annotated[int | None, typer.Option(help="override d_model")] = None,
-    d_ff: Annotated[int | None, typer.Option(help="override d_ff")] = None,
-    num_layers: Annotated[int | None, typer.Option(help="override num_layers")] = None,
-    num_heads: Annotated[int | None, typer.Option(help="override num_heads")] = None,
-    vocab_size: Annotated[int | None, typer.Option(help="override vocab_size")] = None,
-    context_length: Annotated[str, typer.Option(help="tokens per sequence, list ok")] = "128",
+    size: Size = None,
+    d_model: DModel = None,
+    d_ff: DFf = None,
+    num_layers: NumLayers = None,
+    num_heads: NumHeads = None,
+    vocab_size: VocabSize = None,
+    context_length: ContextLength = "128",
     batch_size: Annotated[str, typer.Option(help="sequences per batch PER RANK, list ok")] = "4",
-    precision: Annotated[str, typer.Option(help="fp32 | bf16 | fp16, list ok")] = "bf16",
+    precision: Precision = "bf16",
     attention: Annotated[str, typer.Option(help="naive | sdpa | flash | flash-torch")] = "naive",
     strategy: Annotated[
         str, typer.Option(help="naive,flat,overlap,bucketed:<MiB>,torch-ddp (single is added as baseline)")
@@ -268,10 +273,8 @@ def ddp(
                  vocab_size=vocab_size, attention=attention, backend=backend, device=device,
                  warmup=warmup, steps=steps, timeout_s=timeout)
     swept = {
-        "size": split_list(size or _default_size(), str, "--size"),
-        "context_length": split_list(context_length, int, "--context-length"),
-        "batch_size": split_list(batch_size, int, "--batch-size"),
-        "precision": split_list(precision, str, "--precision"),
+        **model_axes(size=size or _default_size(), context_length=context_length, batch_size=batch_size,
+                     precision=precision),
         "world_size": split_list(nproc, int, "--nproc") if nproc else default_world_sizes(),
         "strategy": split_list(strategy, str, "--strategy"),
         "shard_optimizer": split_list(shard_optimizer, bool, "--shard-optimizer"),
@@ -284,30 +287,28 @@ def ddp(
 
 @app.command()
 def memory(
-    size: Annotated[str | None, typer.Option(help="preset(s): tiny,small,medium,large,xl,2.7B")] = None,
-    d_model: Annotated[int | None, typer.Option(help="override d_model")] = None,
-    d_ff: Annotated[int | None, typer.Option(help="override d_ff")] = None,
-    num_layers: Annotated[int | None, typer.Option(help="override num_layers")] = None,
-    num_heads: Annotated[int | None, typer.Option(help="override num_heads")] = None,
-    vocab_size: Annotated[int | None, typer.Option(help="override vocab_size")] = None,
-    context_length: Annotated[str, typer.Option(help="tokens per sequence, list ok")] = "128",
-    model_context_length: Annotated[
-        int | None, typer.Option(help="the model's context_length (default: --context-length)")
-    ] = None,
-    batch_size: Annotated[str, typer.Option(help="sequences per batch, list ok")] = "4",
-    mode: Annotated[str, typer.Option(help="forward|forward-backward|train-step, list ok")] = "train-step",
-    precision: Annotated[str, typer.Option(help="fp32 | bf16 | fp16, list ok")] = "fp32",
-    attention: Annotated[str, typer.Option(help="naive | sdpa | flash | flash-torch, list ok")] = "naive",
+    size: Size = None,
+    d_model: DModel = None,
+    d_ff: DFf = None,
+    num_layers: NumLayers = None,
+    num_heads: NumHeads = None,
+    vocab_size: VocabSize = None,
+    context_length: ContextLength = "128",
+    model_context_length: ModelContextLength = None,
+    batch_size: BatchSize = "4",
+    mode: Mode = "train-step",
+    precision: Precision = "fp32",
+    attention: Attention = "naive",
     checkpoint: Annotated[str, typer.Option(help="activation checkpointing: none | block | every:K, "
                                                  "list ok")] = "none",
-    compile: Annotated[str, typer.Option("--compile", help="torch.compile: off | on | off,on")] = "off",
+    compile: Compile = "off",
     warmup: Annotated[int, typer.Option(help="steps before measuring")] = 2,
     steps: Annotated[int, typer.Option(help="measured steps")] = 2,
     snapshot: Annotated[str, typer.Option(help="record a step's history: snapshot, timeline PNG, "
                                                "top allocations: on | off")] = "on",
     top: Annotated[int, typer.Option(help="largest allocation groups to show")] = 10,
     max_entries: Annotated[int, typer.Option(help="alloc/free events the snapshot keeps")] = 200_000,
-    device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")] = "auto",
+    device: Device = "auto",
     out: Out = None,
     resume: Resume = False,
     timeout: Timeout = 900.0,
@@ -325,14 +326,9 @@ def memory(
                  steps=steps, snapshot=split_list(snapshot, bool, "--snapshot")[0], top=top,
                  max_entries=max_entries, device=device, artifacts_dir=str(out.parent / "memory"))
     swept = {
-        "size": split_list(size or _default_size(), str, "--size"),
-        "context_length": split_list(context_length, int, "--context-length"),
-        "batch_size": split_list(batch_size, int, "--batch-size"),
-        "mode": split_list(mode, str, "--mode"),
-        "precision": split_list(precision, str, "--precision"),
-        "attention": split_list(attention, str, "--attention"),
+        **model_axes(size=size or _default_size(), context_length=context_length, batch_size=batch_size,
+                     mode=mode, precision=precision, compile=compile, attention=attention),
         "checkpoint": split_list(checkpoint, str, "--checkpoint"),
-        "compile": split_list(compile, bool, "--compile"),
     }
     specs = [Spec(**point) for point in expand_grid(fixed, swept)]
     records = run_and_report("memory", specs, out=out, resume=resume, timeout_s=timeout, fmt=fmt,

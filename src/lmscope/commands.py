@@ -44,6 +44,36 @@ def split_list(value: str, cast: type, flag: str) -> list[Any]:
     return list(dict.fromkeys(out))
 
 
+def model_axes(
+    *,
+    size: str,
+    context_length: str,
+    batch_size: str,
+    precision: str,
+    mode: str | None = None,
+    compile: str | None = None,
+    attention: str | None = None,
+) -> dict[str, list[Any]]:
+    """The swept axes shared by the commands that run the Transformer LM, parsed from their flags.
+
+    A flag a command does not have is None and is left out.
+    """
+    flags: dict[str, tuple[str | None, type]] = {
+        "size": (size, str),
+        "context_length": (context_length, int),
+        "batch_size": (batch_size, int),
+        "mode": (mode, str),
+        "precision": (precision, str),
+        "compile": (compile, bool),
+        "attention": (attention, str),
+    }
+    return {
+        name: split_list(value, cast, "--" + name.replace("_", "-"))
+        for name, (value, cast) in flags.items()
+        if value is not None
+    }
+
+
 def default_out() -> Path:
     """runs/<UTC timestamp>/results.jsonl."""
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")

@@ -108,3 +108,23 @@ def reference_with_grads(
         o, lse = attention_reference(q64, k64, v64, causal)
         dq, dk, dv = torch.autograd.grad(o, (q64, k64, v64), do.to(torch.float64))
     return o.detach(), lse.detach(), dq, dk, dv
+
+
+def check_attention_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Refuse q (..., n_queries, d), k, v (..., n_keys, d) that do not fit together, or are empty."""
+    if q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim:
+        raise ValueError(
+            "q, k, v need the same number (>= 2) of dims, shaped (..., n, d); got "
+            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    if k.shape != v.shape or q.shape[:-2] != k.shape[:-2] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            "expected q (..., n_queries, d) and k, v (..., n_keys, d) with equal leading dims and d;"
+            f" got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    if q.shape[-2] == 0 or k.shape[-2] == 0 or q.shape[-1] == 0:
+        raise ValueError(f"empty sequence or head dim: q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        raise ValueError(f"unsupported dtype {q.dtype}; use float16, bfloat16, float32 or float64")

@@ -70,6 +70,8 @@ import torch
 import triton
 import triton.language as tl
 
+from lmscope.kernels.attention_reference import check_attention_inputs
+
 __all__ = [
     "DQ_MODE",
     "FlashAttentionTriton",
@@ -634,18 +636,7 @@ def _attn_bwd_dq(
 
 
 def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    if q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim:
-        raise ValueError(
-            "q, k, v need the same number (>= 2) of dims, shaped (..., n, d); got "
-            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
-        )
-    if k.shape != v.shape or q.shape[:-2] != k.shape[:-2] or q.shape[-1] != k.shape[-1]:
-        raise ValueError(
-            "expected q (..., n_queries, d) and k, v (..., n_keys, d) with equal leading dims and d;"
-            f" got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
-        )
-    if q.shape[-2] == 0 or k.shape[-2] == 0 or q.numel() == 0:
-        raise ValueError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}")
+    check_attention_inputs(q, k, v)
     if not 1 <= q.shape[-1] <= MAX_HEAD_DIM:
         raise ValueError(f"head dim {q.shape[-1]} unsupported; use 1..{MAX_HEAD_DIM}")
     if not (q.dtype == k.dtype == v.dtype):

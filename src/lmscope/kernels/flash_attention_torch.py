@@ -34,6 +34,8 @@ import math
 
 import torch
 
+from lmscope.kernels.attention_reference import check_attention_inputs
+
 __all__ = [
     "FlashAttentionTorch",
     "flash_attention_torch",
@@ -43,25 +45,6 @@ __all__ = [
 
 DEFAULT_BLOCK_Q = 64
 DEFAULT_BLOCK_K = 64
-
-
-def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    if q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim:
-        raise ValueError(
-            "q, k, v need the same number (>= 2) of dims, shaped (..., n, d); got "
-            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
-        )
-    if k.shape != v.shape or q.shape[:-2] != k.shape[:-2] or q.shape[-1] != k.shape[-1]:
-        raise ValueError(
-            "expected q (..., n_queries, d) and k, v (..., n_keys, d) with equal leading dims and d;"
-            f" got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
-        )
-    if q.shape[-2] == 0 or k.shape[-2] == 0 or q.shape[-1] == 0:
-        raise ValueError(f"empty sequence or head dim: q {tuple(q.shape)}, k {tuple(k.shape)}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
-    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
-        raise ValueError(f"unsupported dtype {q.dtype}; use float16, bfloat16, float32 or float64")
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -91,7 +74,7 @@ def flash_attention_torch_forward(
     block_k: int = DEFAULT_BLOCK_K,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Tiled forward pass. Returns (O in q's dtype, L of shape (..., n_queries))."""
-    _check_inputs(q, k, v)
+    check_attention_inputs(q, k, v)
     if block_q < 1 or block_k < 1:
         raise ValueError(f"tile sizes must be positive; got block_q={block_q}, block_k={block_k}")
     acc = _acc_dtype(q.dtype)

@@ -58,6 +58,11 @@ def test_bench_tiny_end_to_end_then_table_and_resume(tmp_path, capsys):
         (["bench", "--batch-size", "0"], "batch_size must be a positive integer"),
         (["bench", "--format", "xlsx"], "unknown format 'xlsx'"),
         (["table", "no/such/file.jsonl"], "no results file"),
+        (["table", "."], ". is not a file"),
+        (["bench", "--out", "."], "--out . is a folder"),
+        (["bench", "--timeout", "-1"], "--timeout must be a positive number"),
+        (["bench", "--size", "tiny", "--compare", "precision"], "cannot compare by 'precision'"),
+        (["bench", "--size", "tiny", "--device", "cuda:99"], "--device cuda:99"),
         (["benchh"], "No such command 'benchh'"),
     ],
 )

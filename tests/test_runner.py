@@ -90,7 +90,7 @@ def test_torn_last_line_is_skipped(tmp_path):
     out = tmp_path / "results.jsonl"
     append_record(out, {"a": 1})
     with out.open("a") as handle:
-        handle.write('{"a": 2, "b"')
+        handle.write('[1, 2]\n"not a record"\n{"a": 2, "b"')
     assert read_records(out) == [{"a": 1}]
     with pytest.raises(FileNotFoundError, match="no results file"):
         read_records(tmp_path / "missing.jsonl")

@@ -6,7 +6,10 @@ exit code 2, never a traceback.
 
 from __future__ import annotations
 
+import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -530,29 +533,53 @@ def _is(error: BaseException, name: str) -> bool:
     return any(cls.__name__ == name for cls in type(error).__mro__)
 
 
+INTERRUPTED = "interrupted: finished points are saved; rerun with --resume to go on"
+
+
+@contextmanager
+def _termination_interrupts() -> Iterator[None]:
+    """While a command runs, SIGTERM/SIGHUP (a cancelled job, a closed terminal) stop it like
+    Ctrl-C, so its worker processes are killed and finished points stay saved."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    names = [name for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)]
+    previous = {name: signal.signal(getattr(signal, name), interrupt) for name in names}
+    try:
+        yield
+    finally:
+        for name, handler in previous.items():
+            signal.signal(getattr(signal, name), handler)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: runs the app and turns user errors into one line and exit 2."""
     try:
-        app(args=argv, standalone_mode=False, prog_name="lmscope")
-    except (ValueError, FileNotFoundError) as error:
+        with _termination_interrupts():
+            code = app(args=argv, standalone_mode=False, prog_name="lmscope")
+    except (ValueError, FileNotFoundError, IsADirectoryError, PermissionError) as error:
         console.fail(str(error))
         sys.exit(2)
     except KeyboardInterrupt:
-        console.fail("interrupted: finished points are saved; rerun with --resume to go on")
-        sys.exit(130)
+        code = 130
     except Exception as error:
         if _is(error, "Exit"):
             sys.exit(error.exit_code)  # type: ignore[attr-defined]
         if _is(error, "Abort"):
-            console.fail("interrupted: finished points are saved; rerun with --resume to go on")
-            sys.exit(130)
-        if not _is(error, "UsageError"):
+            code = 130
+        elif not _is(error, "UsageError"):
             raise
-        ctx = getattr(error, "ctx", None)
-        command = ctx.command_path if ctx is not None else "lmscope"
-        message = error.format_message().replace("\n", " ")  # type: ignore[attr-defined]
-        console.fail(f"{message} (see: {command} --help)")
-        sys.exit(2)
+        else:
+            ctx = getattr(error, "ctx", None)
+            command = ctx.command_path if ctx is not None else "lmscope"
+            message = error.format_message().replace("\n", " ")  # type: ignore[attr-defined]
+            console.fail(f"{message} (see: {command} --help)")
+            sys.exit(2)
+    if code == 130:
+        console.fail(INTERRUPTED)
+    if isinstance(code, int) and code:
+        sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from typing import Any
 from lmscope.report import console
 from lmscope.report.tables import FORMATS, build_table, render
 from lmscope.results import Record, read_records
-from lmscope.runner import pending_count, run_sweep, spec_fields
+from lmscope.runner import pending_count, record_spec, run_sweep, spec_fields
 
 TRUE_WORDS = {"on": True, "true": True, "yes": True, "1": True,
               "off": False, "false": False, "no": False, "0": False}
@@ -100,9 +100,13 @@ def run_and_report(
 ) -> list[Record]:
     """Run the points (isolated, resumable, with progress), then print and save the table."""
     check_format(fmt)
+    check_compare(compare, specs)
+    if not timeout_s > 0:
+        raise ValueError(f"--timeout must be a positive number of seconds, got {timeout_s:g}")
     out = out or default_out()
     if resume and not out.exists():
         console.say(f"--resume: {out} does not exist yet; starting a new results file")
+    check_writable(out)
     todo = pending_count(workload, specs, out, resume)
     console.say(f"{len(specs)} point(s), {todo} to run -> {out}")
     with console.sweep_progress(todo, workload) as (on_start, on_done):
@@ -111,9 +115,34 @@ def run_and_report(
     spec_keys = spec_fields(workload)
     keys = {json_key(s) for s in specs}
     records = [r for r in read_records(out) if r.get("workload") == workload
-               and json_key({k: r.get(k) for k in spec_keys}) in keys]
+               and json_key(record_spec(r, spec_keys, workload)) in keys]
     show(records, spec_keys, fmt=fmt, compare=compare, out=out, title=title)
     return records
+
+
+def check_compare(compare: str | None, specs: Sequence[Any]) -> None:
+    """Reject `--compare FIELD` before anything runs unless FIELD takes several values."""
+    if compare is None:
+        return
+    points = [dataclasses.asdict(s) if dataclasses.is_dataclass(s) else dict(s) for s in specs]
+    varying = [k for k in points[0] if len({json.dumps(p.get(k), default=str) for p in points}) > 1]
+    if compare not in varying:
+        raise ValueError(
+            f"cannot compare by {compare!r}: give it several values (e.g. --{compare.replace('_', '-')} "
+            f"a,b); swept here: {', '.join(varying) or 'nothing'}"
+        )
+
+
+def check_writable(out: Path) -> None:
+    """Refuse an --out that is a folder or cannot be written, before anything runs."""
+    if out.is_dir():
+        raise ValueError(f"--out {out} is a folder: give a file path such as {out / 'results.jsonl'}")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with out.open("a"):
+            pass
+    except OSError as error:
+        raise ValueError(f"cannot write --out {out}: {error.strerror or error}") from None
 
 
 def json_key(spec: Any) -> str:

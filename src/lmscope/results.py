@@ -36,17 +36,21 @@ def append_record(path: Path, record: Record) -> None:
 
 
 def read_records(path: Path) -> list[Record]:
-    """All records of a JSONL file; a torn last line (a killed writer) is skipped."""
+    """All records of a JSONL file; a torn last line (a killed writer) and non-objects are skipped."""
     if not path.exists():
         raise FileNotFoundError(f"no results file at {path}: pass the results.jsonl of a run")
+    if not path.is_file():
+        raise ValueError(f"{path} is not a file: pass the results.jsonl of a run")
     records = []
     for line in path.read_text(encoding="utf-8").splitlines():
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError:
             continue
+        if isinstance(record, dict):
+            records.append(record)
     return records
 
 

@@ -150,7 +150,7 @@ def run_sweep(
     return written
 
 
-def _spec_fields(record: Record, template: dict[str, Any], workload: str) -> dict[str, Any]:
+def record_spec(record: Record, template: Iterable[str], workload: str) -> dict[str, Any]:
     """The spec part of a record, by the keys of a spec of the same workload.
 
     A field added to the Spec after the record was written takes its default, so results files
@@ -177,7 +177,7 @@ def _finished_keys(workload: str, points: list[dict[str, Any]], out: Path) -> se
     if not points or not out.exists():
         return set()
     return {
-        point_key(workload, _spec_fields(record, points[0], workload))
+        point_key(workload, record_spec(record, points[0], workload))
         for record in read_records(out)
         if record.get("status") in FINISHED and record.get("workload") == workload
     }

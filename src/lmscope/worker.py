@@ -8,16 +8,33 @@ A crash that kills the interpreter leaves no result; the parent records that poi
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
 from lmscope.runner import resolve_workload, run_in_process
 
 
+def die_with_parent() -> None:
+    """Ask Linux to kill this worker when the sweep process that started it dies, whatever way."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:
+        return
+    pr_set_pdeathsig = 1
+    libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() == 1:  # the parent died before the request took effect
+        os._exit(1)
+
+
 def serve(workload: str, ready_file: str) -> int:
     """Import the workload, mark ready, then answer requests from stdin until it closes."""
+    die_with_parent()
     try:
         resolve_workload(workload)
     finally:

@@ -46,7 +46,7 @@ PRIMARY_METRIC: dict[str, str] = {"bench": "mean_ms", "attention": "fwd_bwd_ms",
                                   "comm": "busbw_gbps", "ddp": "step_ms", "memory": "step_peak_gib"}
 """Per workload, the metric that `--compare` pivots (lower is better for *_ms)."""
 
-IDENTITY_SKIP = {"device", "steps", "workload"}
+IDENTITY_SKIP = {"workload"}
 FORMATS = ("table", "md", "csv", "latex", "json")
 
 Table = tuple[list[str], list[list[Any]]]

@@ -71,13 +71,13 @@ class Spec(ModelPointSpec):
     """A rank that fails or hangs ends the point within this many seconds."""
 
     def __post_init__(self) -> None:
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device {self.device!r}: ranks pick their own GPU, use auto, cuda or cpu")
         super().__post_init__()
         if self.mode != "train-step":
             raise ValueError(f"lmscope ddp times train steps, got mode {self.mode!r}: drop --mode")
         if self.compile:
             raise ValueError("lmscope ddp does not support torch.compile: run it without --compile")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"device {self.device!r}: ranks pick their own GPU, use auto, cuda or cpu")
         if self.strategy == "single":
             if self.world_size != 1 or self.shard_optimizer:
                 raise ValueError("strategy single is the 1-GPU baseline: it runs with --nproc 1, unsharded")

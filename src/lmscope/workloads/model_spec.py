@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from lmscope.accounting.flops import MODES
 from lmscope.config import ModelConfig, preset
 from lmscope.model.attention import attention_backends
@@ -62,8 +64,7 @@ class ModelPointSpec:
                 f"unknown attention backend {self.attention!r}: "
                 f"choose one of {', '.join(attention_backends())}"
             )
-        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
-            raise ValueError(f"unknown device {self.device!r}: use auto, cpu, cuda or cuda:N")
+        check_device(self.device)
         config = self.model_config()
         if self.context_length > config.context_length:
             raise ValueError(
@@ -82,3 +83,17 @@ class ModelPointSpec:
             num_heads=self.num_heads,
             context_length=self.model_context_length or self.context_length,
         )
+
+
+def check_device(device: str) -> None:
+    """Refuse a device name lmscope cannot use here (a CUDA device on a machine without one)."""
+    if not (device in ("auto", "cpu", "cuda") or device.startswith("cuda:")):
+        raise ValueError(f"unknown device {device!r}: use auto, cpu, cuda or cuda:N")
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {device} was asked for but no CUDA GPU is visible: use --device cpu")
+        index = device.partition(":")[2]
+        if index and (not index.isdigit() or int(index) >= torch.cuda.device_count()):
+            raise ValueError(
+                f"--device {device}: this machine has CUDA devices 0..{torch.cuda.device_count() - 1}"
+            )

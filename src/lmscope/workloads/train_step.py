@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import platform
 import timeit
 from typing import Any
 
@@ -146,4 +147,4 @@ def device_facts(device: torch.device) -> dict[str, Any]:
     """Name of the device the point ran on."""
     if device.type == "cuda":
         return {"device_type": "cuda", "device_name": torch.cuda.get_device_name(device)}
-    return {"device_type": "cpu"}
+    return {"device_type": "cpu", "device_name": platform.processor() or platform.machine()}

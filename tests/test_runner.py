@@ -59,6 +59,13 @@ def test_resume_skips_finished_points_and_retries_errors(tmp_path):
     assert len(read_records(out)) == 5
 
 
+def test_run_options_are_not_part_of_a_points_identity(tmp_path):
+    out = tmp_path / "results.jsonl"
+    run_sweep(FAULTS, [point("ok", 1)], out=out, isolate=False)
+    again = [{**point("ok", 1), "pid_file": str(tmp_path / "elsewhere")}]
+    assert pending_count(FAULTS, again, out, resume=True) == 0
+
+
 def test_interrupted_sweep_keeps_finished_points(tmp_path):
     out = tmp_path / "results.jsonl"
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import json
 from collections.abc import Sequence
@@ -12,7 +11,7 @@ from typing import Any
 from lmscope.report import console
 from lmscope.report.tables import FORMATS, build_table, render
 from lmscope.results import Record, read_records
-from lmscope.runner import pending_count, record_spec, run_sweep, spec_fields
+from lmscope.runner import identity_key, pending_count, record_spec, run_sweep, spec_dict, spec_fields
 
 TRUE_WORDS = {"on": True, "true": True, "yes": True, "1": True,
               "off": False, "false": False, "no": False, "0": False}
@@ -113,9 +112,9 @@ def run_and_report(
         run_sweep(workload, specs, out=out, resume=resume, timeout_s=timeout_s,
                   reuse_worker=reuse_worker, on_start=on_start, on_done=on_done)
     spec_keys = spec_fields(workload)
-    keys = {json_key(s) for s in specs}
+    keys = {identity_key(workload, spec_dict(s)) for s in specs}
     records = [r for r in read_records(out) if r.get("workload") == workload
-               and json_key(record_spec(r, spec_keys, workload)) in keys]
+               and identity_key(workload, record_spec(r, spec_keys, workload)) in keys]
     show(records, spec_keys, fmt=fmt, compare=compare, out=out, title=title)
     return records
 
@@ -124,7 +123,7 @@ def check_compare(compare: str | None, specs: Sequence[Any]) -> None:
     """Reject `--compare FIELD` before anything runs unless FIELD takes several values."""
     if compare is None:
         return
-    points = [dataclasses.asdict(s) if dataclasses.is_dataclass(s) else dict(s) for s in specs]
+    points = [spec_dict(s) for s in specs]
     varying = [k for k in points[0] if len({json.dumps(p.get(k), default=str) for p in points}) > 1]
     if compare not in varying:
         raise ValueError(
@@ -143,12 +142,6 @@ def check_writable(out: Path) -> None:
             pass
     except OSError as error:
         raise ValueError(f"cannot write --out {out}: {error.strerror or error}") from None
-
-
-def json_key(spec: Any) -> str:
-    """Identity of a spec (dataclass or dict) for filtering records."""
-    data = dataclasses.asdict(spec) if dataclasses.is_dataclass(spec) else spec
-    return json.dumps(data, sort_keys=True, default=str)
 
 
 def show(

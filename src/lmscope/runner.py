@@ -58,6 +58,16 @@ def resolve_workload(workload: str) -> ModuleType:
         ) from None
 
 
+def identity_key(workload: str, spec: dict[str, Any]) -> str:
+    """The key of a point by what it measures: a Spec's RUN_OPTIONS (timeouts, display options)
+    are left out, so resuming with another --timeout does not run finished points again."""
+    try:
+        options = set(getattr(resolve_workload(workload).Spec, "RUN_OPTIONS", ()))
+    except (ValueError, AttributeError):
+        options = set()
+    return point_key(workload, {key: value for key, value in spec.items() if key not in options})
+
+
 def spec_fields(workload: str) -> list[str]:
     """Names of the spec fields of a workload, in declaration order."""
     return [field.name for field in dataclasses.fields(resolve_workload(workload).Spec)]
@@ -69,7 +79,8 @@ def failure_record(status: str, message: str) -> dict[str, Any]:
     return {"status": status, "error": line[:400] or status}
 
 
-def _spec_dict(spec: Any) -> dict[str, Any]:
+def spec_dict(spec: Any) -> dict[str, Any]:
+    """A spec (dataclass or dict) as a plain dict."""
     return dataclasses.asdict(spec) if dataclasses.is_dataclass(spec) else dict(spec)
 
 
@@ -119,13 +130,13 @@ def run_sweep(
     attention kernels); a worker that fails a point is replaced. Points that measure cold starts
     or process-wide memory keep the default, a fresh process per point.
     """
-    points = [_spec_dict(spec) for spec in specs]
+    points = [spec_dict(spec) for spec in specs]
     done = _finished_keys(workload, points, out) if resume else set()
     written = []
     worker: PointWorker | None = None
     try:
         for index, spec in enumerate(points):
-            if point_key(workload, spec) in done:
+            if identity_key(workload, spec) in done:
                 continue
             if on_start:
                 on_start(index, spec)
@@ -177,7 +188,7 @@ def _finished_keys(workload: str, points: list[dict[str, Any]], out: Path) -> se
     if not points or not out.exists():
         return set()
     return {
-        point_key(workload, record_spec(record, points[0], workload))
+        identity_key(workload, record_spec(record, points[0], workload))
         for record in read_records(out)
         if record.get("status") in FINISHED and record.get("workload") == workload
     }
@@ -185,6 +196,6 @@ def _finished_keys(workload: str, points: list[dict[str, Any]], out: Path) -> se
 
 def pending_count(workload: str, specs: Iterable[Any], out: Path, resume: bool) -> int:
     """How many of `specs` a sweep would run (for progress bars)."""
-    points = [_spec_dict(spec) for spec in specs]
+    points = [spec_dict(spec) for spec in specs]
     done = _finished_keys(workload, points, out) if resume else set()
-    return sum(point_key(workload, p) not in done for p in points)
+    return sum(identity_key(workload, p) not in done for p in points)

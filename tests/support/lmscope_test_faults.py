@@ -11,7 +11,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -19,6 +19,8 @@ import torch
 @dataclass(frozen=True, kw_only=True)
 class Spec:
     """What the point does, and a value to square when it succeeds."""
+
+    RUN_OPTIONS: ClassVar[tuple[str, ...]] = ("pid_file",)
 
     behaviour: str = "ok"
     value: int = 0

@@ -16,7 +16,7 @@ import statistics
 import timeit
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -52,6 +52,9 @@ def parse_size_mb(text: str) -> float:
 @dataclass(frozen=True, kw_only=True)
 class Spec:
     """One collective at one size on one world size."""
+
+    RUN_OPTIONS: ClassVar[tuple[str, ...]] = ("timeout_s",)
+    """Fields that change how the point runs, not what it measures (left out of its identity)."""
 
     op: str = "all-reduce"
     """all-reduce | all-gather | reduce-scatter | broadcast."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import statistics
 import timeit
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -52,6 +52,9 @@ CALIBRATION_BYTES = {"cuda": (1e6, 64e6), "cpu": (1e6, 8e6)}
 @dataclass(frozen=True, kw_only=True)
 class Spec(ModelPointSpec):
     """A data-parallel training point: the model point plus strategy, sharding and world size."""
+
+    RUN_OPTIONS: ClassVar[tuple[str, ...]] = ("timeout_s",)
+    """Fields that change how the point runs, not what it measures (left out of its identity)."""
 
     precision: str = "bf16"
     """fp32 | bf16 | fp16 (autocast over fp32 master weights)."""

@@ -22,7 +22,7 @@ import statistics
 import timeit
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -43,6 +43,9 @@ STEP_PHASES = {"forward": "forward_peak", "backward": "backward_peak", "optimize
 @dataclass(frozen=True, kw_only=True)
 class Spec(ModelPointSpec):
     """A memory point: the model point, checkpointing, steps, and the snapshot's options."""
+
+    RUN_OPTIONS: ClassVar[tuple[str, ...]] = ("snapshot", "top", "max_entries")
+    """Fields that change how the point runs, not what it measures (left out of its identity)."""
 
     checkpoint: str = "none"
     """Activation checkpointing of blocks: none | block | every:K (blocks 0, K, 2K, ...)."""

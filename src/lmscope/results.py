@@ -56,17 +56,19 @@ def read_records(path: Path) -> list[Record]:
 
 @cache
 def _git_sha() -> str | None:
-    """The checkout's commit, or LMSCOPE_GIT_SHA for copies of a tree without .git."""
+    """The checkout's commit ('-dirty' when files differ from it), or LMSCOPE_GIT_SHA for copies
+    of a tree without .git."""
     if os.environ.get("LMSCOPE_GIT_SHA"):
         return os.environ["LMSCOPE_GIT_SHA"]
+    here = Path(__file__).parent
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"],
-            capture_output=True, text=True, timeout=5, cwd=Path(__file__).parent,
-        )
+        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"],
+                             capture_output=True, text=True, timeout=5, cwd=here).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5, cwd=here).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() or None
+    return f"{sha}-dirty" if sha and dirty else sha or None
 
 
 @cache

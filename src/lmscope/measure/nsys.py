@@ -84,16 +84,20 @@ def _number(text: str) -> float:
     return float(text.replace(",", "").strip() or 0)
 
 
+def _summary_stats(row: dict[str, str]) -> dict[str, float | int]:
+    """The statistics columns that every `nsys stats` summary report shares, as KernelRow fields."""
+    return {
+        "time_pct": _number(row["Time (%)"]), "total_ns": _number(row["Total Time (ns)"]),
+        "instances": int(_number(row["Instances"])), "avg_ns": _number(row["Avg (ns)"]),
+        "med_ns": _number(row["Med (ns)"]), "min_ns": _number(row["Min (ns)"]),
+        "max_ns": _number(row["Max (ns)"]), "stddev_ns": _number(row["StdDev (ns)"]),
+    }
+
+
 def parse_kern_sum(text: str) -> list[KernelRow]:
     """KernelRows from `nsys stats --report cuda_gpu_kern_sum --format csv` output."""
     return [
-        KernelRow(
-            name=row["Name"], category=classify(row["Name"]), time_pct=_number(row["Time (%)"]),
-            total_ns=_number(row["Total Time (ns)"]), instances=int(_number(row["Instances"])),
-            avg_ns=_number(row["Avg (ns)"]), med_ns=_number(row["Med (ns)"]),
-            min_ns=_number(row["Min (ns)"]), max_ns=_number(row["Max (ns)"]),
-            stddev_ns=_number(row["StdDev (ns)"]),
-        )
+        KernelRow(name=row["Name"], category=classify(row["Name"]), **_summary_stats(row))
         for row in _rows(text, KERN_SUM_COLUMNS, KERN_SUM)
     ]
 
@@ -118,13 +122,8 @@ class NvtxRow:
 def parse_nvtx_sum(text: str) -> list[NvtxRow]:
     """NvtxRows from `nsys stats --report nvtx_sum --format csv` output."""
     return [
-        NvtxRow(
-            range=row["Range"].strip().removeprefix(":"), style=row["Style"].strip(),
-            time_pct=_number(row["Time (%)"]), total_ns=_number(row["Total Time (ns)"]),
-            instances=int(_number(row["Instances"])), avg_ns=_number(row["Avg (ns)"]),
-            med_ns=_number(row["Med (ns)"]), min_ns=_number(row["Min (ns)"]),
-            max_ns=_number(row["Max (ns)"]), stddev_ns=_number(row["StdDev (ns)"]),
-        )
+        NvtxRow(range=row["Range"].strip().removeprefix(":"), style=row["Style"].strip(),
+                **_summary_stats(row))
         for row in _rows(text, NVTX_SUM_COLUMNS, NVTX_SUM)
     ]
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lmscope.measure.ranges import phase
-from lmscope.measure.timer import PhaseClock, percentile, summarize, time_steps
+from lmscope.measure.timer import PhaseClock, percentile, summarize, time_phased_steps, time_steps
 
 
 def test_summary_statistics_match_numpy():
@@ -61,3 +61,24 @@ def test_phase_is_a_profiler_range_and_a_plain_block_otherwise():
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof, phase("inside"):
         torch.ones(3).sum()
     assert "inside" in {event.name for event in prof.events()}
+
+
+def test_time_phased_steps_collects_phases_results_and_runs_hooks_outside_the_steps():
+    events = []
+
+    def step(clock):
+        clock.start()
+        events.append("step")
+        clock.mark("forward")
+        clock.mark("backward")
+        return len(events)
+
+    measured = time_phased_steps(
+        step, warmup=2, steps=3, device=torch.device("cpu"),
+        after_warmup=lambda: events.append("warm"), before_each=lambda: events.append("before"),
+        after_each=lambda: events.append("after"),
+    )
+    assert events[:3] == ["step", "step", "warm"] and events[3:6] == ["before", "step", "after"]
+    assert len(measured.times_ms) == 3 and measured.results == [5, 8, 11]
+    assert set(measured.phases_ms) == {"forward", "backward"}
+    assert all(len(v) == 3 and min(v) >= 0 for v in measured.phases_ms.values())

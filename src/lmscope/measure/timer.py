@@ -11,7 +11,8 @@ import math
 import statistics
 import timeit
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 
@@ -99,18 +100,54 @@ class PhaseClock:
         return out
 
 
+@dataclass
+class PhasedSteps:
+    """What `time_phased_steps` measured: step times, phase times per step, step return values."""
+
+    times_ms: list[float] = field(default_factory=list)
+    phases_ms: dict[str, list[float]] = field(default_factory=dict)
+    results: list[Any] = field(default_factory=list)
+
+
+def time_phased_steps(
+    step: Callable[[PhaseClock], Any],
+    *,
+    warmup: int,
+    steps: int,
+    device: torch.device,
+    after_warmup: Callable[[], None] | None = None,
+    before_each: Callable[[], None] | None = None,
+    after_each: Callable[[], None] | None = None,
+) -> PhasedSteps:
+    """Run `warmup` untimed steps, then `steps` timed ones, each ending in a synchronize.
+
+    `step(clock)` marks its phases on `clock` (CUDA events on GPUs, so no extra host sync); the
+    hooks run outside the timed region (e.g. to reset or read the allocator's peak).
+    """
+    clock = PhaseClock(device)
+    for _ in range(warmup):
+        step(clock)
+        synchronize(device)
+    if after_warmup:
+        after_warmup()
+    measured = PhasedSteps()
+    for _ in range(steps):
+        if before_each:
+            before_each()
+        synchronize(device)
+        begin = timeit.default_timer()
+        measured.results.append(step(clock))
+        synchronize(device)
+        measured.times_ms.append((timeit.default_timer() - begin) * 1e3)
+        if after_each:
+            after_each()
+        for name, ms in clock.elapsed_ms().items():
+            measured.phases_ms.setdefault(name, []).append(ms)
+    return measured
+
+
 def time_steps(
     step: Callable[[], None], *, warmup: int, steps: int, device: torch.device
 ) -> list[float]:
     """Run `warmup` untimed steps, then `steps` timed ones; each step ends in a synchronize."""
-    for _ in range(warmup):
-        step()
-        synchronize(device)
-    times = []
-    for _ in range(steps):
-        synchronize(device)
-        begin = timeit.default_timer()
-        step()
-        synchronize(device)
-        times.append((timeit.default_timer() - begin) * 1e3)
-    return times
+    return time_phased_steps(lambda clock: step(), warmup=warmup, steps=steps, device=device).times_ms

@@ -17,7 +17,6 @@ its exposed communication with the overhead model of `lmscope.accounting.comms`.
 from __future__ import annotations
 
 import statistics
-import timeit
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
@@ -33,7 +32,7 @@ from lmscope.accounting.comms import (
     plan_buckets,
 )
 from lmscope.measure.ranges import phase
-from lmscope.measure.timer import PhaseClock, synchronize
+from lmscope.measure.timer import PhaseClock, synchronize, time_phased_steps
 from lmscope.model.transformer import TransformerLM
 from lmscope.parallel.ddp import MIB, data_parallel, parse_strategy
 from lmscope.parallel.launch import RankContext, across_ranks, check_world, launch, point_id, resolve_backend
@@ -175,21 +174,13 @@ def train(ctx: RankContext, point: dict[str, Any]) -> dict[str, Any]:
     synchronize(ctx.device)
     init_gib = torch.cuda.memory_allocated(ctx.device) / GIB if ctx.device.type == "cuda" else None
     calibration = _calibrate(ctx) if ctx.world_size > 1 else None
-    clock = PhaseClock(ctx.device)
-    for _ in range(spec.warmup):
-        run.step(clock)
-        synchronize(ctx.device)
-    times, phases, before, after = [], {}, [], []
-    for _ in range(spec.steps):
-        _reset_peak(ctx.device)
-        synchronize(ctx.device)
-        begin = timeit.default_timer()
-        before.append(run.step(clock))
-        synchronize(ctx.device)
-        times.append((timeit.default_timer() - begin) * 1e3)
-        after.append(_peak_gib(ctx.device))
-        for name, ms in clock.elapsed_ms().items():
-            phases.setdefault(name, []).append(ms)
+    after: list[float | None] = []
+    measured = time_phased_steps(
+        run.step, warmup=spec.warmup, steps=spec.steps, device=ctx.device,
+        before_each=lambda: _reset_peak(ctx.device),
+        after_each=lambda: after.append(_peak_gib(ctx.device)),
+    )
+    times, phases, before = measured.times_ms, measured.phases_ms, measured.results
     local = {
         "step_ms": statistics.fmean(times),
         "step_std_ms": statistics.stdev(times) if len(times) > 1 else 0.0,

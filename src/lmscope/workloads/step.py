@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import statistics
-import timeit
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,7 +10,7 @@ import torch
 
 from lmscope.accounting.devices import peak_tflops
 from lmscope.accounting.flops import step_flops
-from lmscope.measure.timer import PhaseClock, summarize, synchronize
+from lmscope.measure.timer import summarize, time_phased_steps
 from lmscope.workloads.model_spec import ModelPointSpec
 from lmscope.workloads.train_step import TrainStep, check_model_choice, device_facts
 
@@ -63,21 +62,14 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
     step = TrainStep(spec)
     device = step.device
     compile_s = step.compile_warmup()
-    for _ in range(spec.warmup):
-        step()
-        synchronize(device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    times, phases = [], {}
-    clock = PhaseClock(device)
-    for _ in range(spec.steps):
-        synchronize(device)
-        begin = timeit.default_timer()
-        step(clock)
-        synchronize(device)
-        times.append((timeit.default_timer() - begin) * 1e3)
-        for name, ms in clock.elapsed_ms().items():
-            phases.setdefault(name, []).append(ms)
+
+    def reset_peak() -> None:
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+
+    measured = time_phased_steps(step, warmup=spec.warmup, steps=spec.steps, device=device,
+                                 after_warmup=reset_peak)
+    times, phases = measured.times_ms, measured.phases_ms
     stats = summarize(times)
     facts = device_facts(device)
     metrics: dict[str, Any] = {

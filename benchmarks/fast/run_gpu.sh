@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # The fast training step of issue 8 on one H100, in priority order within a wall-clock budget:
 #   tests     the gpu-marked tests of the fused kernels and of FastTransformerLM (real sizes)
-#   xl-*      xl, batch 4, context 512, bf16, train step: fast, HF peer, torch.compile (sdpa),
-#             eager sdpa, eager naive
-#   sizes-*   the same five rows for small, medium, large and 2.7B
-#   long-*    large at context 8192 and 16384, batch 1: fast, eager sdpa, then torch.compile (sdpa)
-#   kernels   where the time of the fast xl step goes (lmscope profile --fast when that command has
-#             the flag, else a torch.profiler kernel table)
-#   then, with what is left: xl fast under torch.compile (does compile pay around the fast path?),
-#             torch.compile at long context and for the other sizes
-# Estimate: tests ~40 s, xl ~150 s (compile ~90 s of it), sizes ~150 s, long ~50 s, kernels ~30 s:
-# ~7 min; the compile rows of the other sizes (~1 min each) then rarely fit: run them in a second
-# call, e.g. STAGES="compile-sizes long-compile" BUDGET_S=500 (it resumes, keeping what is there). Each stage gets at most what is left of BUDGET_S (470 s) minus a reserve kept for the
+#   xl-*      xl, batch 4, context 512, bf16, train step: fast (CUDA graphs), fast without graphs,
+#             HF peer, torch.compile (sdpa), eager sdpa, eager naive
+#   sizes-*   fast, sdpa and HF rows for small, medium, large and 2.7B
+#   long-*    large at context 8192 and 16384, batch 1: fast, eager sdpa
+#   kernels   where the time of the fast xl step goes (lmscope profile --fast: eager launches, so
+#             the kernel table is the graph's kernels)
+#   then, with what is left: eager naive rows, torch.compile at long context and for other sizes
+# torch.compile costs ~60-130 s per size (xl: 131 s on the H100), so the compile rows of the other
+# sizes need a second call with a fresh OUT, which measures the fast rows again beside them (ratios
+# come from one run): STAGES="sizes-fast compile-sizes long-fast long-compile" OUT=... BUDGET_S=520.
+# Each stage gets at most what is left of BUDGET_S (470 s) minus a reserve kept for the
 # stages after it, and is stopped with SIGINT at its limit (finished points are kept; rerun with
 # STAGES="..." to resume a stage).
 # Usage (repo root, GPU machine, no uv): OUT=/some/dir bash benchmarks/fast/run_gpu.sh
@@ -20,7 +20,7 @@
 set -u
 OUT=${OUT:-runs/fast-gpu}
 BUDGET_S=${BUDGET_S:-470}
-STAGES=${STAGES:-"tests xl-fast xl-hf xl-compile xl-sdpa xl-naive sizes-fast sizes-sdpa sizes-hf sizes-naive long-fast long-sdpa kernels xl-fast-compile long-compile compile-sizes"}
+STAGES=${STAGES:-"tests xl-fast xl-fast-eager xl-hf xl-compile xl-sdpa sizes-fast sizes-sdpa sizes-hf long-fast long-sdpa kernels xl-naive sizes-naive long-compile compile-sizes"}
 mkdir -p "$OUT"
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 LOG="$OUT/log.txt"
@@ -65,38 +65,35 @@ if ((left > 0)); then
   timeout -s INT -k 10 "$left" python3 -m pytest -m gpu -q -p no:cacheprovider \
     tests/kernels/test_rmsnorm.py tests/kernels/test_swiglu.py tests/kernels/test_rope_kernel.py \
     tests/kernels/test_fused_cross_entropy.py tests/model/test_fast_transformer.py \
+    tests/workloads/test_cuda_graph_step.py \
     > "$OUT/pytest_gpu.txt" 2>&1
   tail -n 3 "$OUT/pytest_gpu.txt" | tee -a "$LOG"
 fi
 
-bench xl-fast 300 --size xl "${STEP[@]}" --attention flash --fast on --reuse-worker --timeout 150
-bench xl-hf 260 --size xl "${STEP[@]}" --attention sdpa --peer hf --timeout 150
-bench xl-compile 150 --size xl "${STEP[@]}" --attention sdpa --compile on --timeout 240
-bench xl-sdpa 130 --size xl "${STEP[@]}" --attention sdpa --timeout 120
-bench xl-naive 115 --size xl "${STEP[@]}" --attention naive --timeout 120
-bench sizes-fast 80 --size "$SIZES" "${STEP[@]}" --attention flash --fast on --reuse-worker --timeout 150
-bench sizes-sdpa 65 --size "$SIZES" "${STEP[@]}" --attention sdpa --reuse-worker --timeout 120
-bench sizes-hf 50 --size "$SIZES" "${STEP[@]}" --attention sdpa --peer hf --reuse-worker --timeout 150
-bench sizes-naive 40 --size "$SIZES" "${STEP[@]}" --attention naive --reuse-worker --timeout 120
-bench long-fast 30 "${LONG[@]}" --attention flash --fast on --reuse-worker --timeout 150
-bench long-sdpa 20 "${LONG[@]}" --attention sdpa --reuse-worker --timeout 150
+bench xl-fast 330 --size xl "${STEP[@]}" --attention flash --fast on --timeout 150
+bench xl-fast-eager 310 --size xl "${STEP[@]}" --attention flash --fast on --cuda-graph off --timeout 120
+bench xl-hf 290 --size xl "${STEP[@]}" --attention sdpa --peer hf --timeout 150
+bench xl-compile 140 --size xl "${STEP[@]}" --attention sdpa --compile on --timeout 240
+bench xl-sdpa 125 --size xl "${STEP[@]}" --attention sdpa --timeout 120
+bench sizes-fast 95 --size "$SIZES" "${STEP[@]}" --attention flash --fast on --reuse-worker --timeout 150
+bench sizes-sdpa 80 --size "$SIZES" "${STEP[@]}" --attention sdpa --reuse-worker --timeout 120
+bench sizes-hf 65 --size "$SIZES" "${STEP[@]}" --attention sdpa --peer hf --reuse-worker --timeout 150
+bench long-fast 45 "${LONG[@]}" --attention flash --fast on --reuse-worker --timeout 150
+bench long-sdpa 35 "${LONG[@]}" --attention sdpa --reuse-worker --timeout 150
 
-left=$(stage_limit kernels 10)
+left=$(stage_limit kernels 25)
 if ((left > 0)); then
   echo "== kernels (at most $left s)" | tee -a "$LOG"
-  if python3 -m lmscope profile --help 2>/dev/null | grep -q -- "--fast"; then
-    timeout -s INT -k 10 "$left" python3 -m lmscope profile --size xl --context-length 512 --batch-size 4 \
-      --precision bf16 --mode train-step --attention flash --fast on --warmup 3 --steps 3 --device cuda \
-      --out "$(mktemp -d)/profile.jsonl" > "$OUT/kernels.md" 2>&1
-  else
-    timeout -s INT -k 10 "$left" python3 benchmarks/fast/kernel_table.py --size xl > "$OUT/kernels.md" 2>&1
-  fi
+  timeout -s INT -k 10 "$left" python3 -m lmscope profile --size xl --context-length 512 --batch-size 4 \
+    --precision bf16 --mode train-step --attention flash --fast on --warmup 3 --steps 3 --device cuda \
+    --out "$OUT/profile/profile.jsonl" > "$OUT/kernels.md" 2>&1
   tail -n 40 "$OUT/kernels.md" >> "$LOG"
 fi
 
-bench xl-fast-compile 5 --size xl "${STEP[@]}" --attention flash --fast on --compile on --timeout 200
+bench xl-naive 15 --size xl "${STEP[@]}" --attention naive --timeout 120
+bench sizes-naive 5 --size "$SIZES" "${STEP[@]}" --attention naive --reuse-worker --timeout 120
 bench long-compile 5 "${LONG[@]}" --attention sdpa --compile on --timeout 200
-bench compile-sizes 0 --size small,medium,large,2.7B "${STEP[@]}" --attention sdpa --compile on --timeout 200
+bench compile-sizes 0 --size "$SIZES" "${STEP[@]}" --attention sdpa --compile on --timeout 200
 
 python3 benchmarks/fast/summarize.py "$OUT" > "$OUT/summary.md" 2>> "$LOG"
 cat "$OUT/summary.md"

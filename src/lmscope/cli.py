@@ -53,6 +53,7 @@ BatchSize = Annotated[str, typer.Option(help="sequences per batch, list ok")]
 Mode = Annotated[str, typer.Option(help="forward | forward-backward | train-step, list ok")]
 Precision = Annotated[str, typer.Option(help="fp32 | bf16 | fp16, list ok")]
 Compile = Annotated[str, typer.Option("--compile", help="torch.compile: off | on | off,on")]
+Fast = Annotated[str, typer.Option("--fast", help="lmscope's fused fast path: off | on | off,on")]
 Attention = Annotated[str, typer.Option(help="naive | sdpa | flash | flash-torch, list ok")]
 Device = Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")]
 
@@ -78,8 +79,11 @@ def bench(
     precision: Precision = "fp32",
     compile: Compile = "off",
     attention: Attention = "naive",
-    fast: Annotated[str, typer.Option("--fast", help="lmscope's fused fast path: off | on | off,on")] = "off",
+    fast: Fast = "off",
     peer: Annotated[str, typer.Option(help="none | hf (transformers' Llama, same sizes), list ok")] = "none",
+    cuda_graph: Annotated[str, typer.Option(
+        "--cuda-graph", help="replay the step from CUDA graphs: auto (on with --fast on a GPU) | on | off, "
+        "list ok")] = "auto",
     warmup: Annotated[str, typer.Option(help="untimed steps before measuring, list ok")] = "5",
     steps: Annotated[int, typer.Option(help="timed steps")] = 10,
     device: Device = "auto",
@@ -102,6 +106,7 @@ def bench(
         "warmup": split_list(warmup, int, "--warmup"),
         "fast": split_list(fast, bool, "--fast"),
         "peer": split_list(peer, str, "--peer"),
+        "cuda_graph": split_list(cuda_graph, str, "--cuda-graph"),
     }
     specs = [Spec(**point) for point in expand_grid(fixed, swept)]
     run_and_report("bench", specs, out=out, resume=resume, timeout_s=timeout, fmt=fmt,
@@ -122,6 +127,7 @@ def profile(
     precision: Precision = "fp32",
     compile: Compile = "off",
     attention: Attention = "naive",
+    fast: Fast = "off",
     warmup: Annotated[int, typer.Option(help="untimed steps before measuring (outside the profiler)")] = 5,
     steps: Annotated[int, typer.Option(help="steps timed unprofiled, then as many profiled")] = 3,
     device: Device = "auto",
@@ -142,9 +148,10 @@ def profile(
     fixed = dict(d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
                  vocab_size=vocab_size, warmup=warmup, steps=steps, device=device,
                  artifacts_dir=str(out.parent / "profile"))
-    swept = model_axes(size=size or _default_size(), context_length=context_length,
-                       batch_size=batch_size, mode=mode, precision=precision, compile=compile,
-                       attention=attention)
+    swept = {**model_axes(size=size or _default_size(), context_length=context_length,
+                          batch_size=batch_size, mode=mode, precision=precision, compile=compile,
+                          attention=attention),
+             "fast": split_list(fast, bool, "--fast")}
     specs = [Spec(**point) for point in expand_grid(fixed, swept)]
     records = run_and_report("profile", specs, out=out, resume=resume, timeout_s=timeout, fmt=fmt,
                              compare=compare, title="lmscope profile", reuse_worker=reuse_worker)

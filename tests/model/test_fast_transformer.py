@@ -140,6 +140,8 @@ def test_spec_rejects_fast_with_naive_attention_or_a_peer() -> None:
         Spec(fast=True)
     with pytest.raises(ValueError, match="pick one"):
         Spec(fast=True, attention="sdpa", peer="hf")
+    with pytest.raises(ValueError, match="drop --compile on"):
+        Spec(fast=True, attention="flash", compile=True)
     assert Spec(fast=True, attention="flash").fast
 
 

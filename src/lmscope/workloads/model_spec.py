@@ -44,6 +44,8 @@ class ModelPointSpec:
     """Attention backend: naive | sdpa | flash | flash-torch."""
     compile: bool = False
     """Wrap the model in torch.compile (compile time reported apart from the steps)."""
+    fast: bool = False
+    """Run lmscope's fused fast path (FastTransformerLM: Triton kernels, fused LM head + loss)."""
     device: str = "auto"
     """'auto' (cuda when present, else cpu), 'cuda', 'cuda:N' or 'cpu'."""
 
@@ -64,6 +66,11 @@ class ModelPointSpec:
                 f"unknown attention backend {self.attention!r}: "
                 f"choose one of {', '.join(attention_backends())}"
             )
+        if self.fast and self.attention == "naive":
+            raise ValueError("--fast on needs a fused attention: pass --attention flash (or sdpa)")
+        if self.fast and self.compile:
+            raise ValueError("--fast on does not run under torch.compile (it replays CUDA graphs "
+                             "instead, --cuda-graph): drop --compile on")
         check_device(self.device)
         config = self.model_config()
         if self.context_length > config.context_length:

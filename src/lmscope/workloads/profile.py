@@ -85,8 +85,9 @@ def point_slug(spec: Spec) -> str:
     fields.pop("artifacts_dir")
     digest = hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:8]
     compiled = "-compile" if spec.compile else ""
+    fast = "-fast" if spec.fast else ""
     return (f"{spec.size}-ctx{spec.context_length}-b{spec.batch_size}-{spec.mode}-{spec.precision}"
-            f"-{spec.attention}{compiled}-{digest}")
+            f"-{spec.attention}{fast}{compiled}-{digest}")
 
 
 def point_folder(spec: Spec) -> Path:

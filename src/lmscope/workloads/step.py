@@ -11,8 +11,9 @@ import torch
 from lmscope.accounting.devices import peak_tflops
 from lmscope.accounting.flops import step_flops
 from lmscope.measure.timer import summarize, time_phased_steps
+from lmscope.workloads.cuda_graph_step import GraphedStep, check_cuda_graph_choice, uses_cuda_graph
 from lmscope.workloads.model_spec import ModelPointSpec
-from lmscope.workloads.train_step import TrainStep, check_model_choice, device_facts
+from lmscope.workloads.train_step import TrainStep, check_model_choice, device_facts, resolve_device
 
 GIB = 2**30
 
@@ -25,14 +26,15 @@ class Spec(ModelPointSpec):
     """Untimed steps before measuring."""
     steps: int = 10
     """Timed steps."""
-    fast: bool = False
-    """Run lmscope's fused fast path (FastTransformerLM: Triton kernels, fused LM head + loss)."""
     peer: str = "none"
     """none | hf: transformers' LlamaForCausalLM of the same sizes (needs lmscope[hf])."""
+    cuda_graph: str = "auto"
+    """auto | on | off: replay the step's phases from CUDA graphs (auto: on for --fast on a GPU)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_model_choice(self.fast, self.peer, self.attention)
+        check_cuda_graph_choice(self, self.cuda_graph)
         if not isinstance(self.warmup, int) or self.warmup < 0:
             raise ValueError(f"warmup must be 0 or more steps, got {self.warmup!r}: pass --warmup N")
         if not isinstance(self.steps, int) or self.steps < 1:
@@ -59,9 +61,11 @@ def throughput_metrics(
 def run_point(point: dict[str, Any]) -> dict[str, Any]:
     """Build the point, warm up, time `steps` synchronized steps; return the metrics."""
     spec = Spec(**point)
-    step = TrainStep(spec)
-    device = step.device
-    compile_s = step.compile_warmup()
+    device = resolve_device(spec.device)
+    graphed = uses_cuda_graph(spec, spec.cuda_graph, device)
+    eager = TrainStep(spec, capturable=graphed)
+    compile_s = eager.compile_warmup()
+    step: TrainStep | GraphedStep = GraphedStep(eager) if graphed else eager
 
     def reset_peak() -> None:
         if device.type == "cuda":
@@ -78,9 +82,13 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
         "times_ms": [round(t, 4) for t in times],
         **{f"{name}_ms": statistics.median(ms) for name, ms in phases.items()},
         "compile_s": compile_s,
+        "cuda_graph_used": graphed,
         **throughput_metrics(spec, stats.median_ms, facts.get("device_name"), step.parameter_count()),
     }
     if device.type == "cuda":
-        metrics["peak_allocated_gib"] = torch.cuda.max_memory_allocated(device) / GIB
+        peak = torch.cuda.max_memory_allocated(device)
+        if isinstance(step, GraphedStep):  # replays allocate nothing: the capture saw the peak
+            peak = max(peak, step.capture_peak_allocated_bytes)
+        metrics["peak_allocated_gib"] = peak / GIB
         metrics["peak_reserved_gib"] = torch.cuda.max_memory_reserved(device) / GIB
     return metrics

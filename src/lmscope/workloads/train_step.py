@@ -1,6 +1,7 @@
 """One step of the Transformer LM in a given mode and precision, with named phases.
 
 Shared by `bench`, `profile` and `memory`: they differ only in the probe around the steps.
+`lmscope.workloads.cuda_graph_step` replays the same phases from CUDA graphs.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import contextlib
 import os
 import platform
 import timeit
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -49,8 +51,6 @@ def check_model_choice(fast: bool, peer: str, attention: str) -> None:
                          "(the torch.compile peer is --compile on)")
     if fast and peer != "none":
         raise ValueError("--fast on runs lmscope's model, --peer hf transformers': pick one per point")
-    if fast and attention == "naive":
-        raise ValueError("--fast on needs a fused attention: pass --attention flash (or sdpa)")
     if peer == "hf" and attention != "sdpa":
         raise ValueError("--peer hf runs transformers' Llama with SDPA attention: pass --attention sdpa")
 
@@ -61,7 +61,7 @@ def build_model(spec: ModelPointSpec, config: ModelConfig, device: torch.device)
         from lmscope.model.hf_peer import HFLlamaPeer
 
         return HFLlamaPeer(config)
-    if getattr(spec, "fast", False):
+    if spec.fast:
         if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError("--fast runs Triton kernels: it needs a CUDA GPU (or TRITON_INTERPRET=1)")
         from lmscope.model.fast_transformer import FastTransformerLM
@@ -73,12 +73,12 @@ def build_model(spec: ModelPointSpec, config: ModelConfig, device: torch.device)
 class TrainStep:
     """Model, optimizer and a random batch on a device; calling it runs one step of `mode`."""
 
-    def __init__(self, spec: ModelPointSpec, *, seed: int = 0) -> None:
+    def __init__(self, spec: ModelPointSpec, *, seed: int = 0, capturable: bool = False) -> None:
         self.spec = spec
         self.device = resolve_device(spec.device)
         torch.manual_seed(seed)
         self.config = spec.model_config()
-        self.fast = getattr(spec, "fast", False)
+        self.fast = spec.fast
         with self.device:  # build and initialize the weights on the device itself
             self.model = build_model(spec, self.config, self.device)
         self.runnable = torch.compile(self.model) if spec.compile else self.model
@@ -88,9 +88,12 @@ class TrainStep:
         self.optimizer = None
         if spec.mode == "train-step":
             fused = self.device.type == "cuda"
-            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, fused=fused)
+            # capturable: the step count lives on the GPU, so a CUDA graph can replay the update.
+            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, fused=fused,
+                                               capturable=capturable)
         use_scaler = spec.precision == "fp16" and spec.mode == "train-step"
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=use_scaler)
+        self.last_loss: torch.Tensor | None = None
 
     def loss(self) -> torch.Tensor:
         """Forward and cross-entropy (in fp32) under the point's autocast (fused when fast)."""
@@ -100,27 +103,42 @@ class TrainStep:
             logits = self.runnable(self.inputs)
         return F.cross_entropy(logits.float().flatten(0, 1), self.targets.flatten())
 
+    def phases(self) -> list[tuple[str, Callable[[], None]]]:
+        """The step's phases in order, as (name, run): forward, then backward and optimizer.
+
+        Gradients are not cleared here (`__call__` does it; a CUDA-graph replay rewrites them).
+        """
+        if self.spec.mode == "forward":
+            return [("forward", self._forward_only)]
+        steps = [("forward", self._forward), ("backward", self._backward)]
+        if self.optimizer is not None:
+            steps.append(("optimizer", self._optimizer_step))
+        return steps
+
     def __call__(self, clock: PhaseClock | None = None) -> None:
         """One step; phases are marked on `clock` (forward, backward, optimizer)."""
         clock = clock or _NullClock()
         clock.start()
-        if self.spec.mode == "forward":
-            with phase("forward"), torch.no_grad(), autocast_context(self.spec.precision, self.device):
-                self.runnable(self.inputs)
-            clock.mark("forward")
-            return
-        self.model.zero_grad(set_to_none=True)
-        with phase("forward"):
-            loss = self.loss()
-        clock.mark("forward")
-        with phase("backward"):
-            self.scaler.scale(loss).backward()
-        clock.mark("backward")
-        if self.optimizer is not None:
-            with phase("optimizer"):
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
-            clock.mark("optimizer")
+        if self.spec.mode != "forward":
+            self.model.zero_grad(set_to_none=True)
+        for name, run in self.phases():
+            with phase(name):
+                run()
+            clock.mark(name)
+
+    def _forward_only(self) -> None:
+        with torch.no_grad(), autocast_context(self.spec.precision, self.device):
+            self.runnable(self.inputs)
+
+    def _forward(self) -> None:
+        self.last_loss = self.loss()
+
+    def _backward(self) -> None:
+        self.scaler.scale(self.last_loss).backward()
+
+    def _optimizer_step(self) -> None:
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
 
     def compile_warmup(self) -> float | None:
         """With torch.compile, run one step to trigger compilation and return its seconds."""

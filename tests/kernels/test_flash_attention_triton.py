@@ -130,6 +130,28 @@ def test_random_shape():
     assert (lse.double() - ref_l).abs().max().item() < 1e-4
 
 
+def _fwd_bwd(q, k, v, do, causal, dq_mode=None):
+    o, lse = fa.flash_attention_forward(q, k, v, causal)
+    return (o, lse, *fa.flash_attention_backward(do, q, k, v, o, lse, causal, dq_mode=dq_mode))
+
+
+@pytest.mark.parametrize("dq_mode", ["separate", "atomic"])
+def test_direct_launch_after_the_first_call_gives_identical_results(dq_mode):
+    """The first call at a key goes through triton.autotune; the next ones launch the JIT
+    function directly with its choice (host cost, docs/kernels/flash_attention.md): same bits."""
+    q, k, v, do = _inputs((2, 2), 27, 33, 16, torch.bfloat16, seed=21)
+    launchers = [fa._FWD_LAUNCH, fa._DKDV_LAUNCH] + ([fa._DQ_LAUNCH] if dq_mode == "separate" else [])
+    for launcher in launchers:
+        launcher.known.clear()  # forget earlier tests' choices: the next call is autotuned
+    before = [launcher.direct_launches for launcher in launchers]
+    autotuned = _fwd_bwd(q, k, v, do, True, dq_mode)
+    assert [launcher.direct_launches for launcher in launchers] == before
+    direct = _fwd_bwd(q, k, v, do, True, dq_mode)
+    assert [launcher.direct_launches for launcher in launchers] == [n + 1 for n in before]
+    for name, a, b in zip(("O", "L", "dQ", "dK", "dV"), autotuned, direct, strict=True):
+        assert torch.equal(a, b), name
+
+
 def test_rejects_bad_inputs():
     q = torch.randn(2, 5, 16, device=DEVICE)
     with pytest.raises(ValueError, match="n_queries"):

@@ -40,7 +40,10 @@ Kernels
     tile pair); the default is the mode that measured faster on H100 (docs/kernels/
     flash_attention.md).
     Tile sizes, warps and pipeline stages are autotuned from a small list per head dim, keyed on
-    head dim, causal, dtype and power-of-two buckets of the sequence lengths.
+    head dim, causal, dtype and power-of-two buckets of the sequence lengths. Once the
+    autotuner has chosen for a key, the kernels are launched through the JIT function with its
+    choice, skipping ``Autotuner.run``'s per-call work (``_Launcher``); O, dQ, dK, dV are
+    allocated contiguous and indexed without stride arguments (host cost per call: docs).
 
 Hardware
     Tuned on an NVIDIA H100 80GB HBM3 (sm_90) with Triton 3.6 and PyTorch 2.11: batch 1, 16
@@ -316,13 +319,11 @@ def _attn_fwd(
     stride_qz, stride_qh, stride_qm,
     stride_kz, stride_kh, stride_kn,
     stride_vz, stride_vh, stride_vn,
-    stride_oz, stride_oh, stride_om,
     H, n_q, n_k, qk_scale, NQ_BUCKET, NK_BUCKET,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_MAJOR: tl.constexpr,
 ):  # fmt: skip
     EVEN_D: tl.constexpr = HEAD_DIM == D_PAD
-    # Reverse the query-tile order: under causal masking the last tiles do the most work.
     # Reverse the query-tile order: under causal masking the last tiles do the most work.
     # HEAD_MAJOR puts batch*heads on grid axis 0 (launched first): the heavy tiles of every
     # head then start before any light one.
@@ -337,7 +338,7 @@ def _attn_fwd(
     q_base = Q + off_z * stride_qz + off_h * stride_qh
     k_base = K + off_z * stride_kz + off_h * stride_kh
     v_base = V + off_z * stride_vz + off_h * stride_vh
-    o_base = O + off_z * stride_oz + off_h * stride_oh
+    o_base = O + off_bh.to(tl.int64) * n_q * HEAD_DIM  # O is contiguous (allocated here)
 
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -367,7 +368,7 @@ def _attn_fwd(
                                BLOCK_N, HEAD_DIM, EVEN_D, True, CAUSAL, DOT_PREC)  # fmt: skip
 
     acc = acc / l_i[:, None]
-    tl.store(o_base + offs_m[:, None] * stride_om + offs_d[None, :],
+    tl.store(o_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :],
              _cast(acc, O.dtype.element_ty), mask=m_ok & d_ok)  # fmt: skip
     # m_i is in log2 units of the scaled scores: L = ln(2) * (m + log2(l)).
     lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
@@ -466,8 +467,6 @@ def _attn_bwd_dkdv(
     stride_kz, stride_kh, stride_kn,
     stride_vz, stride_vh, stride_vn,
     stride_doz, stride_doh, stride_dom,
-    stride_dkz, stride_dkh, stride_dkn,
-    stride_dvz, stride_dvh, stride_dvn,
     H, n_q, n_k, qk_scale, sm_scale, NQ_BUCKET, NK_BUCKET,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr,
     ATOMIC_DQ: tl.constexpr, BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
@@ -531,10 +530,10 @@ def _attn_bwd_dkdv(
 
     dk = dk * sm_scale
     out_ok = n_ok & d_ok
-    tl.store(DK + off_z * stride_dkz + off_h * stride_dkh + offs_n[:, None] * stride_dkn
-             + offs_d[None, :], _cast(dk, DK.dtype.element_ty), mask=out_ok)  # fmt: skip
-    tl.store(DV + off_z * stride_dvz + off_h * stride_dvh + offs_n[:, None] * stride_dvn
-             + offs_d[None, :], _cast(dv, DV.dtype.element_ty), mask=out_ok)  # fmt: skip
+    # dK and dV are contiguous (allocated by the host function): one offset serves both.
+    out_offs = off_bh.to(tl.int64) * n_k * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+    tl.store(DK + out_offs, _cast(dk, DK.dtype.element_ty), mask=out_ok)
+    tl.store(DV + out_offs, _cast(dv, DV.dtype.element_ty), mask=out_ok)
 
 
 @triton.jit
@@ -580,7 +579,6 @@ def _attn_bwd_dq(
     stride_kz, stride_kh, stride_kn,
     stride_vz, stride_vh, stride_vn,
     stride_doz, stride_doh, stride_dom,
-    stride_dqz, stride_dqh, stride_dqm,
     H, n_q, n_k, qk_scale, sm_scale, NQ_BUCKET, NK_BUCKET,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr,
     BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr, HEAD_MAJOR: tl.constexpr,
@@ -626,8 +624,100 @@ def _attn_bwd_dq(
                    offs_m, offs_d, full_hi, hi, n_k, qk_scale,
                    BLOCK_N2, HEAD_DIM, EVEN_D, True, CAUSAL, DOT_PREC)  # fmt: skip
     dq = dq * sm_scale
-    tl.store(DQ + off_z * stride_dqz + off_h * stride_dqh + offs_m[:, None] * stride_dqm
+    tl.store(DQ + off_bh.to(tl.int64) * n_q * HEAD_DIM + offs_m[:, None] * HEAD_DIM  # contiguous
              + offs_d[None, :], _cast(dq, DQ.dtype.element_ty), mask=m_ok[:, None] & d_ok)  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# launching: through triton.autotune once per tuning key, then the JIT function directly
+# --------------------------------------------------------------------------------------------
+
+
+class _Launcher:
+    """Launches one autotuned kernel, paying for ``triton.autotune`` only until it has chosen.
+
+    The first call at a key goes through the autotuner (``kernel[grid](...)``), which prunes and
+    benchmarks the configs, with its ``reset_to_zero`` hooks, and launches the best one. Its
+    choice (``kernel.best_config``) is then kept here, and later calls at that key launch the
+    JIT function with it directly: the same binary, arguments and launch options that
+    ``Autotuner.run`` passes on a cache hit, without its per-call work (naming every argument,
+    building its key from them, merging the config's options) or a grid callback.
+
+    ``key`` is (head dim, causal, dtype, n_queries bucket, n_keys bucket, atomic dQ,
+    batch*heads > 65535). It decides everything Triton's tuning key holds (its dtypes are q's
+    dtype and float32, fixed by q's dtype) and everything the pruner reads from the arguments;
+    the constexpr arguments (HEAD_DIM, D_PAD, DOT_PREC, CAUSAL, ATOMIC_DQ) follow from it.
+    The kept choices are dropped whenever the autotuner's cache changed size behind our back
+    (benchmarks/flash_tune.py clears it to re-tune), and ``kernel.best_config`` is set on every
+    launch as the autotuner does. Where this Triton lacks what the direct launch needs (the
+    autotuner's ``fn``, ``cache`` and ``best_config``, ``fn.run(*args, grid, warmup, **kw)``),
+    or a config has a pre_hook, every call goes through the autotuner.
+    """
+
+    def __init__(self, kernel, block: str):
+        self.kernel = kernel
+        self.block = block  # the tile size along the sequence axis of the grid
+        self.atomic_arg = "ATOMIC_DQ" in kernel.arg_names
+        run = getattr(getattr(kernel, "fn", None), "run", None)
+        try:
+            params = inspect.signature(run).parameters if run is not None else {}
+        except (TypeError, ValueError):
+            params = {}
+        usable = hasattr(kernel, "cache") and "grid" in params and "warmup" in params
+        self.run = run if usable else None
+        self.known: dict[tuple, tuple] = {}  # key -> (config, block, head_major, launch kwargs)
+        self.n_tuned = 0  # len(kernel.cache) when self.known was last in step with it
+        self.direct_launches = 0  # for tests: launches that bypassed the autotuner
+
+    def __call__(self, key: tuple, n: int, bh: int, args: tuple) -> None:
+        """Launch over (cdiv(n, tile), bh) tiles, or (bh, cdiv(n, tile)) for HEAD_MAJOR."""
+        hit = self.known.get(key)
+        if hit is not None and len(self.kernel.cache) == self.n_tuned:
+            config, block, head_major, kwargs = hit
+            tiles = -(-n // block)
+            self.kernel.best_config = config
+            self.direct_launches += 1
+            self.run(*args, grid=(bh, tiles) if head_major else (tiles, bh), warmup=False, **kwargs)
+            return
+        self._autotuned(key, n, bh, args)
+
+    def _autotuned(self, key: tuple, n: int, bh: int, args: tuple) -> None:
+        kernel, block = self.kernel, self.block
+        cache = getattr(kernel, "cache", None)
+        if cache is None:
+            cache = {}
+        elif len(cache) != self.n_tuned:  # cleared or filled by someone else: learn again
+            self.known.clear()
+        d, causal, dtype, _, _, atomic, big = key
+        consts = {
+            "HEAD_DIM": d,
+            "D_PAD": max(16, triton.next_power_of_2(d)),
+            "DOT_PREC": "ieee" if dtype == torch.float32 else "tf32",
+            "CAUSAL": causal,
+        }
+        if self.atomic_arg:
+            consts["ATOMIC_DQ"] = atomic
+        if big:
+            # Triton's key does not hold batch*heads: a config tuned with fewer of them may put
+            # them on grid axis 1 (at most 65535). Forget such choices so the pruner runs again.
+            for stale in [k for k, c in cache.items() if not c.kwargs.get("HEAD_MAJOR")]:
+                del cache[stale]
+
+        def grid(meta):
+            tiles = triton.cdiv(n, meta[block])
+            return (bh, tiles) if meta["HEAD_MAJOR"] else (tiles, bh)
+
+        kernel[grid](*args, **consts)
+        self.n_tuned = len(cache)
+        config = getattr(kernel, "best_config", None)
+        if self.run is not None and config is not None and config.pre_hook is None:
+            kwargs = {**consts, **config.all_kwargs()}
+            self.known[key] = (config, config.kwargs[block], bool(config.kwargs["HEAD_MAJOR"]), kwargs)
+
+
+_FWD_LAUNCH = _Launcher(_attn_fwd, "BLOCK_M")
+_DKDV_LAUNCH = _Launcher(_attn_bwd_dkdv, "BLOCK_N1")
+_DQ_LAUNCH = _Launcher(_attn_bwd_dq, "BLOCK_M2")
 
 
 # --------------------------------------------------------------------------------------------
@@ -636,18 +726,17 @@ def _attn_bwd_dq(
 
 
 def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    check_attention_inputs(q, k, v)
+    check_attention_inputs(q, k, v)  # also: q, k, v have one dtype
     if not 1 <= q.shape[-1] <= MAX_HEAD_DIM:
         raise ValueError(f"head dim {q.shape[-1]} unsupported; use 1..{MAX_HEAD_DIM}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise ValueError(f"unsupported dtype {q.dtype}; use float16, bfloat16 or float32")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v on different devices: {q.device}, {k.device}, {v.device}")
-    if q.device.type != "cuda" and not _INTERPRET:
+    device = q.device
+    if not (device == k.device == v.device):
+        raise ValueError(f"q, k, v on different devices: {device}, {k.device}, {v.device}")
+    if device.type != "cuda" and not _INTERPRET:
         raise ValueError(
-            f"Triton flash attention needs CUDA tensors (got {q.device}); on CPU set "
+            f"Triton flash attention needs CUDA tensors (got {device}); on CPU set "
             "TRITON_INTERPRET=1 before importing lmscope.kernels.flash_attention, or use "
             "lmscope.kernels.flash_attention_torch"
         )
@@ -666,21 +755,9 @@ def _as4d(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def _grid(tiles: int, bh: int, meta: dict) -> tuple[int, int]:
-    return (bh, tiles) if meta["HEAD_MAJOR"] else (tiles, bh)
-
-
 def _bucket(n: int) -> int:
-    return triton.next_power_of_2(max(int(n), 16))
-
-
-def _common(q: torch.Tensor) -> dict:
-    d = q.shape[-1]
-    return {
-        "HEAD_DIM": d,
-        "D_PAD": max(16, triton.next_power_of_2(d)),
-        "DOT_PREC": "ieee" if q.dtype == torch.float32 else "tf32",
-    }
+    """The power of two >= max(n, 16) (triton.next_power_of_2 of it, without the call)."""
+    return 1 << (max(n, 16) - 1).bit_length()
 
 
 def flash_attention_forward(
@@ -688,25 +765,28 @@ def flash_attention_forward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward kernel only. Returns (O with q's shape and dtype, L float32 (..., n_queries))."""
     _check_inputs(q, k, v)
-    lead, n_q, d = q.shape[:-2], q.shape[-2], q.shape[-1]
+    n_q, d = q.shape[-2], q.shape[-1]
     n_k = k.shape[-2]
     q4, k4, v4 = _as4d(q), _as4d(k), _as4d(v)
-    z, h = q4.shape[0], q4.shape[1]
-    o = torch.empty(*lead, n_q, d, dtype=q.dtype, device=q.device)
-    o4 = _as4d(o)
-    lse = torch.empty(z * h, n_q, dtype=torch.float32, device=q.device)
-    sm_scale = 1.0 / math.sqrt(d)
-
-    def grid(meta):
-        return _grid(triton.cdiv(n_q, meta["BLOCK_M"]), z * h, meta)
-
-    _attn_fwd[grid](
-        q4, k4, v4, o4, lse,
-        *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3], *o4.stride()[:3],
-        h, n_q, n_k, sm_scale * LOG2E, _bucket(n_q), _bucket(n_k),
-        CAUSAL=bool(causal), **_common(q),
+    h = q4.shape[1]
+    bh = q4.shape[0] * h
+    # Both contiguous: the kernel indexes them by (batch*head, row) without strides.
+    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+    nq_bucket, nk_bucket = _bucket(n_q), _bucket(n_k)
+    causal = bool(causal)
+    _FWD_LAUNCH(
+        (d, causal, q.dtype, nq_bucket, nk_bucket, False, bh > 65535), n_q, bh,
+        (q4, k4, v4, o, lse, *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3],
+         h, n_q, n_k, 1.0 / math.sqrt(d) * LOG2E, nq_bucket, nk_bucket),
     )  # fmt: skip
-    return o, lse.reshape(*lead, n_q)
+    return o, lse
+
+
+def _aligned(n: int) -> int:
+    """n elements rounded up to a multiple of 64 (>= 128 bytes): views at that offset keep the
+    16-byte alignment Triton specialises pointers on."""
+    return (n + 63) // 64 * 64
 
 
 def flash_attention_backward(
@@ -723,63 +803,60 @@ def flash_attention_backward(
     mode = dq_mode or DQ_MODE
     if mode not in ("separate", "atomic"):
         raise ValueError(f"dq_mode must be 'separate' or 'atomic', got {mode!r}")
-    lead, n_q, d = q.shape[:-2], q.shape[-2], q.shape[-1]
-    n_k = k.shape[-2]
-    q4, k4, v4, o4 = _as4d(q), _as4d(k), _as4d(v), _as4d(o)
     if do.shape != o.shape:
         raise ValueError(f"dO shape {tuple(do.shape)} != O shape {tuple(o.shape)}")
-    do4 = _as4d(do.to(q.dtype))
+    n_q, d = q.shape[-2], q.shape[-1]
+    n_k = k.shape[-2]
+    q4, k4, v4, o4 = _as4d(q), _as4d(k), _as4d(v), _as4d(o)
+    if do.dtype != q.dtype:
+        do = do.to(q.dtype)
+    do4 = _as4d(do)
     if 0 in do4.stride()[:3]:  # e.g. the expanded gradient of o.sum()
         do4 = do4.contiguous()
-    z, h = q4.shape[0], q4.shape[1]
-    lse = lse.reshape(z * h, n_q).contiguous()
-    common = _common(q)
+    h = q4.shape[1]
+    bh = q4.shape[0] * h
+    if not lse.is_contiguous():  # read as (batch*heads, n_q) rows
+        lse = lse.contiguous()
+    d_pad = max(16, triton.next_power_of_2(d))
     sm_scale = 1.0 / math.sqrt(d)
-
-    delta = torch.empty(z * h, n_q, dtype=torch.float32, device=q.device)
-    pre_block = 16 if _INTERPRET else 128
-    _bwd_preprocess[(triton.cdiv(n_q, pre_block), z * h)](
-        o4, do4, delta, *o4.stride()[:3], *do4.stride()[:3], h, n_q,
-        HEAD_DIM=d, D_PAD=common["D_PAD"], BLOCK_M=pre_block, ACC64=q.dtype == torch.float32,
-    )  # fmt: skip
-
-    dq = torch.empty(*lead, n_q, d, dtype=q.dtype, device=q.device)
-    dk = torch.empty(*lead, n_k, d, dtype=k.dtype, device=k.device)
-    dv = torch.empty(*lead, n_k, d, dtype=v.dtype, device=v.device)
-    dq4, dk4, dv4 = _as4d(dq), _as4d(dk), _as4d(dv)
     atomic = mode == "atomic"
+    device = q.device
+
+    # One float32 allocation: D = rowsum(dO * O) (bh, n_q), then the atomic-mode dQ accumulator.
+    # In separate mode the kernel never touches that accumulator, but the autotuner zeroes it
+    # (reset_to_zero) while benchmarking: it gets one float of its own, never D's memory.
+    n_delta = bh * n_q
+    acc_at = _aligned(n_delta)
+    f32 = torch.empty(acc_at + (bh * n_q * d_pad if atomic else 1), dtype=torch.float32, device=device)
+    delta, dq_acc = f32[:n_delta], f32[acc_at:]
     if atomic:
-        dq_acc = torch.zeros(z * h, n_q, common["D_PAD"], dtype=torch.float32, device=q.device)
-    else:
-        # Unused by the kernel, but the autotuner zeroes it (reset_to_zero) while benchmarking:
-        # it must be a buffer of its own, never one the backward reads (such as delta).
-        dq_acc = torch.empty(1, dtype=torch.float32, device=q.device)
-
-    def grid_kv(meta):
-        return _grid(triton.cdiv(n_k, meta["BLOCK_N1"]), z * h, meta)
-
-    _attn_bwd_dkdv[grid_kv](
-        q4, k4, v4, do4, lse, delta, dk4, dv4, dq_acc,
-        *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3], *do4.stride()[:3],
-        *dk4.stride()[:3], *dv4.stride()[:3],
-        h, n_q, n_k, sm_scale * LOG2E, sm_scale, _bucket(n_q), _bucket(n_k),
-        CAUSAL=bool(causal), ATOMIC_DQ=atomic, **common,
+        dq_acc.zero_()
+    pre_block = 16 if _INTERPRET else 128
+    _bwd_preprocess[(triton.cdiv(n_q, pre_block), bh)](
+        o4, do4, delta, *o4.stride()[:3], *do4.stride()[:3], h, n_q,
+        HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=pre_block, ACC64=q.dtype == torch.float32,
     )  # fmt: skip
 
+    # Contiguous, as the kernels assume (they index dQ, dK, dV without strides).
+    dq = torch.empty(q.shape, dtype=q.dtype, device=device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=device)
+    causal = bool(causal)
+    nq_bucket, nk_bucket = _bucket(n_q), _bucket(n_k)
+    qk_scale = sm_scale * LOG2E
+    strides = (*q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3], *do4.stride()[:3])
+    scalars = (h, n_q, n_k, qk_scale, sm_scale, nq_bucket, nk_bucket)
+    _DKDV_LAUNCH(
+        (d, causal, q.dtype, nq_bucket, nk_bucket, atomic, bh > 65535), n_k, bh,
+        (q4, k4, v4, do4, lse, delta, dk, dv, dq_acc, *strides, *scalars),
+    )
     if atomic:
-        dq.copy_((dq_acc[..., :d] * sm_scale).reshape(dq.shape))
+        dq.copy_((dq_acc.view(bh, n_q, d_pad)[..., :d] * sm_scale).reshape(dq.shape))
     else:
-
-        def grid_q(meta):
-            return _grid(triton.cdiv(n_q, meta["BLOCK_M2"]), z * h, meta)
-
-        _attn_bwd_dq[grid_q](
-            q4, k4, v4, do4, lse, delta, dq4,
-            *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3], *do4.stride()[:3],
-            *dq4.stride()[:3],
-            h, n_q, n_k, sm_scale * LOG2E, sm_scale, _bucket(n_q), _bucket(n_k),
-            CAUSAL=bool(causal), **common,
-        )  # fmt: skip
+        _DQ_LAUNCH(
+            (d, causal, q.dtype, nq_bucket, nk_bucket, False, bh > 65535), n_q, bh,
+            (q4, k4, v4, do4, lse, delta, dq, *strides, *scalars),
+        )
     return dq, dk, dv
 
 

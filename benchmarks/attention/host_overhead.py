@@ -5,6 +5,11 @@ host's work to launch it. This script measures that work: the wall time of many 
 without synchronizing (the GPU keeps up, so the host is the bottleneck), per implementation, and
 a cProfile of flash-triton's forward+backward to name the Python functions that spend it.
 
+flash-triton launches its autotuned kernels through ``triton.autotune`` only until the autotuner
+has chosen a config for the key, then calls the JIT function directly (``_Launcher`` in
+lmscope/kernels/flash_attention.py); the row "flash-triton via autotuner" turns that off in the
+same process, and the second table times one forward-kernel launch both ways.
+
 Usage (GPU machine, repo root): PYTHONPATH=src python3 benchmarks/attention/host_overhead.py
 """
 
@@ -12,15 +17,19 @@ from __future__ import annotations
 
 import cProfile
 import io
+import math
 import pstats
 import time
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
+import triton
 
-from lmscope.kernels.flash_attention import flash_attention
+from lmscope.kernels import flash_attention as fa
 
 CALLS = 300
+LAUNCHERS = (fa._FWD_LAUNCH, fa._DKDV_LAUNCH, fa._DQ_LAUNCH)
 
 
 def _host_us(fn, calls: int = CALLS) -> float:
@@ -35,26 +44,78 @@ def _host_us(fn, calls: int = CALLS) -> float:
     return issued / calls * 1e6
 
 
+@contextmanager
+def _via_autotuner():
+    """Every launch through triton.autotune's Autotuner.run, as before the direct path."""
+    saved = [launcher.run for launcher in LAUNCHERS]
+    for launcher in LAUNCHERS:
+        launcher.run = None
+        launcher.known.clear()
+    try:
+        yield
+    finally:
+        for launcher, run in zip(LAUNCHERS, saved, strict=True):
+            launcher.run = run
+
+
+def _one_forward_launch(q, k, v) -> dict[str, float]:
+    """Host us of one _attn_fwd launch: through the autotuner vs the JIT function directly."""
+    n, d = q.shape[-2], q.shape[-1]
+    bh, h = q.shape[0] * q.shape[1], q.shape[1]
+    o, lse = torch.empty_like(q), torch.empty(q.shape[:-1], device=q.device)
+    bucket = fa._bucket(n)
+    key = (d, True, q.dtype, bucket, bucket, False, False)
+    args = (q, k, v, o, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+            h, n, n, 1.0 / math.sqrt(d) * fa.LOG2E, bucket, bucket)  # fmt: skip
+    consts = {"HEAD_DIM": d, "D_PAD": d, "DOT_PREC": "tf32", "CAUSAL": True}
+
+    def grid(meta):
+        tiles = triton.cdiv(n, meta["BLOCK_M"])
+        return (bh, tiles) if meta["HEAD_MAJOR"] else (tiles, bh)
+
+    fa._FWD_LAUNCH(key, n, bh, args)  # tunes (if needed) and remembers the choice
+    return {
+        "autotuner: _attn_fwd[grid](...)": _host_us(lambda: fa._attn_fwd[grid](*args, **consts)),
+        "direct: _FWD_LAUNCH(...) -> fn.run": _host_us(lambda: fa._FWD_LAUNCH(key, n, bh, args)),
+        "torch.empty (one output)": _host_us(lambda: torch.empty_like(q)),
+    }
+
+
 def main() -> None:
     torch.manual_seed(0)
     shape = (8, 1, 256, 64)  # batch, heads, sequence, head dim: the classic grid's smallest point
     q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     d_out = torch.randn_like(q)
-    impls = {
-        "flash-triton": lambda: flash_attention(q, k, v, causal=True),
-        "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-    }
+
+    def flash():
+        return fa.flash_attention(q, k, v, causal=True)
+
+    def sdpa():
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    rows = []
+    for name, fwd in (("flash-triton", flash), ("sdpa", sdpa)):
+        rows.append((name, _host_us(lambda fwd=fwd: fwd().detach()),
+                     _host_us(lambda fwd=fwd: fwd().backward(d_out))))  # fmt: skip
+    with _via_autotuner():
+        rows.append(("flash-triton via autotuner", _host_us(lambda: flash().detach()),
+                     _host_us(lambda: flash().backward(d_out))))  # fmt: skip
     print("| impl | fwd host us/call | fwd+bwd host us/call |")
     print("|---|---|---|")
-    for name, fwd in impls.items():
-        fwd_us = _host_us(lambda fwd=fwd: fwd().detach())
-        both_us = _host_us(lambda fwd=fwd: fwd().backward(d_out))
+    for name, fwd_us, both_us in rows:
         print(f"| {name} | {fwd_us:.1f} | {both_us:.1f} |")
+
+    with torch.no_grad():
+        launch = _one_forward_launch(q.detach(), k.detach(), v.detach())
+    print("\n| one launch | host us |")
+    print("|---|---|")
+    for name, us in launch.items():
+        print(f"| {name} | {us:.1f} |")
 
     profiler = cProfile.Profile()
     profiler.enable()
     for _ in range(100):
-        flash_attention(q, k, v, causal=True).backward(d_out)
+        flash().backward(d_out)
     torch.cuda.synchronize()
     profiler.disable()
     text = io.StringIO()

@@ -15,7 +15,10 @@ Shapes and dtypes
     tables and each product to the input dtype instead; the difference is within rounding).
 
 Kernels
-    forward: one launch per q|k|v, one program per token (all heads); v is copied.
+    forward: one launch per q|k|v, one program per (32 tokens, head, batch) reading whole
+    head_dim rows (coalesced; a value's pair partner d^1 is a second load of the same lines);
+    v is copied. An earlier layout (one program per token, even and odd features loaded with
+    stride 2) ran at ~190 GB/s and took 20 ms of the xl fast step on an H100.
     backward: the same launches; rotate dq and dk back by -angle and copy dv into one packed
     d(qkv) buffer, so autograd never adds up three sliced gradients. Nothing is saved but the
     tables.
@@ -58,40 +61,46 @@ def rope_qkv_reference(
 def _rope_kernel(
     SRC, DST, COS, SIN,
     src_sb, src_st, src_sh, dst_sb, dst_st, dst_sh,
-    seq, heads, half, sign,
-    ROTATE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, ACC: tl.constexpr,
+    seq, head_dim, sign,
+    ROTATE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, ACC: tl.constexpr,
 ):  # fmt: skip
-    """All heads of one token: rotate by sign * angle (ROTATE) or copy."""
-    token = tl.program_id(0)
-    b = (token // seq).to(tl.int64)
-    t = (token % seq).to(tl.int64)
-    h = tl.arange(0, BLOCK_H)[:, None]
-    p = tl.arange(0, BLOCK_P)[None, :]
-    mask = (h < heads) & (p < half)
-    src = SRC + b * src_sb + t * src_st + h * src_sh + 2 * p
-    dst = DST + b * dst_sb + t * dst_st + h * dst_sh + 2 * p
-    even = tl.load(src, mask=mask, other=0.0).to(ACC)
-    odd = tl.load(src + 1, mask=mask, other=0.0).to(ACC)
+    """One head of BLOCK_T tokens: rotate by sign * angle (ROTATE) or copy.
+
+    Rows of head_dim values are loaded whole (coalesced); each value's pair partner (feature
+    d ^ 1) is a second load of the same cache lines, so no even/odd strided access is needed.
+    """
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)[:, None]
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)[None, :]
+    mask = (t < seq) & (d < head_dim)
+    t = t.to(tl.int64)
+    src = SRC + b * src_sb + h * src_sh + t * src_st
+    dst = DST + b * dst_sb + h * dst_sh + t * dst_st
+    x = tl.load(src + d, mask=mask, other=0.0)
     if ROTATE:
-        c = tl.load(COS + t * half + p, mask=p < half, other=1.0).to(ACC)
-        s = tl.load(SIN + t * half + p, mask=p < half, other=0.0).to(ACC) * sign
-        rotated_even = even * c - odd * s
-        rotated_odd = even * s + odd * c
-        tl.store(dst, rotated_even.to(DST.dtype.element_ty), mask=mask)
-        tl.store(dst + 1, rotated_odd.to(DST.dtype.element_ty), mask=mask)
+        partner = tl.load(src + (d ^ 1), mask=mask, other=0.0).to(ACC)
+        table = t * (head_dim // 2) + d // 2
+        c = tl.load(COS + table, mask=mask, other=1.0).to(ACC)
+        s = tl.load(SIN + table, mask=mask, other=0.0).to(ACC) * sign
+        # (even, odd) -> (even c - odd s, even s + odd c): the partner's term flips sign on evens
+        rotated = x.to(ACC) * c + tl.where(d % 2 == 0, -partner, partner) * s
+        tl.store(dst + d, rotated.to(DST.dtype.element_ty), mask=mask)
     else:
-        tl.store(dst, even.to(DST.dtype.element_ty), mask=mask)
-        tl.store(dst + 1, odd.to(DST.dtype.element_ty), mask=mask)
+        tl.store(dst + d, x.to(DST.dtype.element_ty), mask=mask)
+
+
+_BLOCK_T = 32  # tokens per program: 32 x head_dim values, ~4 KiB of bf16 per load
+
 
 def _launch(
     src: torch.Tensor, dst: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: float, rotate: bool
 ) -> None:
     """src and dst are (batch, seq, heads, head_dim) views with a unit last stride."""
     batch, seq, heads, head_dim = src.shape
-    half = head_dim // 2
-    _rope_kernel[(batch * seq,)](
-        src, dst, cos, sin, *src.stride()[:3], *dst.stride()[:3], seq, heads, half, sign,
-        ROTATE=rotate, BLOCK_H=triton.next_power_of_2(heads), BLOCK_P=triton.next_power_of_2(half),
+    _rope_kernel[(triton.cdiv(seq, _BLOCK_T), heads, batch)](
+        src, dst, cos, sin, *src.stride()[:3], *dst.stride()[:3], seq, head_dim, sign,
+        ROTATE=rotate, BLOCK_T=_BLOCK_T, BLOCK_D=triton.next_power_of_2(head_dim),
         ACC=tl.float64 if src.dtype == torch.float64 else tl.float32, num_warps=4,
     )  # fmt: skip
 

@@ -7,6 +7,8 @@ initialization and ``load_state_dict`` works both ways; only the forward differs
   ``.rope``); Q, K, V come from one matmul against [Wq; Wk; Wv] and the two SwiGLU inputs from one
   matmul against [w1; w3] (stacked and cast in one copy per weight), and the RoPE kernel turns
   the packed projections straight into the per-head q, k, v that attention reads;
+* every weight matmul (``master_linear``) hands its weight gradient back in the master weights'
+  dtype straight from cuBLAS (fp32 out of bf16 inputs), so no bf16 -> fp32 cast kernels run;
 * attention is a registered backend (``flash``, lmscope's Triton FlashAttention, for the fast
   path; ``sdpa`` works too);
 * given targets, the LM head and the cross-entropy are fused by chunks of tokens
@@ -39,28 +41,63 @@ def compute_dtype(device: torch.device, default: torch.dtype) -> torch.dtype:
     return default
 
 
-class _CastCat(torch.autograd.Function):
-    """torch.cat(weights).to(dtype) in one copy per weight (no fp32 concatenation in between)."""
+_WIDE_MM_OK: dict[str, bool] = {}  # device type -> whether torch.mm(..., out_dtype=) works there
+
+
+def matmul_into(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """a @ b (2-D) returned in `dtype`; bf16/fp16 inputs write fp32 from the matmul itself.
+
+    On CUDA, torch >= 2.8 lets cuBLAS write its fp32 accumulators out directly (``out_dtype``),
+    which saves a rounding to bf16 and a separate cast kernel. Elsewhere: matmul, then cast.
+    """
+    if a.dtype == dtype:
+        return a @ b
+    kind = a.device.type
+    if _WIDE_MM_OK.get(kind, True) and dtype == torch.float32:
+        try:
+            out = torch.mm(a, b, out_dtype=dtype)
+            _WIDE_MM_OK[kind] = True
+            return out
+        except torch.OutOfMemoryError:
+            raise
+        except (TypeError, RuntimeError, NotImplementedError):  # no such overload on this device
+            _WIDE_MM_OK[kind] = False
+    return (a @ b).to(dtype)
+
+
+class _MasterLinear(torch.autograd.Function):
+    """x @ cat(weights).T in x's dtype over master weights of another dtype (fp32).
+
+    The weights are stacked and cast in one copy per weight; the weight gradient of the stacked
+    matmul comes out in the masters' dtype and is handed back as per-weight views (no casts).
+    """
 
     @staticmethod
-    def forward(ctx, dtype: torch.dtype, *weights: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, *weights: torch.Tensor) -> torch.Tensor:
         rows = [w.shape[0] for w in weights]
-        out = torch.empty(sum(rows), *weights[0].shape[1:], dtype=dtype, device=weights[0].device)
-        for part, w in zip(out.split(rows), weights, strict=True):
-            part.copy_(w)
+        if len(weights) == 1 and weights[0].dtype == x.dtype:
+            w = weights[0]
+        else:
+            w = torch.empty(sum(rows), *weights[0].shape[1:], dtype=x.dtype, device=x.device)
+            for part, master in zip(w.split(rows), weights, strict=True):
+                part.copy_(master)
+        ctx.save_for_backward(x, w)
         ctx.rows = rows
-        ctx.dtypes = [w.dtype for w in weights]
-        return out
+        ctx.master_dtype = weights[0].dtype
+        return F.linear(x, w)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        parts = grad.split(ctx.rows)
-        return (None, *(g.to(dt) for g, dt in zip(parts, ctx.dtypes, strict=True)))
+        x, w = ctx.saved_tensors
+        dx = grad @ w if ctx.needs_input_grad[0] else None
+        flat_grad, flat_x = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])
+        dw = matmul_into(flat_grad.t(), flat_x, ctx.master_dtype)
+        return (dx, *dw.split(ctx.rows))
 
 
-def cast_cat(dtype: torch.dtype, *weights: torch.Tensor) -> torch.Tensor:
-    """The weights stacked along dim 0 in `dtype`; gradients flow back in each weight's dtype."""
-    return _CastCat.apply(dtype, *weights)
+def master_linear(x: torch.Tensor, *weights: torch.Tensor) -> torch.Tensor:
+    """F.linear(x, cat(weights)) computed in x's dtype; weight gradients in the weights' dtype."""
+    return _MasterLinear.apply(x, *weights)
 
 
 class FastTransformerLM(TransformerLM):
@@ -99,10 +136,9 @@ class FastTransformerLM(TransformerLM):
         batch, seq, d_model = x.shape
         attn, ffn = layer.attn, layer.ffn
         h = rmsnorm(x, layer.ln1.weight, layer.ln1.eps, out_dtype=dtype)
-        w_qkv = cast_cat(dtype, attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
-        q, k, v = rope_qkv(F.linear(h, w_qkv), cos, sin, attn.num_heads)
+        qkv = master_linear(h, attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
+        q, k, v = rope_qkv(qkv, cos, sin, attn.num_heads)
         out = self._attend(q, k, v).transpose(1, 2).reshape(batch, seq, d_model)
-        x = x + F.linear(out, attn.output_proj.weight.to(dtype))
+        x = x + master_linear(out, attn.output_proj.weight)
         h = rmsnorm(x, layer.ln2.weight, layer.ln2.eps, out_dtype=dtype)
-        w_13 = cast_cat(dtype, ffn.w1.weight, ffn.w3.weight)
-        return x + F.linear(swiglu(F.linear(h, w_13)), ffn.w2.weight.to(dtype))
+        return x + master_linear(swiglu(master_linear(h, ffn.w1.weight, ffn.w3.weight)), ffn.w2.weight)

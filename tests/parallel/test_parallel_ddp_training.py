@@ -15,7 +15,17 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from lmscope.parallel.ddp import BucketedDDP, FlatDDP, NaiveDDP, OverlapDDP, data_parallel, parse_strategy
+from lmscope.parallel.ddp import (
+    BucketedDDP,
+    CoalescedDDP,
+    FlatDDP,
+    NaiveDDP,
+    OverlapDDP,
+    TorchDDP,
+    data_parallel,
+    describe,
+    parse_strategy,
+)
 from lmscope.parallel.launch import RankContext, launch
 from lmscope.parallel.sharded_optimizer import ShardedOptimizer
 
@@ -28,6 +38,14 @@ WRAPPERS = {
     "overlap": OverlapDDP,
     "bucketed-small": lambda m: BucketedDDP(m, bucket_size_mb=0.0004),  # ~420 B: many buckets
     "bucketed-large": lambda m: BucketedDDP(m, bucket_size_mb=100),
+    "coalesced-small": lambda m: CoalescedDDP(m, bucket_size_mb=0.0004),
+    "coalesced-large": lambda m: CoalescedDDP(m, bucket_size_mb=100),
+    "torch-ddp": lambda m: TorchDDP(m, bucket_cap_mb=0.0004),
+}
+ZERO_GRAD = {  # zero_grad(set_to_none=...) per step: fresh gradients, gradients kept (bucket views), both
+    "none": lambda step: True,
+    "zero": lambda step: False,
+    "alternate": lambda step: step % 2 == 0,
 }
 
 
@@ -84,7 +102,16 @@ def _build(kind: str, seed: int) -> nn.Module:
     return (TiedModel() if kind == "tied" else FrozenModel()).double()
 
 
-def _train_against_reference(ctx: RankContext, wrapper: str, kind: str, seed: int) -> dict[str, float]:
+def _bucket_views(wrapped: nn.Module) -> float:
+    """1.0 when every synced gradient is its bucket slot (the same tensor object), else 0.0."""
+    views = [(p, v) for b in wrapped.buckets for p, v in zip(b.params, b.views, strict=True)]
+    inside = all(p.grad is v and v.untyped_storage().data_ptr() == b.buffer.untyped_storage().data_ptr()
+                 for b in wrapped.buckets for p, v in zip(b.params, b.views, strict=True))
+    return float(inside and len(views) == len(wrapped.synced_parameters))
+
+
+def _train_against_reference(ctx: RankContext, wrapper: str, kind: str, zero_grad: str,
+                             seed: int) -> dict[str, float]:
     """Train the wrapped model (each rank its slice) and the reference (the full batch)."""
     model = _build(kind, seed + 1 + ctx.rank)  # ranks differ until the wrapper broadcasts rank 0's
     reference = _build(kind, seed + 1)
@@ -94,24 +121,33 @@ def _train_against_reference(ctx: RankContext, wrapper: str, kind: str, seed: in
     reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.2, momentum=0.9)
     generator = torch.Generator().manual_seed(seed + 2)
     rows = slice(ctx.rank * PER_RANK, (ctx.rank + 1) * PER_RANK)
+    views = []
     for step in range(STEPS):
         x, y = _batch(kind, generator)
-        optimizer.zero_grad(set_to_none=step % 2 == 0)  # both: fresh grads and zeroed bucket views
+        optimizer.zero_grad(set_to_none=ZERO_GRAD[zero_grad](step))
         _loss(kind, wrapped, x[rows], y[rows]).backward()
         wrapped.finish_gradient_synchronization()
+        if isinstance(wrapped, BucketedDDP):
+            views.append(_bucket_views(wrapped))
         optimizer.step()
         reference_optimizer.zero_grad()
         _loss(kind, reference, x, y).backward()
         reference_optimizer.step()
+    synced = [p for p in model.parameters() if p.requires_grad]
+    reference_grads = [r.grad for p, r in zip(model.parameters(), reference.parameters(), strict=True)
+                       if p.requires_grad]
     out = {
         "param_diff": _max_diff(model, reference),
+        "grad_diff": max((p.grad - r).abs().max().item()
+                         for p, r in zip(synced, reference_grads, strict=True)),
+        "bucket_views": min(views) if views else 1.0,
         "buffer_diff": max([(a - b).abs().max().item()
                             for a, b in zip(model.buffers(), reference.buffers(), strict=True)] or [0.0]),
         "module_is_model": float(wrapped.module is model),
         "moved": _max_diff(model, _build(kind, seed + 1)),
     }
     if kind == "tied":
-        out["synced_count"] = float(len(wrapped.synced_parameters))
+        out["synced_count"] = float(len(getattr(wrapped, "synced_parameters", synced)))
     else:
         out["frozen_changed"] = (model.frozen.weight - frozen_before).abs().max().item()
         out["frozen_grad_is_none"] = float(model.frozen.weight.grad is None)
@@ -132,11 +168,26 @@ class Unused(nn.Module):
 
 def _missing_gradient_errors() -> dict[str, str]:
     messages = {}
-    for name in ("naive", "flat", "overlap", "bucketed-small"):
+    for name in ("naive", "flat", "overlap", "bucketed-small", "coalesced-small"):
         wrapped = WRAPPERS[name](Unused().double())
         wrapped(torch.randn(2, 4, dtype=torch.float64)).sum().backward()
         try:
             wrapped.finish_gradient_synchronization()
+            messages[name] = "no error"
+        except RuntimeError as error:
+            messages[name] = str(error)
+    return messages
+
+
+def _second_backward_errors() -> dict[str, str]:
+    """Two backwards before finish_gradient_synchronization: the bucketed wrappers refuse."""
+    messages = {}
+    for name in ("bucketed-small", "coalesced-large"):
+        wrapped = WRAPPERS[name](Mlp().double())
+        x = torch.randn(2, 9, dtype=torch.float64)
+        wrapped(x).sum().backward()
+        try:
+            wrapped(x).sum().backward()
             messages[name] = "no error"
         except RuntimeError as error:
             messages[name] = str(error)
@@ -227,8 +278,12 @@ def _all_checks(ctx: RankContext, seed: int) -> list[dict[str, object]]:
     results: dict[str, object] = {}
     for wrapper in WRAPPERS:
         for kind in ("tied", "frozen"):
-            results[f"{wrapper}/{kind}"] = _train_against_reference(ctx, wrapper, kind, seed)
+            for zero_grad in ZERO_GRAD:
+                results[f"{wrapper}/{kind}/{zero_grad}"] = _train_against_reference(
+                    ctx, wrapper, kind, zero_grad, seed)
+        results[f"{wrapper}/settings"] = describe(WRAPPERS[wrapper](Mlp().double()))
     results["missing"] = _missing_gradient_errors()
+    results["twice"] = _second_backward_errors()
     results["sharded"] = _sharded_optimizer_checks(ctx, seed)
     gathered: list[dict[str, object]] = [{} for _ in range(ctx.world_size)]
     dist.all_gather_object(gathered, results)
@@ -243,10 +298,13 @@ def ranks() -> list[dict[str, object]]:
 
 @pytest.mark.parametrize("wrapper", list(WRAPPERS))
 @pytest.mark.parametrize("kind", ["tied", "frozen"])
-def test_wrapper_matches_single_process_training(ranks, wrapper, kind):
+@pytest.mark.parametrize("zero_grad", list(ZERO_GRAD))
+def test_wrapper_matches_single_process_training(ranks, wrapper, kind, zero_grad):
     for rank in ranks:
-        got = rank[f"{wrapper}/{kind}"]
+        got = rank[f"{wrapper}/{kind}/{zero_grad}"]
         assert got["param_diff"] < 1e-12, got
+        assert got["grad_diff"] < 1e-12, got  # the last step's gradients are the full batch's
+        assert got["bucket_views"] == 1.0  # BucketedDDP: every .grad is its slot after each step
         assert got["buffer_diff"] == 0.0
         assert got["module_is_model"] == 1.0
         assert got["moved"] > 1e-3  # training did change the parameters
@@ -261,6 +319,25 @@ def test_missing_gradient_names_the_parameter(ranks):
     for rank in ranks:
         for name, message in rank["missing"].items():
             assert "unused.weight" in message and "unused.bias" in message, (name, message)
+
+
+def test_second_backward_before_finish_is_refused(ranks):
+    for rank in ranks:
+        for name, message in rank["twice"].items():
+            assert "arrived twice" in message and "c.weight" in message, (name, message)
+
+
+def test_settings_say_how_gradients_are_averaged(ranks):
+    settings = ranks[0]
+    assert settings["naive/settings"] == "average=divide, all-reduce sum"  # gloo has no AVG
+    assert settings["bucketed-large/settings"] == ("average=divide, all-reduce sum, bucket_cap_mb=100, "
+                                                   "buckets=1")
+    # Mlp, reverse order, 419 B cap: [c.weight 168 B + b.bias 56 B], b.weight, a.bias, a.weight
+    assert settings["coalesced-small/settings"].endswith("bucket_cap_mb=0.0004, buckets=4")
+    torch_ddp = settings["torch-ddp/settings"]
+    buffers = "forward_sync_buffers" if "forward_sync_buffers" in torch_ddp else "broadcast_buffers"
+    assert torch_ddp == (f"bucket_cap_mb=0.0004, first_bucket_mb=0.0004, gradient_as_bucket_view=True, "
+                         f"{buffers}=False, static_graph=False, find_unused_parameters=False")
 
 
 def test_sharded_optimizer_matches_adamw(ranks):
@@ -282,8 +359,14 @@ def test_sharded_optimizer_matches_adamw(ranks):
 
 def test_parse_strategy():
     assert parse_strategy("bucketed:25") == ("bucketed", 25.0)
+    assert parse_strategy("bucketed:250") == ("bucketed", 250.0)
+    assert parse_strategy("bucketed:0.5") == ("bucketed", 0.5)
+    assert parse_strategy("coalesced:500") == ("coalesced", 500.0)
+    assert parse_strategy("torch-ddp") == ("torch-ddp", None)  # PyTorch's default caps
+    assert parse_strategy("torch-ddp:500") == ("torch-ddp", 500.0)
     assert parse_strategy("overlap") == ("overlap", None)
-    for bad in ("bucketed", "bucketed:0", "bucketed:x", "fast", "naive:3"):
+    for bad in ("bucketed", "bucketed:0", "bucketed:x", "bucketed:inf", "bucketed:nan", "coalesced",
+                "torch-ddp:", "torch-ddp:-5", "fast", "naive:3"):
         with pytest.raises(ValueError):
             parse_strategy(bad)
     with pytest.raises(RuntimeError, match="process group"):

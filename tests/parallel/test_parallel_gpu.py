@@ -20,7 +20,8 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs"),
 ]
-STRATEGIES = ["naive", "flat", "overlap", "bucketed:0.01", "bucketed:100", "torch-ddp"]
+STRATEGIES = ["naive", "flat", "overlap", "bucketed:0.01", "bucketed:100", "coalesced:0.01", "coalesced:100",
+              "torch-ddp", "torch-ddp:0.01"]
 
 
 class Tied(nn.Module):
@@ -52,10 +53,10 @@ def _checks(ctx: RankContext, seed: int) -> list[dict[str, float]]:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
         reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2, fused=True)
         generator.manual_seed(seed + 1)
-        for _ in range(3):
+        for step in range(4):
             tokens = torch.randint(0, 97, (4, 33), device=ctx.device, generator=generator)
             mine = tokens[2 * ctx.rank: 2 * ctx.rank + 2]
-            optimizer.zero_grad()
+            optimizer.zero_grad(set_to_none=step % 2 == 0)  # fresh gradients, then kept ones (bucket views)
             F.cross_entropy(wrapped(mine).flatten(0, 1), mine.flatten()).backward()
             wrapped.finish_gradient_synchronization()
             optimizer.step()
@@ -63,6 +64,8 @@ def _checks(ctx: RankContext, seed: int) -> list[dict[str, float]]:
             F.cross_entropy(reference(tokens).flatten(0, 1), tokens.flatten()).backward()
             reference_optimizer.step()
         out[strategy] = _diff(model, reference)
+        if not strategy.startswith("torch-ddp"):  # NCCL averages in the all-reduce: no divide
+            out[f"{strategy} divides"] = float("divide" in wrapped.settings["average"])
     torch.manual_seed(seed)
     model = Tied().double().to(ctx.device)
     reference = copy.deepcopy(model)

@@ -87,26 +87,37 @@ def _check_common(row: dict, world: int) -> None:
     assert row["step_rank_min_ms"] <= row["step_ms"] <= row["step_rank_max_ms"]
 
 
-def test_bucketed_sharded_point_on_two_ranks():
-    row = ddp.run_point({**TINY, "strategy": "bucketed:0.002", "shard_optimizer": True, "world_size": 2})
+@pytest.mark.parametrize("strategy", ["bucketed:0.002", "coalesced:0.002"])
+def test_bucketed_sharded_point_on_two_ranks(strategy):
+    row = ddp.run_point({**TINY, "strategy": strategy, "shard_optimizer": True, "world_size": 2})
     _check_common(row, 2)
     assert row["comm_wait_ms"] >= 0 and row["comm_overhead_pct"] >= 0
     assert row["buckets"] > 3  # 2 KiB buckets of this model's gradients
+    expected = f"average=divide, all-reduce sum, bucket_cap_mb=0.002, buckets={row['buckets']}"
+    assert row["ddp_settings"] == expected  # gloo: no AVG
     assert row["predicted_comm_wait_ms"] > 0 and row["allreduce_algbw_gbps"] > 0
     assert row["grad_mib"] == pytest.approx(row["parameters"] * 4 / 2**20)
 
 
-def test_torch_ddp_point_on_two_ranks():
-    row = ddp.run_point({**TINY, "strategy": "torch-ddp", "world_size": 2})
+@pytest.mark.parametrize(("strategy", "caps"), [
+    ("torch-ddp", "bucket_cap_mb=25, first_bucket_mb=1"),
+    ("torch-ddp:0.002", "bucket_cap_mb=0.002, first_bucket_mb=0.002"),
+])
+def test_torch_ddp_point_on_two_ranks(strategy, caps):
+    row = ddp.run_point({**TINY, "strategy": strategy, "world_size": 2})
     _check_common(row, 2)
     assert row["comm_wait_ms"] is None  # DDP waits inside backward
     assert row["predicted_comm_wait_ms"] > 0
+    assert row["ddp_settings"].startswith(f"{caps}, gradient_as_bucket_view=True, ")
+    # predicted buckets: this model's gradients fit PyTorch's default first bucket of 1 MiB
+    assert row["buckets"] > 3 if strategy == "torch-ddp:0.002" else row["buckets"] == 1
 
 
 def test_single_baseline_runs_here():
     row = ddp.run_point({**TINY, "strategy": "single", "world_size": 1})
     _check_common(row, 1)
     assert row["comm_wait_ms"] is None and "predicted_comm_wait_ms" not in row
+    assert row["ddp_settings"] is None
 
 
 def test_ddp_command_rejects_bad_strategy(capsys):

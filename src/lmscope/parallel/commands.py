@@ -131,7 +131,7 @@ def overhead_model_line(records: Sequence[Record]) -> str | None:
         least_ms = 1e3 * ddp_overhead_s(model_bytes, algbw, overhead_s, count)
         line += (f" -> optimal bucket {format_value(bucket_mib)} MiB ({count:.0f} buckets), "
                  f"exposed {format_value(least_ms)} ms")
-    bucketed = [r for r in fitted if str(r.get("strategy", "")).startswith("bucketed:")]
+    bucketed = [r for r in fitted if str(r.get("strategy", "")).startswith(("bucketed:", "coalesced:"))]
     if bucketed:
         best = min(bucketed, key=lambda r: r["step_ms"])
         line += f"; best measured: {best['strategy']} ({best['step_ms']:.1f} ms/step)"

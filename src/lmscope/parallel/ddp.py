@@ -5,22 +5,36 @@ are broadcast from rank 0 at construction (frozen ones too, so that the replicas
 `forward` passes through to `.module`; after backward, `finish_gradient_synchronization()`
 returns once every gradient holds the mean over ranks (call it before the optimizer step).
 Only parameters with requires_grad=True are communicated, each once even when tied (shared
-by several modules); every one of them must receive a gradient in every step.
+by several modules); every one of them must receive a gradient in every step, once (one
+backward per step). `settings` says how the wrapper communicates (recorded in ddp rows).
+
+Averaging: with NCCL the all-reduce averages itself (`ReduceOp.AVG`), so no pass over the
+gradients is spent on it; gloo has no AVG, so the gradients are divided by the world size on
+the way (fused with a copy where there is one, else one in-place pass).
 
 * `NaiveDDP`: one blocking all-reduce per parameter after backward.
 * `FlatDDP`: one all-reduce of all gradients flattened into one buffer, after backward.
-* `OverlapDDP`: each gradient is all-reduced asynchronously as soon as it is accumulated
-  (`register_post_accumulate_grad_hook`), overlapping communication with the rest of backward.
+* `OverlapDDP`: each gradient is all-reduced asynchronously, in place, as soon as it is
+  accumulated (`register_post_accumulate_grad_hook`), overlapping communication with backward.
 * `BucketedDDP`: gradients grouped, in reverse parameter order (about the order backward
   produces them), into buckets of at most `bucket_size_mb` MiB (2**20 bytes, the unit of
-  PyTorch's bucket_cap_mb). Each gradient is copied, already divided by the world size, into its
-  bucket's flat buffer and `.grad` becomes a view of that buffer; a bucket's asynchronous
-  all-reduce starts when its last gradient is ready (buckets start in order on every rank).
+  PyTorch's bucket_cap_mb), each bucket one flat buffer. A gradient is copied into its slot
+  (one pass) and `.grad` becomes a view of the slot, so that the averaged buffer is the
+  gradient: nothing is copied back. A `.grad` that already is the view (zero_grad with
+  set_to_none=False) was accumulated in place by autograd and is not copied at all. A bucket's
+  asynchronous all-reduce starts when its last gradient is ready (buckets start in order on
+  every rank).
+* `CoalescedDDP`: the same buckets without flat buffers: a bucket's gradients are all-reduced
+  in place by one coalesced call (one NCCL group), so no pass copies them.
 """
 
 from __future__ import annotations
 
 import abc
+import functools
+import inspect
+import math
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -29,6 +43,11 @@ from torch import nn
 from lmscope.accounting.comms import plan_buckets
 
 MIB = 2**20
+TORCH_DDP_BUCKET_MB = 25.0
+"""PyTorch DDP's default bucket_cap_mb, what `torch-ddp` without `:<MiB>` uses."""
+TORCH_DDP_FIRST_BUCKET_MB = 1.0
+"""PyTorch DDP's first bucket (the first gradients backward produces) with the default cap; with
+an explicit bucket_cap_mb the first bucket has that cap too."""
 
 
 class DataParallel(nn.Module, abc.ABC):
@@ -46,7 +65,13 @@ class DataParallel(nn.Module, abc.ABC):
         self.synced_parameters = [p for p in module.parameters() if p.requires_grad]
         """Parameters whose gradients are averaged, once each (module.parameters() dedups ties)."""
         self._names = {id(p): name for name, p in module.named_parameters()}
+        self.reduce_op, self._divisor = _averaging(self.world_size)
         broadcast_state(module)
+
+    @property
+    def settings(self) -> dict[str, object]:
+        """How this wrapper communicates: the averaging, and the bucketing where there is one."""
+        return {"average": "all-reduce avg" if self._divisor is None else "divide, all-reduce sum"}
 
     def forward(self, *args: object, **kwargs: object) -> object:
         """The wrapped module's forward."""
@@ -62,6 +87,18 @@ class DataParallel(nn.Module, abc.ABC):
         if missing:
             raise RuntimeError(_missing_message(missing))
         return [p.grad for p in self.synced_parameters]  # type: ignore[misc]
+
+    def _divide(self, tensor: torch.Tensor) -> None:
+        """Divide by the world size in place where the all-reduce does not average (gloo)."""
+        if self._divisor is not None:
+            tensor.div_(self._divisor)
+
+
+def _averaging(world_size: int) -> tuple[dist.ReduceOp, int | None]:
+    """(reduce op, divisor or None): AVG on NCCL; SUM after dividing by the world size elsewhere."""
+    if dist.get_backend() == "nccl":
+        return dist.ReduceOp.AVG, None
+    return dist.ReduceOp.SUM, (world_size if world_size > 1 else None)
 
 
 def broadcast_state(module: nn.Module) -> None:
@@ -87,8 +124,8 @@ class NaiveDDP(DataParallel):
     def finish_gradient_synchronization(self) -> None:
         """Average every gradient now, one all-reduce per parameter."""
         for grad in self._grads():
-            grad.div_(self.world_size)
-            dist.all_reduce(grad)
+            self._divide(grad)
+            dist.all_reduce(grad, op=self.reduce_op)
 
 
 class FlatDDP(DataParallel):
@@ -101,14 +138,14 @@ class FlatDDP(DataParallel):
             groups.setdefault((grad.dtype, grad.device), []).append(grad)
         for members in groups.values():
             flat = torch.cat([g.reshape(-1) for g in members])
-            flat.div_(self.world_size)
-            dist.all_reduce(flat)
+            self._divide(flat)
+            dist.all_reduce(flat, op=self.reduce_op)
             for grad, chunk in zip(members, flat.split([g.numel() for g in members]), strict=True):
                 grad.copy_(chunk.view_as(grad))
 
 
 class OverlapDDP(DataParallel):
-    """Each gradient all-reduced asynchronously the moment it is accumulated."""
+    """Each gradient all-reduced asynchronously, in place, the moment it is accumulated."""
 
     def __init__(self, module: nn.Module) -> None:
         super().__init__(module)
@@ -119,8 +156,8 @@ class OverlapDDP(DataParallel):
     def _on_grad_ready(self, param: nn.Parameter) -> None:
         grad = param.grad
         assert grad is not None  # the hook runs after accumulation into .grad
-        grad.div_(self.world_size)
-        self._pending.append((param, dist.all_reduce(grad, async_op=True)))
+        self._divide(grad)
+        self._pending.append((param, dist.all_reduce(grad, op=self.reduce_op, async_op=True)))
 
     def finish_gradient_synchronization(self) -> None:
         """Wait for the all-reduces started during backward."""
@@ -134,29 +171,41 @@ class OverlapDDP(DataParallel):
 
 
 class _Bucket:
-    """One flat buffer, the parameters whose gradients live in it, and its all-reduce."""
+    """The parameters of one bucket, which of them have their gradient, and its all-reduce."""
 
     def __init__(self, params: list[nn.Parameter]) -> None:
         self.params = params
+        self.arrived = [False] * len(params)
+        self.count = 0
+        self.work: dist.Work | dist.distributed_c10d._CoalescingManager | None = None
+
+    def reset(self) -> None:
+        self.arrived = [False] * len(self.params)
+        self.count = 0
+        self.work = None
+
+
+class _FlatBucket(_Bucket):
+    """A bucket with one flat buffer, of which each parameter's gradient is a view (its slot)."""
+
+    def __init__(self, params: list[nn.Parameter]) -> None:
+        super().__init__(params)
         self.buffer = torch.empty(sum(p.numel() for p in params), dtype=params[0].dtype,
                                   device=params[0].device)
         offsets = [0]
         for param in params:
             offsets.append(offsets[-1] + param.numel())
-        self.views = {
-            id(p): self.buffer[begin:end].view_as(p)
-            for p, begin, end in zip(params, offsets, offsets[1:], strict=False)
-        }
-        self.ready = 0
-        self.work: dist.Work | None = None
+        self.views = [self.buffer[begin:end].view_as(p)
+                      for p, begin, end in zip(params, offsets, offsets[1:], strict=False)]
 
 
-class BucketedDDP(DataParallel):
-    """Gradients in buckets of at most `bucket_size_mb` MiB; a bucket's all-reduce starts when it fills."""
+class _BucketedBase(DataParallel):
+    """Buckets in reverse parameter order, filled by gradient hooks, started in order."""
 
-    def __init__(self, module: nn.Module, bucket_size_mb: float) -> None:
-        if not bucket_size_mb > 0:
-            raise ValueError(f"bucket_size_mb must be positive, got {bucket_size_mb!r}")
+    def __init__(self, module: nn.Module, bucket_size_mb: float,
+                 make_bucket: Callable[[list[nn.Parameter]], _Bucket]) -> None:
+        if not (bucket_size_mb > 0 and math.isfinite(bucket_size_mb)):
+            raise ValueError(f"bucket_size_mb must be a positive number, got {bucket_size_mb!r}")
         super().__init__(module)
         self.bucket_size_mb = bucket_size_mb
         order = self.synced_parameters[::-1]
@@ -164,72 +213,154 @@ class BucketedDDP(DataParallel):
             [p.numel() * p.element_size() for p in order], bucket_size_mb * MIB,
             keys=[(p.dtype, p.device) for p in order],
         )
-        self.buckets = [_Bucket([order[i] for i in indices]) for indices in plan]
-        self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
+        self.buckets = [make_bucket([order[i] for i in indices]) for indices in plan]
         self._next = 0
-        self._ready: set[int] = set()
-        for param in self.synced_parameters:
-            param.register_post_accumulate_grad_hook(self._on_grad_ready)
+        for bucket in self.buckets:
+            for slot, param in enumerate(bucket.params):
+                param.register_post_accumulate_grad_hook(functools.partial(self._on_grad_ready, bucket, slot))
 
-    def _on_grad_ready(self, param: nn.Parameter) -> None:
-        bucket = self._bucket_of[id(param)]
-        view = bucket.views[id(param)]
-        grad = param.grad
-        assert grad is not None  # the hook runs after accumulation into .grad
-        if grad.data_ptr() == view.data_ptr():  # .grad already is the view (zeroed, not set to None)
-            view.div_(self.world_size)
-        else:
-            torch.div(grad, self.world_size, out=view)
-            param.grad = view
-        bucket.ready += 1
-        self._ready.add(id(param))
-        while self._next < len(self.buckets) and self._filled(self.buckets[self._next]):
-            ready = self.buckets[self._next]
-            ready.work = dist.all_reduce(ready.buffer, async_op=True)
-            self._next += 1
+    @property
+    def settings(self) -> dict[str, object]:
+        return {**super().settings, "bucket_cap_mb": self.bucket_size_mb, "buckets": len(self.buckets)}
 
-    @staticmethod
-    def _filled(bucket: _Bucket) -> bool:
-        return bucket.ready == len(bucket.params)
+    def _on_grad_ready(self, bucket: _Bucket, slot: int, param: nn.Parameter) -> None:
+        if bucket.arrived[slot]:
+            raise RuntimeError(
+                f"the gradient of {self._names[id(param)]} arrived twice before "
+                "finish_gradient_synchronization(): run one backward per step"
+            )
+        self._arrived(bucket, slot, param)
+        bucket.arrived[slot] = True
+        bucket.count += 1
+        if bucket.count == len(bucket.params):
+            while self._next < len(self.buckets):
+                ready = self.buckets[self._next]
+                if ready.count < len(ready.params):
+                    break
+                ready.work = self._start(ready)
+                self._next += 1
+
+    @abc.abstractmethod
+    def _arrived(self, bucket: _Bucket, slot: int, param: nn.Parameter) -> None:
+        """Put the gradient of `param` (slot `slot` of `bucket`) where the bucket's all-reduce reads it."""
+
+    @abc.abstractmethod
+    def _start(self, bucket: _Bucket) -> dist.Work | dist.distributed_c10d._CoalescingManager:
+        """Start the bucket's asynchronous all-reduce."""
 
     def finish_gradient_synchronization(self) -> None:
-        """Wait for every bucket's all-reduce; the gradients are views of the averaged buffers."""
-        missing = [self._names[id(p)] for p in self.synced_parameters if id(p) not in self._ready]
+        """Wait for every bucket's all-reduce; then every gradient holds the mean over ranks."""
+        missing = [self._names[id(p)] for b in self.buckets
+                   for p, arrived in zip(b.params, b.arrived, strict=True) if not arrived]
         for bucket in self.buckets[: self._next]:
             assert bucket.work is not None
             bucket.work.wait()
-            bucket.work = None
         for bucket in self.buckets:
-            bucket.ready = 0
+            bucket.reset()
         self._next = 0
-        self._ready.clear()
         if missing:
             raise RuntimeError(_missing_message(missing))
 
 
+class BucketedDDP(_BucketedBase):
+    """Gradients copied into flat buckets of at most `bucket_size_mb` MiB; `.grad` views the bucket."""
+
+    def __init__(self, module: nn.Module, bucket_size_mb: float) -> None:
+        super().__init__(module, bucket_size_mb, _FlatBucket)
+
+    def _arrived(self, bucket: _Bucket, slot: int, param: nn.Parameter) -> None:
+        assert isinstance(bucket, _FlatBucket)
+        view = bucket.views[slot]
+        grad = param.grad
+        assert grad is not None  # the hook runs after accumulation into .grad
+        if grad is view:  # zeroed, not set to None: autograd accumulated into the slot
+            self._divide(view)
+            return
+        if self._divisor is None:
+            view.copy_(grad)
+        else:
+            torch.div(grad, self._divisor, out=view)
+        param.grad = view
+
+    def _start(self, bucket: _Bucket) -> dist.Work:
+        assert isinstance(bucket, _FlatBucket)
+        return dist.all_reduce(bucket.buffer, op=self.reduce_op, async_op=True)
+
+
+class CoalescedDDP(_BucketedBase):
+    """Buckets of at most `bucket_size_mb` MiB all-reduced in place, one coalesced call each."""
+
+    def __init__(self, module: nn.Module, bucket_size_mb: float) -> None:
+        super().__init__(module, bucket_size_mb, _Bucket)
+
+    def _arrived(self, bucket: _Bucket, slot: int, param: nn.Parameter) -> None:
+        assert param.grad is not None  # the hook runs after accumulation into .grad
+        self._divide(param.grad)
+
+    def _start(self, bucket: _Bucket) -> dist.Work | dist.distributed_c10d._CoalescingManager:
+        grads = [p.grad for p in bucket.params]
+        if len(grads) == 1:
+            return dist.all_reduce(grads[0], op=self.reduce_op, async_op=True)
+        with dist.distributed_c10d._coalescing_manager(async_ops=True) as manager:
+            for grad in grads:
+                dist.all_reduce(grad, op=self.reduce_op)
+        return manager
+
+
 class TorchDDP(nn.parallel.DistributedDataParallel):
-    """PyTorch's own DDP (default buckets of 25 MiB) as the peer the wrappers are measured against."""
+    """PyTorch's own DDP as the peer, with the settings a performance-minded user picks.
+
+    `gradient_as_bucket_view=True` (gradients are views of the buckets: no copy back after the
+    all-reduce) and no buffer broadcast before every forward (buffers are broadcast once at
+    construction, as the other wrappers do: `broadcast_buffers=False`, or
+    `forward_sync_buffers=False` in the PyTorch versions that deprecate the former);
+    `bucket_cap_mb` as given, else PyTorch's default (25 MiB, and 1 MiB for the first bucket);
+    `static_graph` and `find_unused_parameters` left off.
+    """
+
+    def __init__(self, module: nn.Module, bucket_cap_mb: float | None = None) -> None:
+        device = next(module.parameters()).device
+        buffers = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(
+            nn.parallel.DistributedDataParallel.__init__).parameters else "broadcast_buffers")
+        options = {"gradient_as_bucket_view": True, buffers: False, "static_graph": False,
+                   "find_unused_parameters": False}
+        super().__init__(module, device_ids=[device.index] if device.type == "cuda" else None,
+                         bucket_cap_mb=bucket_cap_mb, **options)
+        self.torch_settings = {
+            "bucket_cap_mb": TORCH_DDP_BUCKET_MB if bucket_cap_mb is None else bucket_cap_mb,
+            "first_bucket_mb": TORCH_DDP_FIRST_BUCKET_MB if bucket_cap_mb is None else bucket_cap_mb,
+            **options,
+        }
+
+    @property
+    def settings(self) -> dict[str, object]:
+        """The DistributedDataParallel arguments used."""
+        return dict(self.torch_settings)
 
     def finish_gradient_synchronization(self) -> None:
         """Nothing to wait for: DDP's backward returns with the gradients averaged."""
 
 
-STRATEGIES = ("naive", "flat", "overlap", "bucketed:<MiB>", "torch-ddp")
-"""Names `data_parallel` accepts; bucketed takes its bucket size, e.g. bucketed:25."""
+STRATEGIES = ("naive", "flat", "overlap", "bucketed:<MiB>", "coalesced:<MiB>", "torch-ddp[:<MiB>]")
+"""Names `data_parallel` accepts; bucketed and coalesced take their bucket size, e.g. bucketed:25;
+torch-ddp takes an optional bucket_cap_mb (PyTorch's default when left out)."""
+SIZED = ("bucketed", "coalesced", "torch-ddp")
 
 
 def parse_strategy(strategy: str) -> tuple[str, float | None]:
-    """'bucketed:25' -> ('bucketed', 25.0); 'overlap' -> ('overlap', None)."""
-    name, _, size = strategy.partition(":")
-    if name == "bucketed":
+    """'bucketed:25' -> ('bucketed', 25.0); 'overlap' and 'torch-ddp' (default cap) -> (name, None)."""
+    name, colon, size = strategy.partition(":")
+    if name in SIZED:
+        if name == "torch-ddp" and not colon:
+            return name, None
         try:
             bucket_mb = float(size)
         except ValueError:
             bucket_mb = -1.0
-        if not bucket_mb > 0:
-            raise ValueError(f"strategy {strategy!r} needs a positive bucket size in MiB, e.g. bucketed:25")
+        if not (bucket_mb > 0 and math.isfinite(bucket_mb)):
+            raise ValueError(f"strategy {strategy!r} needs a positive bucket size in MiB, e.g. {name}:25")
         return name, bucket_mb
-    if size or name not in STRATEGIES:
+    if colon or name not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
     return name, None
 
@@ -237,10 +368,17 @@ def parse_strategy(strategy: str) -> tuple[str, float | None]:
 def data_parallel(strategy: str, module: nn.Module) -> nn.Module:
     """Wrap `module` with the named strategy (see STRATEGIES)."""
     name, bucket_mb = parse_strategy(strategy)
-    if name == "bucketed":
-        assert bucket_mb is not None
-        return BucketedDDP(module, bucket_mb)
     if name == "torch-ddp":
-        device = next(module.parameters()).device
-        return TorchDDP(module, device_ids=[device.index] if device.type == "cuda" else None)
+        return TorchDDP(module, bucket_mb)
+    if bucket_mb is not None:
+        return {"bucketed": BucketedDDP, "coalesced": CoalescedDDP}[name](module, bucket_mb)
     return {"naive": NaiveDDP, "flat": FlatDDP, "overlap": OverlapDDP}[name](module)
+
+
+def describe(wrapper: nn.Module) -> str | None:
+    """The wrapper's settings as one 'key=value, ...' string (None for an unwrapped module)."""
+    settings = getattr(wrapper, "settings", None)
+    if not isinstance(settings, dict):
+        return None
+    return ", ".join(f"{key}={value:g}" if isinstance(value, float) else f"{key}={value}"
+                     for key, value in settings.items())

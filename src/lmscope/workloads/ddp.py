@@ -5,7 +5,8 @@ own batch of `batch_size` sequences (the batch is per rank), wraps the model wit
 (`lmscope.parallel.ddp`) and runs AdamW, whole or sharded (`ShardedOptimizer`). A step is
 timed like `bench` (synchronize, host clock) with CUDA-event phases: forward, backward,
 comm_wait (time inside `finish_gradient_synchronization`: communication that did not overlap;
-None for torch-ddp, which waits inside backward, and for `single`) and optimizer. Memory per
+None for torch-ddp, which waits inside backward, and for `single`) and optimizer. The row's
+`ddp_settings` says how the wrapper communicated (averaging, bucket cap, DDP's arguments). Memory per
 rank: allocated after init, peak up to the optimizer step and peak through it. Metrics are
 means over ranks with their min and max. `single` (nproc 1) is the baseline: the same per-rank
 batch on one device, no communication.
@@ -34,7 +35,14 @@ from lmscope.accounting.comms import (
 from lmscope.measure.ranges import phase
 from lmscope.measure.timer import PhaseClock, synchronize, time_phased_steps
 from lmscope.model.transformer import TransformerLM
-from lmscope.parallel.ddp import MIB, data_parallel, parse_strategy
+from lmscope.parallel.ddp import (
+    MIB,
+    TORCH_DDP_BUCKET_MB,
+    TORCH_DDP_FIRST_BUCKET_MB,
+    data_parallel,
+    describe,
+    parse_strategy,
+)
 from lmscope.parallel.launch import RankContext, across_ranks, check_world, launch, point_id, resolve_backend
 from lmscope.parallel.sharded_optimizer import ShardedOptimizer
 from lmscope.workloads.collectives import time_calls
@@ -42,8 +50,6 @@ from lmscope.workloads.model_spec import ModelPointSpec
 from lmscope.workloads.train_step import autocast_context, device_facts
 
 GIB = 2**30
-TORCH_DDP_BUCKET_MIB = 25.0
-"""PyTorch DDP's default bucket_cap_mb (used to predict its exposed communication)."""
 CALIBRATION_BYTES = {"cuda": (1e6, 64e6), "cpu": (1e6, 8e6)}
 """All-reduce sizes timed in each multi-rank point to fit the overhead model's o and w."""
 
@@ -58,7 +64,7 @@ class Spec(ModelPointSpec):
     precision: str = "bf16"
     """fp32 | bf16 | fp16 (autocast over fp32 master weights)."""
     strategy: str = "bucketed:25"
-    """naive | flat | overlap | bucketed:<MiB> | torch-ddp | single (the 1-GPU baseline)."""
+    """naive | flat | overlap | bucketed:<MiB> | coalesced:<MiB> | torch-ddp[:<MiB>] | single (baseline)."""
     shard_optimizer: bool = False
     """Shard AdamW's state across ranks (ShardedOptimizer, ZeRO stage 1)."""
     world_size: int = 2
@@ -132,7 +138,7 @@ class _Setup:
         self.optimizer = (ShardedOptimizer(params, torch.optim.AdamW, **options) if spec.shard_optimizer
                           else torch.optim.AdamW(params, **options))
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=spec.precision == "fp16")
-        self.measures_wait = spec.strategy not in ("single", "torch-ddp")
+        self.measures_wait = spec.strategy != "single" and parse_strategy(spec.strategy)[0] != "torch-ddp"
 
     def step(self, clock: PhaseClock) -> float | None:
         """One training step with phases; returns the peak GiB allocated before the optimizer."""
@@ -198,6 +204,7 @@ def train(ctx: RankContext, point: dict[str, Any]) -> dict[str, Any]:
         device_facts(ctx.device),
         backend_used=ctx.backend,
         parameters=sum(p.numel() for p in run.model.parameters()),
+        ddp_settings=describe(run.wrapped),
         tokens_per_s=tokens / (metrics["step_ms"] / 1e3),
         comm_overhead_pct=(100 * metrics["comm_wait_ms"] / metrics["step_ms"]
                            if metrics["comm_wait_ms"] is not None else None),
@@ -229,8 +236,13 @@ def _bucket_bytes(spec: Spec, grads: list[int]) -> tuple[list[float], bool]:
         return [float(sum(grads))], False
     if name == "overlap":
         return [float(b) for b in grads], True
-    cap = (bucket_mib if name == "bucketed" else TORCH_DDP_BUCKET_MIB) * MIB
-    return [float(sum(grads[i] for i in bucket)) for bucket in plan_buckets(grads, cap)], True
+    head: list[float] = []
+    if bucket_mib is None:  # torch-ddp with PyTorch's default caps: 1 MiB first, then 25 MiB
+        first = plan_buckets(grads, TORCH_DDP_FIRST_BUCKET_MB * MIB)[0]
+        head, grads = [float(sum(grads[i] for i in first))], grads[len(first):]
+        bucket_mib = TORCH_DDP_BUCKET_MB
+    rest = [float(sum(grads[i] for i in bucket)) for bucket in plan_buckets(grads, bucket_mib * MIB)]
+    return head + rest, True
 
 
 def _prediction(spec: Spec, run: _Setup, calibration: tuple[float, float],

@@ -2,8 +2,9 @@
 
 At small shapes the GPU finishes an attention call in microseconds, so what a call costs is the
 host's work to launch it. This script measures that work: the wall time of many calls issued
-without synchronizing (the GPU keeps up, so the host is the bottleneck), per implementation, and
-a cProfile of flash-triton's forward+backward to name the Python functions that spend it.
+without synchronizing (the GPU keeps up, so the host is the bottleneck; median of 5 rounds of
+300), per implementation, and a cProfile of flash-triton's forward+backward to name the Python
+functions that spend it.
 
 flash-triton launches its autotuned kernels through ``triton.autotune`` only until the autotuner
 has chosen a config for the key, then calls the JIT function directly (``_Launcher`` in
@@ -19,6 +20,7 @@ import cProfile
 import io
 import math
 import pstats
+import statistics
 import time
 from contextlib import contextmanager
 
@@ -29,19 +31,23 @@ import triton
 from lmscope.kernels import flash_attention as fa
 
 CALLS = 300
+ROUNDS = 5  # single rounds of 300 calls moved by up to 1.6x between runs on the H100 machine
 LAUNCHERS = (fa._FWD_LAUNCH, fa._DKDV_LAUNCH, fa._DQ_LAUNCH)
 
 
-def _host_us(fn, calls: int = CALLS) -> float:
+def _host_us(fn, calls: int = CALLS, rounds: int = ROUNDS) -> float:
+    """Median over rounds of the host time per call of `calls` unsynchronized calls."""
     for _ in range(10):
         fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    issued = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return issued / calls * 1e6
+    per_call = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        per_call.append((time.perf_counter() - start) / calls * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(per_call)
 
 
 @contextmanager

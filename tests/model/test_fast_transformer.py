@@ -135,6 +135,33 @@ def test_train_step_fast_matches_eager_loss_and_gradients(fast_cls) -> None:
         assert _rel(_grads(fast.model)[name], ref) < 1e-5, name
 
 
+def test_bf16_train_steps_keep_the_shadow_weights_current(fast_cls) -> None:
+    """FusedAdamW writes the bf16 copies; torch's AdamW bumps versions, so they are re-copied."""
+    from lmscope.kernels.adamw import FusedAdamW
+    from lmscope.workloads.train_step import TrainStep
+
+    common = dict(vocab_size=97, d_model=24, d_ff=40, num_heads=3, num_layers=2, context_length=6,
+                  batch_size=2, mode="train-step", precision="bf16", device=DEVICE)
+    ours, theirs = (TrainStep(Spec(fast=True, attention="flash", **common)) for _ in range(2))
+    assert isinstance(ours.optimizer, FusedAdamW)
+    theirs.optimizer = torch.optim.AdamW(theirs.model.parameters(), lr=1e-4)
+    for _ in range(3):
+        ours()
+        theirs()
+    theirs.loss()  # the forward re-copies what torch's AdamW changed
+    for step in (ours, theirs):
+        shadows = step.model.current_shadows()
+        assert shadows is not None and shadows.views
+        for index in range(len(shadows.groups)):
+            shadows.stack(index)
+        for weight, copy in shadows.views.items():
+            # the interpreter truncates fp32 -> bf16 stores where the GPU rounds: 1 ulp apart
+            torch.testing.assert_close(copy.float(), weight.detach().to(torch.bfloat16).float(),
+                                       rtol=2**-7, atol=0)
+    for a, b in zip(ours.model.parameters(), theirs.model.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-3)
+
+
 def test_spec_rejects_fast_with_naive_attention_or_a_peer() -> None:
     with pytest.raises(ValueError, match="--attention flash"):
         Spec(fast=True)

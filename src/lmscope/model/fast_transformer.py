@@ -9,15 +9,20 @@ initialization and ``load_state_dict`` works both ways; only the forward differs
   the packed projections straight into the per-head q, k, v that attention reads;
 * every weight matmul (``master_linear``) hands its weight gradient back in the master weights'
   dtype straight from cuBLAS (fp32 out of bf16 inputs), so no bf16 -> fp32 cast kernels run;
+* under autocast the block weights are read from persistent bf16 copies (``shadow_weights``,
+  stacked as the matmuls read them) instead of being cast every step; ``FusedAdamW`` writes
+  those copies in the same pass as the update, and any other in-place change is noticed through
+  autograd's version counters and copied again;
 * attention is a registered backend (``flash``, lmscope's Triton FlashAttention, for the fast
   path; ``sdpa`` works too);
 * given targets, the LM head and the cross-entropy are fused by chunks of tokens
   (``lmscope.kernels.fused_cross_entropy``), so the full fp32 logits never exist.
 
-Precision: the parameters are the fp32 master weights; under ``torch.autocast`` the model casts
-each weight once per forward to the autocast dtype and runs every matmul and kernel in it with
-autocast itself switched off. The residual stream stays fp32, as in the eager model under
-autocast. Without autocast everything runs in the parameters' dtype.
+Precision: the parameters are the fp32 master weights; under ``torch.autocast`` the model reads
+each block weight in the autocast dtype (its persistent copy; the embedding, norms and LM head are
+cast where used) and runs every matmul and kernel in it with autocast itself switched off. The
+residual stream stays fp32, as in the eager model under autocast. Without autocast everything
+runs in the parameters' dtype.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from lmscope.kernels.rmsnorm import rmsnorm
 from lmscope.kernels.rope import rope_qkv
 from lmscope.kernels.swiglu import swiglu
 from lmscope.model.attention import get_attention
+from lmscope.model.shadow_weights import ShadowWeights
 from lmscope.model.transformer import TransformerBlock, TransformerLM
 
 
@@ -73,9 +79,11 @@ class _MasterLinear(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, *weights: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, stacked: torch.Tensor | None, *weights: torch.Tensor) -> torch.Tensor:
         rows = [w.shape[0] for w in weights]
-        if len(weights) == 1 and weights[0].dtype == x.dtype:
+        if stacked is not None:  # a current copy of the stack in x's dtype (ShadowWeights)
+            w = stacked
+        elif len(weights) == 1 and weights[0].dtype == x.dtype:
             w = weights[0]
         else:
             w = torch.empty(sum(rows), *weights[0].shape[1:], dtype=x.dtype, device=x.device)
@@ -92,12 +100,17 @@ class _MasterLinear(torch.autograd.Function):
         dx = grad @ w if ctx.needs_input_grad[0] else None
         flat_grad, flat_x = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])
         dw = matmul_into(flat_grad.t(), flat_x, ctx.master_dtype)
-        return (dx, *dw.split(ctx.rows))
+        return (dx, None, *dw.split(ctx.rows))
 
 
-def master_linear(x: torch.Tensor, *weights: torch.Tensor) -> torch.Tensor:
-    """F.linear(x, cat(weights)) computed in x's dtype; weight gradients in the weights' dtype."""
-    return _MasterLinear.apply(x, *weights)
+def master_linear(
+    x: torch.Tensor, *weights: torch.Tensor, stacked: torch.Tensor | None = None
+) -> torch.Tensor:
+    """F.linear(x, cat(weights)) computed in x's dtype; weight gradients in the weights' dtype.
+
+    `stacked`, when given, is cat(weights) already in x's dtype (it is used instead of casting).
+    """
+    return _MasterLinear.apply(x, stacked, *weights)
 
 
 class FastTransformerLM(TransformerLM):
@@ -106,6 +119,31 @@ class FastTransformerLM(TransformerLM):
     def __init__(self, config: ModelConfig, attention: str = "flash") -> None:
         super().__init__(config, attention=attention)
         self._attend = get_attention(attention)
+        self._shadows: ShadowWeights | None = None
+
+    def _weight_groups(self) -> list[tuple[torch.Tensor, ...]]:
+        """Per block, the weights of its four matmuls, stacked as each matmul reads them."""
+        groups = []
+        for layer in self.layers:
+            attn, ffn = layer.attn, layer.ffn
+            groups += [(attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight),
+                       (attn.output_proj.weight,), (ffn.w1.weight, ffn.w3.weight), (ffn.w2.weight,)]
+        return groups
+
+    def shadow_weights(self, dtype: torch.dtype) -> ShadowWeights:
+        """The persistent `dtype` copies of the block weights (made, or remade, as needed).
+
+        A bf16 forward over fp32 weights reads these instead of casting each weight every step;
+        `lmscope.kernels.adamw.FusedAdamW(shadows=model.current_shadows)` keeps them current.
+        """
+        groups = self._weight_groups()
+        if self._shadows is None or not self._shadows.matches(groups, dtype):
+            self._shadows = ShadowWeights(groups, dtype)
+        return self._shadows
+
+    def current_shadows(self) -> ShadowWeights | None:
+        """The copies the last forward read, if any (for FusedAdamW to update)."""
+        return self._shadows
 
     def forward(self, token_ids: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (batch, seq, vocab) in the compute dtype, or with targets the mean cross-entropy."""
@@ -121,8 +159,10 @@ class FastTransformerLM(TransformerLM):
             rope = self.layers[0].attn.rope
             cos, sin = rope.cos[:seq], rope.sin[:seq]
             x = F.embedding(token_ids, self.token_embeddings.weight)
-            for layer in self.layers:
-                x = self._block(layer, x, cos, sin, dtype)
+            shadows = self.shadow_weights(dtype) if dtype != weight.dtype else None
+            for index, layer in enumerate(self.layers):
+                stacks = [shadows.stack(4 * index + i) for i in range(4)] if shadows else [None] * 4
+                x = self._block(layer, x, cos, sin, dtype, stacks)
             h = rmsnorm(x, self.ln_final.weight, self.ln_final.eps, out_dtype=dtype)
             if targets is None:
                 return F.linear(h, weight.to(dtype))
@@ -130,15 +170,17 @@ class FastTransformerLM(TransformerLM):
 
     def _block(
         self, layer: TransformerBlock, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-        dtype: torch.dtype,
+        dtype: torch.dtype, stacks: list[torch.Tensor | None],
     ) -> torch.Tensor:  # fmt: skip
         """x + attn(norm(x)), then + ffn(norm(.)), in the compute dtype over an fp32 residual."""
         batch, seq, d_model = x.shape
         attn, ffn = layer.attn, layer.ffn
+        w_qkv, w_o, w_13, w_2 = stacks
         h = rmsnorm(x, layer.ln1.weight, layer.ln1.eps, out_dtype=dtype)
-        qkv = master_linear(h, attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
+        qkv = master_linear(h, attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, stacked=w_qkv)
         q, k, v = rope_qkv(qkv, cos, sin, attn.num_heads)
         out = self._attend(q, k, v).transpose(1, 2).reshape(batch, seq, d_model)
-        x = x + master_linear(out, attn.output_proj.weight)
+        x = x + master_linear(out, attn.output_proj.weight, stacked=w_o)
         h = rmsnorm(x, layer.ln2.weight, layer.ln2.eps, out_dtype=dtype)
-        return x + master_linear(swiglu(master_linear(h, ffn.w1.weight, ffn.w3.weight)), ffn.w2.weight)
+        gate_up = master_linear(h, ffn.w1.weight, ffn.w3.weight, stacked=w_13)
+        return x + master_linear(swiglu(gate_up), ffn.w2.weight, stacked=w_2)

@@ -70,6 +70,24 @@ def build_model(spec: ModelPointSpec, config: ModelConfig, device: torch.device)
     return TransformerLM(config, attention=spec.attention)
 
 
+def build_optimizer(
+    model: torch.nn.Module, spec: ModelPointSpec, device: torch.device, capturable: bool
+) -> torch.optim.Optimizer:
+    """AdamW (lr 1e-4, torch's defaults otherwise) for the point's model.
+
+    The fast path with bf16/fp16 compute gets lmscope's FusedAdamW, which also writes the model's
+    bf16 weight copies; every other point gets torch's fused AdamW on CUDA (capturable: the step
+    count lives on the GPU, so a CUDA graph can replay the update) and the for-each one on CPU.
+    """
+    if spec.fast and spec.precision != "fp32":
+        from lmscope.kernels.adamw import FusedAdamW
+
+        model.shadow_weights(AUTOCAST_DTYPES[spec.precision])
+        return FusedAdamW(model.parameters(), lr=1e-4, shadows=model.current_shadows)
+    fused = device.type == "cuda"
+    return torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused, capturable=capturable)
+
+
 class TrainStep:
     """Model, optimizer and a random batch on a device; calling it runs one step of `mode`."""
 
@@ -87,10 +105,7 @@ class TrainStep:
         self.targets = torch.randint(0, self.config.vocab_size, shape, device=self.device)
         self.optimizer = None
         if spec.mode == "train-step":
-            fused = self.device.type == "cuda"
-            # capturable: the step count lives on the GPU, so a CUDA graph can replay the update.
-            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, fused=fused,
-                                               capturable=capturable)
+            self.optimizer = build_optimizer(self.model, spec, self.device, capturable)
         use_scaler = spec.precision == "fp16" and spec.mode == "train-step"
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=use_scaler)
         self.last_loss: torch.Tensor | None = None

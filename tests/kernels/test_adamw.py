@@ -1,0 +1,105 @@
+"""FusedAdamW (Triton) against torch.optim.AdamW and the float64 reference step, with shadows.
+
+Without CUDA the kernel runs in Triton's interpreter, which must be switched on before Triton
+decorates it: `test_adamw_in_interpreter` reruns this file in a child pytest with
+TRITON_INTERPRET=1, and the tests below skip in the parent.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from triton_child import rerun_in_interpreter, skip_in_parent
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def test_adamw_in_interpreter() -> None:
+    rerun_in_interpreter(__file__)
+
+
+@pytest.fixture(scope="module")
+def aw():
+    skip_in_parent("test_adamw_in_interpreter")
+    import lmscope.kernels.adamw as module
+
+    return module
+
+
+def _params(seed: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [(37, 5), (3001,), (1,), (4, 3, 7)]  # odd sizes, one longer than a block
+    return [torch.randn(*s, generator=gen).to(DEVICE).requires_grad_() for s in shapes]
+
+
+def test_matches_torch_adamw_over_steps_with_two_groups(aw) -> None:
+    ours, theirs = _params(1), _params(1)
+    settings = [dict(lr=3e-3, weight_decay=0.1), dict(lr=1e-2, weight_decay=0.0, betas=(0.8, 0.95))]
+
+    def groups(params):
+        return [dict(params=params[:2], **settings[0]), dict(params=params[2:], **settings[1])]
+
+    fused = aw.FusedAdamW(groups(ours), eps=1e-6)
+    reference = torch.optim.AdamW(groups(theirs), eps=1e-6)
+    gen = torch.Generator().manual_seed(2)
+    for _ in range(5):
+        grads = [torch.randn(p.shape, generator=gen).to(DEVICE) for p in ours]
+        for params in (ours, theirs):
+            for p, g in zip(params, grads, strict=True):
+                p.grad = g.clone()
+        fused.step()
+        reference.step()
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a, b, rtol=2e-6, atol=2e-6)
+        assert fused.state[a]["step"].item() == 5
+
+
+def test_one_step_against_the_float64_reference(aw) -> None:
+    gen = torch.Generator().manual_seed(3)
+    p, g = torch.randn(513, generator=gen), torch.randn(513, generator=gen)
+    m, v = torch.randn(513, generator=gen) * 0.1, torch.rand(513, generator=gen) * 0.01
+    param = p.clone().to(DEVICE).requires_grad_()
+    opt = aw.FusedAdamW([param], lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.05)
+    opt.state[param].update(step=torch.tensor(6.0, device=DEVICE), exp_avg=m.clone().to(DEVICE),
+                            exp_avg_sq=v.clone().to(DEVICE))
+    param.grad = g.clone().to(DEVICE)
+    opt.step()
+    want = p.double()
+    aw.adamw_reference(want, g.double(), m.double(), v.double(), 7, lr=1e-2, beta1=0.9, beta2=0.99,
+                       eps=1e-8, weight_decay=0.05)
+    torch.testing.assert_close(param.detach().cpu().double(), want, rtol=1e-6, atol=1e-6)
+
+
+def test_shadows_hold_the_updated_parameter_in_bf16_and_stay_fresh(aw) -> None:
+    from lmscope.model.shadow_weights import ShadowWeights
+
+    params = _params(4)
+    shadows = ShadowWeights([params[:1], params[1:3]], torch.bfloat16)  # same trailing dims
+    stale = [s.clone() for s in (shadows.stack(0), shadows.stack(1))]
+    opt = aw.FusedAdamW(params, lr=1e-2, shadows=lambda: shadows)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    opt.step()
+    for p in params[:3]:
+        # the interpreter truncates fp32 -> bf16 stores where the GPU rounds: 1 bf16 ulp apart
+        torch.testing.assert_close(shadows.views[p].float(), p.detach().to(torch.bfloat16).float(),
+                                   rtol=2 ** -7, atol=0)
+    assert not torch.equal(shadows.stacks[0], stale[0]) and not torch.equal(shadows.stacks[1], stale[1])
+    written = shadows.stacks[0].clone()
+    assert torch.equal(shadows.stack(0), written)  # fresh: not copied again from the masters
+    with torch.no_grad():
+        params[0].add_(1.0)  # a PyTorch in-place update bumps the version: copied again
+    assert torch.equal(shadows.stack(0), params[0].detach().to(torch.bfloat16))
+
+
+def test_skips_parameters_without_gradients_and_rejects_bad_settings(aw) -> None:
+    a, b = _params(5)[:2]
+    before = b.detach().clone()
+    opt = aw.FusedAdamW([a, b])
+    a.grad = torch.ones_like(a)
+    opt.step()
+    assert torch.equal(b.detach(), before) and b not in opt.state
+    with pytest.raises(ValueError, match="betas"):
+        aw.FusedAdamW([a], betas=(0.9, 1.0))
+    with pytest.raises(ValueError, match=">= 0"):
+        aw.FusedAdamW([a], lr=-1.0)

@@ -42,7 +42,8 @@ stage() {  # stage NAME RESERVE_S ARGS...: lmscope attention ARGS, if NAME is in
 }
 
 FAST=(--warmup-ms 5 --rep-ms 20 --check-max-seq 2048 --timeout 120)
-CLASSIC=(--preset classic "${FAST[@]}" --compare impl --out "$OUT/classic.jsonl")
+CLASSIC_ONE=(--preset classic "${FAST[@]}" --out "$OUT/classic.jsonl")  # a single implementation
+CLASSIC=("${CLASSIC_ONE[@]}" --compare impl)
 FAST_IMPLS=flash-triton,sdpa-flash,sdpa-cudnn,sdpa-efficient,sdpa-math,naive,naive-compiled
 FP32_IMPLS=flash-triton,sdpa-efficient,sdpa-math,naive,naive-compiled
 
@@ -52,6 +53,6 @@ stage classic-bf16 120 "${CLASSIC[@]}" --dtype bf16 --impl "$FAST_IMPLS"
 stage classic-fp32 45 "${CLASSIC[@]}" --dtype fp32 --impl "$FP32_IMPLS"
 stage classic-fp32-unavailable 35 "${CLASSIC[@]}" --dtype fp32 --impl sdpa-flash,sdpa-cudnn \
   --head-dim 64 --seq-len 1024
-stage classic-flash-torch 10 "${CLASSIC[@]}" --dtype bf16,fp32 --impl flash-torch --seq-len 256,1024
+stage classic-flash-torch 10 "${CLASSIC_ONE[@]}" --dtype bf16,fp32 --impl flash-torch --seq-len 256,1024
 
 python3 benchmarks/attention/summarize.py "$OUT"

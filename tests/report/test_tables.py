@@ -36,6 +36,14 @@ def test_compare_pivots_a_field_with_ratios():
     assert rows[1] == ["2.7B", "OOM", 80.0, None]
 
 
+def test_compare_when_every_point_failed_pivots_the_status_cells():
+    failed = [bench_row("small", "fp32", None, status="error"),
+              bench_row("small", "bf16", None, status="oom")]
+    header, rows = build_table(failed, KEYS, compare="precision")
+    assert header == ["mean_ms precision=fp32", "mean_ms precision=bf16", "ratio fp32/bf16"]
+    assert rows == [["ERROR", "OOM", None]]
+
+
 def test_compare_by_a_field_that_does_not_vary_is_an_error():
     with pytest.raises(ValueError, match="cannot compare by 'context_length'"):
         build_table(ROWS, KEYS, compare="context_length")

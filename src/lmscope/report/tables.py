@@ -97,7 +97,8 @@ def build_table(
         rows = [[r.get(a) for a in axes] + [_cell(r, m) for m in metrics] + [r.get("status")]
                 for r in records]
         return header, rows
-    return _pivot(records, axes, compare, PRIMARY_METRIC.get(workload, metrics[0]))
+    primary = PRIMARY_METRIC.get(workload) or (metrics[0] if metrics else "status")
+    return _pivot(records, axes, compare, primary)
 
 
 def _pivot(records: Sequence[Record], axes: list[str], field: str, metric: str) -> Table:

@@ -11,9 +11,10 @@
 # torch.compile costs ~60-130 s per size (xl: 131 s on the H100), so the compile rows of the other
 # sizes need a second call with a fresh OUT, which measures the fast rows again beside them (ratios
 # come from one run): STAGES="sizes-fast compile-sizes long-fast long-compile" OUT=... BUDGET_S=520.
-# Each stage gets at most what is left of BUDGET_S (470 s) minus a reserve kept for the
-# stages after it, and is stopped with SIGINT at its limit (finished points are kept; rerun with
-# STAGES="..." to resume a stage).
+# Each stage gets at most what is left of BUDGET_S (470 s) minus the estimated cost (COST below)
+# of the selected stages after it, and is stopped with SIGINT at its limit (finished points are
+# kept; rerun with STAGES="..." to resume a stage). A subset such as STAGES="xl-fast xl-compile"
+# with a small BUDGET_S therefore reserves only for what it runs.
 # Usage (repo root, GPU machine, no uv): OUT=/some/dir bash benchmarks/fast/run_gpu.sh
 # Writes to $OUT: bench.jsonl, long.jsonl, pytest_gpu.txt, kernels.md (or profile files),
 # log.txt (every command's terminal output), summary.md (ratios and the targets), printed last.
@@ -29,10 +30,26 @@ python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", tr
 python3 -c 'import transformers; print("transformers", transformers.__version__)' 2>&1 | tail -1 | tee -a "$LOG"
 deadline=$((SECONDS + BUDGET_S))
 
-stage_limit() {  # stage_limit NAME RESERVE_S: seconds the stage may use; 0 skips it
-  local name=$1 reserve=$2
+# Estimated seconds per stage on an H100 (model build, warm-up, steps; torch.compile dominates).
+ORDER=(tests xl-fast xl-fast-eager xl-hf xl-compile xl-sdpa sizes-fast sizes-sdpa sizes-hf long-fast long-sdpa
+       kernels xl-naive sizes-naive long-compile compile-sizes)
+declare -A COST=([tests]=60 [xl-fast]=25 [xl-fast-eager]=20 [xl-hf]=25 [xl-compile]=180 [xl-sdpa]=15
+                 [sizes-fast]=60 [sizes-sdpa]=25 [sizes-hf]=30 [long-fast]=20 [long-sdpa]=15 [kernels]=25
+                 [xl-naive]=15 [sizes-naive]=25 [long-compile]=120 [compile-sizes]=300)
+
+reserve_after() {  # reserve_after NAME: the estimated cost of the selected stages after NAME
+  local name=$1 after=0 total=0 stage
+  for stage in "${ORDER[@]}"; do
+    if ((after)) && [[ " $STAGES " == *" $stage "* ]]; then total=$((total + COST[$stage])); fi
+    [[ $stage == "$name" ]] && after=1
+  done
+  echo "$total"
+}
+
+stage_limit() {  # stage_limit NAME: seconds the stage may use; 0 skips it
+  local name=$1
   if [[ " $STAGES " != *" $name "* ]]; then echo 0; return 0; fi
-  local left=$((deadline - SECONDS - reserve))
+  local left=$((deadline - SECONDS - $(reserve_after "$name")))
   if ((left < 20)); then
     echo "== $name: skipped, out of budget" | tee -a "$LOG" >&2
     echo 0
@@ -41,10 +58,10 @@ stage_limit() {  # stage_limit NAME RESERVE_S: seconds the stage may use; 0 skip
   echo "$left"
 }
 
-bench() {  # bench NAME RESERVE_S ARGS...: lmscope bench ARGS within the stage's limit
-  local name=$1 reserve=$2 left rc
-  shift 2
-  left=$(stage_limit "$name" "$reserve")
+bench() {  # bench NAME ARGS...: lmscope bench ARGS within the stage's limit
+  local name=$1 left rc
+  shift
+  left=$(stage_limit "$name")
   ((left > 0)) || return 0
   echo "== $name (at most ${left} s)" | tee -a "$LOG"
   timeout -s INT -k 20 "$left" python3 -m lmscope bench "$@" --resume --device cuda >> "$LOG" 2>&1
@@ -58,7 +75,7 @@ LONG=(--size large --context-length 8192,16384 --batch-size 1 --precision bf16 -
       --warmup 3 --steps 5 --out "$OUT/long.jsonl")
 SIZES=small,medium,large,2.7B
 
-left=$(stage_limit tests 400)
+left=$(stage_limit tests)
 if ((left > 0)); then
   left=$((left < 90 ? left : 90))
   echo "== tests (at most $left s)" | tee -a "$LOG"
@@ -70,18 +87,18 @@ if ((left > 0)); then
   tail -n 3 "$OUT/pytest_gpu.txt" | tee -a "$LOG"
 fi
 
-bench xl-fast 330 --size xl "${STEP[@]}" --attention flash --fast on --timeout 150
-bench xl-fast-eager 310 --size xl "${STEP[@]}" --attention flash --fast on --cuda-graph off --timeout 120
-bench xl-hf 290 --size xl "${STEP[@]}" --attention sdpa --peer hf --timeout 150
-bench xl-compile 140 --size xl "${STEP[@]}" --attention sdpa --compile on --timeout 240
-bench xl-sdpa 125 --size xl "${STEP[@]}" --attention sdpa --timeout 120
-bench sizes-fast 95 --size "$SIZES" "${STEP[@]}" --attention flash --fast on --reuse-worker --timeout 150
-bench sizes-sdpa 80 --size "$SIZES" "${STEP[@]}" --attention sdpa --reuse-worker --timeout 120
-bench sizes-hf 65 --size "$SIZES" "${STEP[@]}" --attention sdpa --peer hf --reuse-worker --timeout 150
-bench long-fast 45 "${LONG[@]}" --attention flash --fast on --reuse-worker --timeout 150
-bench long-sdpa 35 "${LONG[@]}" --attention sdpa --reuse-worker --timeout 150
+bench xl-fast --size xl "${STEP[@]}" --attention flash --fast on --timeout 150
+bench xl-fast-eager --size xl "${STEP[@]}" --attention flash --fast on --cuda-graph off --timeout 120
+bench xl-hf --size xl "${STEP[@]}" --attention sdpa --peer hf --timeout 150
+bench xl-compile --size xl "${STEP[@]}" --attention sdpa --compile on --timeout 240
+bench xl-sdpa --size xl "${STEP[@]}" --attention sdpa --timeout 120
+bench sizes-fast --size "$SIZES" "${STEP[@]}" --attention flash --fast on --reuse-worker --timeout 150
+bench sizes-sdpa --size "$SIZES" "${STEP[@]}" --attention sdpa --reuse-worker --timeout 120
+bench sizes-hf --size "$SIZES" "${STEP[@]}" --attention sdpa --peer hf --reuse-worker --timeout 150
+bench long-fast "${LONG[@]}" --attention flash --fast on --reuse-worker --timeout 150
+bench long-sdpa "${LONG[@]}" --attention sdpa --reuse-worker --timeout 150
 
-left=$(stage_limit kernels 25)
+left=$(stage_limit kernels)
 if ((left > 0)); then
   echo "== kernels (at most $left s)" | tee -a "$LOG"
   timeout -s INT -k 10 "$left" python3 -m lmscope profile --size xl --context-length 512 --batch-size 4 \
@@ -90,10 +107,10 @@ if ((left > 0)); then
   tail -n 40 "$OUT/kernels.md" >> "$LOG"
 fi
 
-bench xl-naive 15 --size xl "${STEP[@]}" --attention naive --timeout 120
-bench sizes-naive 5 --size "$SIZES" "${STEP[@]}" --attention naive --reuse-worker --timeout 120
-bench long-compile 5 "${LONG[@]}" --attention sdpa --compile on --timeout 200
-bench compile-sizes 0 --size "$SIZES" "${STEP[@]}" --attention sdpa --compile on --timeout 200
+bench xl-naive --size xl "${STEP[@]}" --attention naive --timeout 120
+bench sizes-naive --size "$SIZES" "${STEP[@]}" --attention naive --reuse-worker --timeout 120
+bench long-compile "${LONG[@]}" --attention sdpa --compile on --timeout 200
+bench compile-sizes --size "$SIZES" "${STEP[@]}" --attention sdpa --compile on --timeout 200
 
 python3 benchmarks/fast/summarize.py "$OUT" > "$OUT/summary.md" 2>> "$LOG"
 cat "$OUT/summary.md"

@@ -26,6 +26,8 @@ def variant(record: dict[str, Any]) -> str:
     if record.get("peer") == "hf":
         return "hf"
     if record.get("fast"):  # rows written before --cuda-graph existed ran eagerly
+        if record.get("compile"):  # refused since; rows of the first run hold one (an error)
+            return "fast+compile"
         return "fast" if record.get("cuda_graph_used") else "fast-eager"
     if record.get("compile"):
         return "compile"

@@ -261,7 +261,8 @@ def ddp(
     precision: Precision = "bf16",
     attention: Annotated[str, typer.Option(help="naive | sdpa | flash | flash-torch")] = "naive",
     strategy: Annotated[
-        str, typer.Option(help="naive,flat,overlap,bucketed:<MiB>,torch-ddp (single is added as baseline)")
+        str, typer.Option(help="naive,flat,overlap,bucketed:<MiB>,coalesced:<MiB>,torch-ddp[:<MiB>] "
+                          "(single is added as baseline)")
     ] = "naive,flat,overlap,bucketed:25,torch-ddp",
     shard_optimizer: Annotated[str, typer.Option(help="ShardedOptimizer: off | on | off,on")] = "off",
     nproc: Nproc = None,

@@ -69,6 +69,49 @@ def test_mixed_input_and_output_dtypes(rms, x_dtype, out_dtype) -> None:
     _check(rms, (4, 9, 48), x_dtype, out_dtype, seed=7)
 
 
+@pytest.mark.parametrize(("shape", "x_dtype", "delta_dtype", "out_dtype"), [
+    ((3, 7, 37), torch.float32, torch.bfloat16, torch.bfloat16),  # the fast model's residual stream
+    ((2, 129), torch.float32, torch.float32, None),
+    ((5, 64), torch.bfloat16, torch.bfloat16, None),
+])
+@pytest.mark.parametrize("residual_grad", [True, False])
+def test_add_rmsnorm_matches_the_unfused_math(rms, shape, x_dtype, delta_dtype, out_dtype,
+                                              residual_grad) -> None:
+    _check_add(rms, shape, x_dtype, delta_dtype, out_dtype, residual_grad)
+
+
+def _check_add(rms, shape, x_dtype, delta_dtype, out_dtype, residual_grad: bool) -> None:
+    """(s, y) and the gradients of x, delta and w vs float64, within 2x PyTorch's own error."""
+    gen = torch.Generator().manual_seed(sum(shape))
+    x = torch.randn(*shape, generator=gen).to(DEVICE, x_dtype).requires_grad_(True)
+    delta = (0.5 * torch.randn(*shape, generator=gen)).to(DEVICE, delta_dtype).requires_grad_(True)
+    w = (1 + 0.3 * torch.randn(shape[-1], generator=gen)).to(DEVICE).requires_grad_(True)
+    dy = torch.randn(*shape, generator=gen).to(DEVICE, out_dtype or x_dtype)
+    ds = torch.randn(*shape, generator=gen).to(DEVICE, x_dtype) if residual_grad else None
+
+    def grads(s, y, inputs):
+        outs, seeds = ((s, y), (ds, dy)) if residual_grad else ((y,), (dy,))
+        seeds = tuple(g.to(o.dtype) for g, o in zip(seeds, outs, strict=True))
+        return torch.autograd.grad(outs, inputs, seeds)
+
+    s, y = rms.add_rmsnorm(x, delta, w, 1e-5, out_dtype)
+    ours = (s, y, *grads(s, y, (x, delta, w)))
+    x64, d64, w64 = (t.detach().double().requires_grad_(True) for t in (x, delta, w))
+    s64 = x64 + d64
+    y64 = rms.rmsnorm_reference(s64, w64, 1e-5)
+    exact = (s64, y64, *grads(s64, y64, (x64, d64, w64)))
+    s_same = (x + delta).to(x_dtype)
+    y_same = rms.rmsnorm_reference(s_same, w, 1e-5, out_dtype)
+    same = (s_same, y_same, *grads(s_same, y_same, (x, delta, w)))
+
+    assert s.dtype == x_dtype and y.dtype == (out_dtype or x_dtype)
+    assert ours[2].dtype == x_dtype and ours[3].dtype == delta_dtype and ours[4].dtype == torch.float32
+    for name, a, b, ref in zip(("s", "y", "dx", "ddelta", "dw"), ours, same, exact, strict=True):
+        factor = LOW_PRECISION_FACTOR if a.dtype in (torch.bfloat16, torch.float16) else 2.0
+        err, tol = _rel(a, ref), factor * _rel(b, ref) + 1e-6
+        assert err <= tol, f"{name}: error {err:.2e} > {tol:.2e}"
+
+
 def test_equals_the_model_module_in_fp32(rms) -> None:
     from lmscope.model.transformer import RMSNorm
 
@@ -108,3 +151,10 @@ def test_rejects_a_weight_of_the_wrong_width(rms) -> None:
                                                     (torch.bfloat16, None), (torch.float32, None)])
 def test_real_sizes_on_gpu(rms, width, x_dtype, out_dtype) -> None:
     _check(rms, (4, 2048, width), x_dtype, out_dtype, seed=width)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("width", [1600, 2560])
+def test_add_rmsnorm_real_sizes_on_gpu(rms, width) -> None:
+    _check_add(rms, (4, 512, width), torch.float32, torch.bfloat16, torch.bfloat16, residual_grad=True)

@@ -5,6 +5,9 @@ API
     ``rmsnorm_reference(x, weight, eps, out_dtype)``, the PyTorch math it reproduces (that of
     ``lmscope.model.transformer.RMSNorm``): y = x / sqrt(mean(x^2) + eps) * weight, computed in
     float32 (float64 for float64 inputs) and stored in ``out_dtype`` (default: x's dtype).
+    ``add_rmsnorm(x, delta, weight, eps, out_dtype)`` -> (s, y) fuses the residual add before the
+    norm: s = x + delta in x's dtype, y = rmsnorm(s); its backward takes the gradient reaching s
+    along the residual stream too and writes d(delta) in delta's dtype in the same pass.
 
 Shapes and dtypes
     x (..., D) with any leading dims, D up to 65536; weight (D,). x, weight and the output may
@@ -33,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["RMSNormFunction", "rmsnorm", "rmsnorm_reference"]
+__all__ = ["AddRMSNormFunction", "RMSNormFunction", "add_rmsnorm", "rmsnorm", "rmsnorm_reference"]
 
 MAX_WIDTH = 65536
 
@@ -53,11 +56,20 @@ def _acc_dtype(x: torch.Tensor) -> tl.dtype:
 
 
 @triton.jit
-def _rmsnorm_fwd(X, W, Y, RSTD, stride_x, stride_y, D, eps, BLOCK_D: tl.constexpr, ACC: tl.constexpr):
+def _rmsnorm_fwd(
+    X, DELTA, S, W, Y, RSTD, stride_x, stride_delta, stride_s, stride_y, D, eps,
+    HAS_DELTA: tl.constexpr, BLOCK_D: tl.constexpr, ACC: tl.constexpr,
+):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
     mask = cols < D
     x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(ACC)
+    if HAS_DELTA:  # s = x + delta, stored, and normalized as stored
+        s = (x + tl.load(DELTA + row * stride_delta + cols, mask=mask, other=0.0).to(ACC)).to(
+            S.dtype.element_ty
+        )
+        tl.store(S + row * stride_s + cols, s, mask=mask)
+        x = s.to(ACC)
     w = tl.load(W + cols, mask=mask, other=0.0).to(ACC)
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
     tl.store(RSTD + row, rstd)
@@ -66,9 +78,9 @@ def _rmsnorm_fwd(X, W, Y, RSTD, stride_x, stride_y, D, eps, BLOCK_D: tl.constexp
 
 @triton.jit
 def _rmsnorm_bwd(
-    DY, X, W, RSTD, DX, DW_PARTIAL,
-    stride_dy, stride_x, stride_dx, N, D, rows_per_program,
-    BLOCK_D: tl.constexpr, ACC: tl.constexpr,
+    DY, X, W, RSTD, DX, DW_PARTIAL, DS, DDELTA,
+    stride_dy, stride_x, stride_dx, stride_ds, stride_ddelta, N, D, rows_per_program,
+    HAS_DS: tl.constexpr, HAS_DDELTA: tl.constexpr, BLOCK_D: tl.constexpr, ACC: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
@@ -86,9 +98,21 @@ def _rmsnorm_bwd(
         g = dy * w
         mean_gx = tl.sum(g * xhat, axis=0) / D
         dx = rstd * (g - xhat * mean_gx)
+        if HAS_DS:  # the gradient reaching s along the residual stream
+            dx += tl.load(DS + row * stride_ds + cols, mask=mask, other=0.0).to(ACC)
         tl.store(DX + row * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
+        if HAS_DDELTA:  # d(delta) = d(s), in delta's dtype
+            tl.store(DDELTA + row * stride_ddelta + cols, dx.to(DDELTA.dtype.element_ty), mask=mask)
         dw += dy * xhat
     tl.store(DW_PARTIAL + pid * D + cols, dw, mask=mask)
+
+
+def _check_shapes(x: torch.Tensor, weight: torch.Tensor) -> None:
+    d = x.shape[-1]
+    if weight.shape != (d,):
+        raise ValueError(f"weight shape {tuple(weight.shape)} does not match x's last dim {d}")
+    if d > MAX_WIDTH:
+        raise ValueError(f"rmsnorm supports widths up to {MAX_WIDTH}, got {d}")
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -112,20 +136,14 @@ class RMSNormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype | None):
-        d = x.shape[-1]
-        if weight.shape != (d,):
-            raise ValueError(f"weight shape {tuple(weight.shape)} does not match x's last dim {d}")
-        if d > MAX_WIDTH:
-            raise ValueError(f"rmsnorm supports widths up to {MAX_WIDTH}, got {d}")
+        _check_shapes(x, weight)
         x2 = _rows(x)
         n = x2.shape[0]
         y = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
         rstd = torch.empty(n, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32,
                            device=x.device)
-        block = triton.next_power_of_2(d)
         if n:
-            _rmsnorm_fwd[(n,)](x2, weight, y, rstd, x2.stride(0), d, d, eps,
-                               BLOCK_D=block, ACC=_acc_dtype(x), num_warps=_warps(block))
+            _launch_forward(x2, None, None, weight, y, rstd, eps)
         ctx.save_for_backward(x2, weight, rstd)
         ctx.x_shape = x.shape
         return y
@@ -133,20 +151,93 @@ class RMSNormFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
         x2, weight, rstd = ctx.saved_tensors
-        n, d = x2.shape
-        dy2 = _rows(dy)
-        dx = torch.empty_like(x2)
-        programs = max(_programs(n, x2.device), 1)
-        partial = torch.zeros(programs, d, dtype=rstd.dtype, device=x2.device)
-        block = triton.next_power_of_2(d)
-        if n:
-            _rmsnorm_bwd[(programs,)](
-                dy2, x2, weight, rstd, dx, partial,
-                dy2.stride(0), x2.stride(0), dx.stride(0), n, d, triton.cdiv(n, programs),
-                BLOCK_D=block, ACC=_acc_dtype(x2), num_warps=_warps(block),
-            )  # fmt: skip
-        dweight = partial.sum(0).to(weight.dtype)
+        dx, _, dweight = _launch_backward(dy, x2, weight, rstd, None, None)
         return dx.view(ctx.x_shape), dweight, None, None
+
+
+def _launch_forward(
+    x2: torch.Tensor, delta2: torch.Tensor | None, s: torch.Tensor | None, weight: torch.Tensor,
+    y: torch.Tensor, rstd: torch.Tensor, eps: float,
+) -> None:  # fmt: skip
+    n, d = x2.shape
+    block = triton.next_power_of_2(d)
+    has_delta = delta2 is not None
+    _rmsnorm_fwd[(n,)](
+        x2, delta2 if has_delta else x2, s if has_delta else x2, weight, y, rstd,
+        x2.stride(0), delta2.stride(0) if has_delta else 0, d, d, d, eps,
+        HAS_DELTA=has_delta, BLOCK_D=block, ACC=_acc_dtype(x2), num_warps=_warps(block),
+    )  # fmt: skip
+
+
+def _launch_backward(
+    dy: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor,
+    ds: torch.Tensor | None, delta_dtype: torch.dtype | None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:  # fmt: skip
+    """(dx, d(delta) in delta_dtype or None, dweight) for rows x2 given dy and, optionally, ds."""
+    n, d = x2.shape
+    dy2 = _rows(dy)
+    ds2 = _rows(ds) if ds is not None else None
+    dx = torch.empty_like(x2)
+    ddelta = torch.empty(n, d, dtype=delta_dtype, device=x2.device) if delta_dtype else None
+    programs = max(_programs(n, x2.device), 1)
+    partial = torch.zeros(programs, d, dtype=rstd.dtype, device=x2.device)
+    block = triton.next_power_of_2(d)
+    if n:
+        _rmsnorm_bwd[(programs,)](
+            dy2, x2, weight, rstd, dx, partial, ds2 if ds2 is not None else dx,
+            ddelta if ddelta is not None else dx,
+            dy2.stride(0), x2.stride(0), dx.stride(0), ds2.stride(0) if ds2 is not None else 0, d,
+            n, d, triton.cdiv(n, programs),
+            HAS_DS=ds2 is not None, HAS_DDELTA=ddelta is not None,
+            BLOCK_D=block, ACC=_acc_dtype(x2), num_warps=_warps(block),
+        )  # fmt: skip
+    return dx, ddelta, partial.sum(0).to(weight.dtype)
+
+
+class AddRMSNormFunction(torch.autograd.Function):
+    """``AddRMSNormFunction.apply(x, delta, weight, eps, out_dtype)`` -> (s = x + delta, rmsnorm(s)).
+
+    The residual add fused into the norm: s is stored in x's dtype and normalized as stored.
+    Backward adds the gradient reaching s along the residual stream to the norm's, and writes
+    d(delta) in delta's dtype in the same pass. Saves s, weight and 1/rms per row.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float,
+                out_dtype: torch.dtype | None):  # fmt: skip
+        d = x.shape[-1]
+        _check_shapes(x, weight)
+        if delta.shape != x.shape:
+            raise ValueError(f"delta shape {tuple(delta.shape)} != x shape {tuple(x.shape)}")
+        x2, delta2 = _rows(x), _rows(delta)
+        n = x2.shape[0]
+        s = torch.empty(n, d, dtype=x.dtype, device=x.device)
+        y = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
+        rstd = torch.empty(n, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32,
+                           device=x.device)
+        if n:
+            _launch_forward(x2, delta2, s, weight, y, rstd, eps)
+        ctx.save_for_backward(s, weight, rstd)
+        ctx.x_shape, ctx.delta_dtype = x.shape, delta.dtype
+        return s.view(x.shape), y
+
+    @staticmethod
+    def backward(ctx, ds: torch.Tensor | None, dy: torch.Tensor | None):
+        s, weight, rstd = ctx.saved_tensors
+        if dy is None:
+            dy = torch.zeros(ctx.x_shape, dtype=s.dtype, device=s.device)
+        delta_dtype = ctx.delta_dtype if ctx.needs_input_grad[1] else None
+        dx, ddelta, dweight = _launch_backward(dy, s, weight, rstd, ds, delta_dtype)
+        ddelta = ddelta.view(ctx.x_shape) if ddelta is not None else None
+        return dx.view(ctx.x_shape), ddelta, dweight, None, None
+
+
+def add_rmsnorm(
+    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5,
+    out_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(s, y): s = x + delta in x's dtype (the residual stream), y = rmsnorm(s) in `out_dtype`."""
+    return AddRMSNormFunction.apply(x, delta, weight, eps, out_dtype)
 
 
 def rmsnorm(

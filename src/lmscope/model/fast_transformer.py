@@ -4,9 +4,10 @@
 initialization and ``load_state_dict`` works both ways; only the forward differs:
 
 * RMSNorm, SwiGLU and RoPE are Triton kernels (``lmscope.kernels.rmsnorm``, ``.swiglu``,
-  ``.rope``); Q, K, V come from one matmul against [Wq; Wk; Wv] and the two SwiGLU inputs from one
-  matmul against [w1; w3] (stacked and cast in one copy per weight), and the RoPE kernel turns
-  the packed projections straight into the per-head q, k, v that attention reads;
+  ``.rope``), each residual add fused into the RMSNorm after it (``add_rmsnorm``, forward and
+  backward); Q, K, V come from one matmul against [Wq; Wk; Wv] and the two SwiGLU inputs from one
+  matmul against [w1; w3], and the RoPE kernel turns the packed projections straight into the
+  per-head q, k, v that attention reads;
 * every weight matmul (``master_linear``) hands its weight gradient back in the master weights'
   dtype straight from cuBLAS (fp32 out of bf16 inputs), so no bf16 -> fp32 cast kernels run;
 * under autocast the block weights are read from persistent bf16 copies (``shadow_weights``,
@@ -32,7 +33,7 @@ import torch.nn.functional as F
 
 from lmscope.config import ModelConfig
 from lmscope.kernels.fused_cross_entropy import fused_linear_cross_entropy
-from lmscope.kernels.rmsnorm import rmsnorm
+from lmscope.kernels.rmsnorm import add_rmsnorm, rmsnorm
 from lmscope.kernels.rope import rope_qkv
 from lmscope.kernels.swiglu import swiglu
 from lmscope.model.attention import get_attention
@@ -160,27 +161,40 @@ class FastTransformerLM(TransformerLM):
             cos, sin = rope.cos[:seq], rope.sin[:seq]
             x = F.embedding(token_ids, self.token_embeddings.weight)
             shadows = self.shadow_weights(dtype) if dtype != weight.dtype else None
+            pending = None  # each block's FFN output, added to the residual by the next norm
             for index, layer in enumerate(self.layers):
                 stacks = [shadows.stack(4 * index + i) for i in range(4)] if shadows else [None] * 4
-                x = self._block(layer, x, cos, sin, dtype, stacks)
-            h = rmsnorm(x, self.ln_final.weight, self.ln_final.eps, out_dtype=dtype)
+                x, pending = self._block(layer, x, pending, cos, sin, dtype, stacks)
+            x, h = _norm(x, pending, self.ln_final, dtype)
             if targets is None:
                 return F.linear(h, weight.to(dtype))
             return fused_linear_cross_entropy(h.flatten(0, -2), weight, targets.flatten())
 
     def _block(
-        self, layer: TransformerBlock, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-        dtype: torch.dtype, stacks: list[torch.Tensor | None],
-    ) -> torch.Tensor:  # fmt: skip
-        """x + attn(norm(x)), then + ffn(norm(.)), in the compute dtype over an fp32 residual."""
+        self, layer: TransformerBlock, x: torch.Tensor, pending: torch.Tensor | None,
+        cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype, stacks: list[torch.Tensor | None],
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """One block over the fp32 residual stream, in the compute dtype.
+
+        Takes the residual without the previous block's FFN output (`pending`) and returns it
+        without this block's: each residual add runs inside the following RMSNorm (add_rmsnorm).
+        """
         batch, seq, d_model = x.shape
         attn, ffn = layer.attn, layer.ffn
         w_qkv, w_o, w_13, w_2 = stacks
-        h = rmsnorm(x, layer.ln1.weight, layer.ln1.eps, out_dtype=dtype)
+        x, h = _norm(x, pending, layer.ln1, dtype)
         qkv = master_linear(h, attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, stacked=w_qkv)
         q, k, v = rope_qkv(qkv, cos, sin, attn.num_heads)
         out = self._attend(q, k, v).transpose(1, 2).reshape(batch, seq, d_model)
-        x = x + master_linear(out, attn.output_proj.weight, stacked=w_o)
-        h = rmsnorm(x, layer.ln2.weight, layer.ln2.eps, out_dtype=dtype)
+        x, h = _norm(x, master_linear(out, attn.output_proj.weight, stacked=w_o), layer.ln2, dtype)
         gate_up = master_linear(h, ffn.w1.weight, ffn.w3.weight, stacked=w_13)
-        return x + master_linear(swiglu(gate_up), ffn.w2.weight, stacked=w_2)
+        return x, master_linear(swiglu(gate_up), ffn.w2.weight, stacked=w_2)
+
+
+def _norm(
+    x: torch.Tensor, delta: torch.Tensor | None, norm: torch.nn.Module, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + delta, rmsnorm(x + delta) in `dtype`); the add is fused into the norm's kernels."""
+    if delta is None:
+        return x, rmsnorm(x, norm.weight, norm.eps, out_dtype=dtype)
+    return add_rmsnorm(x, delta, norm.weight, norm.eps, out_dtype=dtype)

@@ -25,10 +25,13 @@ def variant(record: dict[str, Any]) -> str:
     """Which row of the comparison a bench record is."""
     if record.get("peer") == "hf":
         return "hf"
-    if record.get("fast"):  # rows written before --cuda-graph existed ran eagerly
+    if record.get("fast"):
         if record.get("compile"):  # refused since; rows of the first run hold one (an error)
             return "fast+compile"
-        return "fast" if record.get("cuda_graph_used") else "fast-eager"
+        graphed = record.get("cuda_graph_used")
+        if graphed is None:  # a failed point: what it asked for (no field: before --cuda-graph)
+            graphed = record.get("cuda_graph", "off") != "off"
+        return "fast" if graphed else "fast-eager"
     if record.get("compile"):
         return "compile"
     return str(record.get("attention"))
@@ -203,7 +206,8 @@ def main() -> None:
              "SDPA; fast: FastTransformerLM (Triton RMSNorm, SwiGLU, RoPE, FlashAttention, fused LM "
              "head + cross-entropy), its step replayed from CUDA graphs (`--cuda-graph auto`); "
              "fast, no graphs: the same model launched eagerly. All: fp32 master weights, bf16 "
-             "compute, torch fused AdamW. MFU counts attention as the full square (as "
+             "compute; AdamW: torch's fused one for the peers, lmscope's FusedAdamW for fast. "
+             "MFU counts attention as the full square (as "
              "lmscope.accounting.flops does).\n"]
     lines += main_table(rows) + targets(rows, bandwidth) + long_table(long_rows)
     lines += parameter_check(rows) + failures(rows, long_rows)

@@ -7,6 +7,8 @@ TRITON_INTERPRET=1, and the tests below skip in the parent.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from triton_child import rerun_in_interpreter, skip_in_parent
@@ -103,3 +105,33 @@ def test_skips_parameters_without_gradients_and_rejects_bad_settings(aw) -> None
         aw.FusedAdamW([a], betas=(0.9, 1.0))
     with pytest.raises(ValueError, match=">= 0"):
         aw.FusedAdamW([a], lr=-1.0)
+
+
+def test_continues_from_a_torch_adamw_state_dict_and_refuses_amsgrad(aw) -> None:
+    ours, theirs = _params(6), _params(6)
+    reference = torch.optim.AdamW(theirs, lr=1e-2)
+    gen = torch.Generator().manual_seed(7)
+
+    def step(params, optimizer, grads) -> None:
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g.clone()
+        optimizer.step()
+
+    for _ in range(2):
+        step(theirs, reference, [torch.randn(p.shape, generator=gen).to(DEVICE) for p in theirs])
+    with torch.no_grad():
+        for a, b in zip(ours, theirs, strict=True):
+            a.copy_(b)
+    fused = aw.FusedAdamW(ours, lr=1e-2)
+    fused.load_state_dict(copy.deepcopy(reference.state_dict()))  # torch would share the tensors
+    grads = [torch.randn(p.shape, generator=gen).to(DEVICE) for p in ours]
+    step(ours, fused, grads)
+    step(theirs, reference, grads)
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a, b, rtol=2e-6, atol=2e-6)
+    assert fused.state[ours[0]]["step"].item() == 3
+
+    amsgrad = aw.FusedAdamW(ours, lr=1e-2)
+    amsgrad.load_state_dict(torch.optim.AdamW(_params(6), amsgrad=True).state_dict())
+    with pytest.raises(ValueError, match="amsgrad or maximize"):
+        step(ours, amsgrad, grads)

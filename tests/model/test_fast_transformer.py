@@ -135,8 +135,12 @@ def test_train_step_fast_matches_eager_loss_and_gradients(fast_cls) -> None:
         assert _rel(_grads(fast.model)[name], ref) < 1e-5, name
 
 
-def test_bf16_train_steps_keep_the_shadow_weights_current(fast_cls) -> None:
-    """FusedAdamW writes the bf16 copies; torch's AdamW bumps versions, so they are re-copied."""
+@pytest.mark.parametrize("torch_fused", [False, True])
+def test_bf16_train_steps_keep_the_shadow_weights_current(fast_cls, torch_fused: bool) -> None:
+    """FusedAdamW writes the bf16 copies; any other optimizer's step makes them re-copied.
+
+    torch's fused AdamW does not bump version counters: the copies must be fresh anyway.
+    """
     from lmscope.kernels.adamw import FusedAdamW
     from lmscope.workloads.train_step import TrainStep
 
@@ -144,7 +148,7 @@ def test_bf16_train_steps_keep_the_shadow_weights_current(fast_cls) -> None:
                   batch_size=2, mode="train-step", precision="bf16", device=DEVICE)
     ours, theirs = (TrainStep(Spec(fast=True, attention="flash", **common)) for _ in range(2))
     assert isinstance(ours.optimizer, FusedAdamW)
-    theirs.optimizer = torch.optim.AdamW(theirs.model.parameters(), lr=1e-4)
+    theirs.optimizer = torch.optim.AdamW(theirs.model.parameters(), lr=1e-4, fused=torch_fused)
     for _ in range(3):
         ours()
         theirs()
@@ -160,6 +164,28 @@ def test_bf16_train_steps_keep_the_shadow_weights_current(fast_cls) -> None:
                                        rtol=2**-7, atol=0)
     for a, b in zip(ours.model.parameters(), theirs.model.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-3)
+
+
+def test_shadow_copies_are_opt_in_and_survive_edge_cases(fast_cls) -> None:
+    """Off unless turned on; refused for tied weights; made under inference_mode, then trained."""
+    config = preset("tiny", vocab_size=53, d_model=16, d_ff=24, num_layers=2, num_heads=2, context_length=8)
+    tokens = torch.randint(0, 53, (2, 8), device=DEVICE)
+    model = fast_cls(config).to(DEVICE)
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        model(tokens, tokens)
+    assert model.current_shadows() is None  # never turned on: every forward casts
+
+    with torch.inference_mode(), torch.autocast(DEVICE, dtype=torch.bfloat16):
+        assert model.shadow_weights(torch.bfloat16) is not None
+        model(tokens, tokens)
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        model(tokens, tokens).backward()  # the copies are normal tensors: autograd can save them
+
+    tied = fast_cls(config).to(DEVICE)
+    tied.layers[1].ffn.w2.weight = tied.layers[0].ffn.w2.weight
+    assert tied.shadow_weights(torch.bfloat16) is None and tied.current_shadows() is None
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        assert torch.isfinite(tied(tokens, tokens))
 
 
 def test_spec_rejects_fast_with_naive_attention_or_a_peer() -> None:

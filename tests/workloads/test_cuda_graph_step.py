@@ -38,6 +38,11 @@ def test_auto_means_graphs_for_the_fast_path_on_a_gpu_only() -> None:
     assert not uses_cuda_graph(fp16, "auto", cuda)
 
 
+def test_graphed_step_needs_an_eager_warm_up_step() -> None:
+    with pytest.raises(ValueError, match="at least 1 eager warm-up"):
+        GraphedStep(TrainStep(Spec(size="tiny", device="cpu")), warmup=0)
+
+
 def test_bench_cli_refuses_cuda_graph_on_the_cpu_in_one_line(capsys) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", "--size", "tiny", "--device", "cpu", "--cuda-graph", "on"])

@@ -24,6 +24,7 @@ TINY = dict(size="tiny", d_model=16, num_heads=2, d_ff=24, num_layers=2, vocab_s
     ({"strategy": "single", "world_size": 2}, "--nproc 1"),
     ({"mode": "forward"}, "train steps"),
     ({"compile": True}, "torch.compile"),
+    ({"fast": True, "attention": "flash"}, "fast path is not wrapped"),
     ({"device": "cuda:1"}, "ranks pick their own GPU"),
     ({"backend": "nccl"}, "not --device cpu"),
     ({"steps": 0}, "--steps"),

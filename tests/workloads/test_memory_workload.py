@@ -23,6 +23,11 @@ def _close(record: dict, phase: str) -> None:
     assert abs(measured - predicted) <= EXACT_GIB, (phase, measured, predicted)
 
 
+def test_checkpointing_the_fast_model_is_refused():
+    with pytest.raises(ValueError, match="drop --checkpoint or --fast"):
+        Spec(size="tiny", device="cpu", attention="flash", fast=True, checkpoint="block")
+
+
 def test_forward_backward_point_matches_the_model_and_writes_artifacts(tmp_path):
     record = run_point({**TINY, "mode": "forward-backward", "artifacts_dir": str(tmp_path)})
     for phase in ("after_init", "forward_peak", "backward_peak", "step_peak"):

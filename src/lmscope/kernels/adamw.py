@@ -17,7 +17,9 @@ Kernels
     one launch per parameter: reads param, grad, m, v (16 B per fp32 element), writes param, m, v
     and the shadow (12 + 2 B): the 28 B/param memory floor of AdamW plus the 2 B bf16 copy that a
     bf16 forward would otherwise read 4 and write 2 B for. The step counts live on the device (one
-    ``_foreach_add_`` per group), so the whole step can be captured in a CUDA graph.
+    ``_foreach_add_`` per group), so the whole step can be captured in a CUDA graph; lr, betas,
+    eps and weight decay are then baked into the graph (a scheduler's changes do not reach
+    replays).
 
 Hardware
     Written for NVIDIA H100 (sm_90); memory bound. Per-parameter launches cost host time when run
@@ -101,6 +103,8 @@ class FusedAdamW(torch.optim.Optimizer):
             raise ValueError(f"betas must be in [0, 1), got {betas}")
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
         self.shadows = shadows
+        # tells lmscope.model.shadow_weights' step hook that this step keeps the copies current
+        self.writes_shadow_weights = shadows is not None
 
     @torch.no_grad()
     def step(self, closure=None):  # type: ignore[override]
@@ -111,6 +115,9 @@ class FusedAdamW(torch.optim.Optimizer):
                 loss = closure()
         source = self.shadows() if self.shadows is not None else None
         for group in self.param_groups:
+            if group.get("amsgrad") or group.get("maximize"):
+                raise ValueError("FusedAdamW has no amsgrad or maximize (a state dict of "
+                                 "torch.optim.AdamW with them was loaded?): use torch.optim.AdamW")
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
                 continue
@@ -133,6 +140,11 @@ class FusedAdamW(torch.optim.Optimizer):
             state["step"] = torch.zeros((), dtype=torch.float32, device=param.device)
             state["exp_avg"] = torch.zeros_like(param, memory_format=torch.contiguous_format)
             state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.contiguous_format)
+        step = state["step"]
+        if not torch.is_tensor(step) or step.device != param.device or step.dtype != torch.float32:
+            # a loaded state dict (map_location="cpu", or torch.optim.AdamW's): the kernel reads
+            # the count on the parameter's device
+            state["step"] = torch.as_tensor(step, dtype=torch.float32).to(param.device)
         return state
 
     def _launch(

@@ -48,7 +48,19 @@ def compute_dtype(device: torch.device, default: torch.dtype) -> torch.dtype:
     return default
 
 
-_WIDE_MM_OK: dict[str, bool] = {}  # device type -> whether torch.mm(..., out_dtype=) works there
+_WIDE_MM: dict[str, bool] = {}  # device type -> whether torch.mm(..., out_dtype=) exists there
+
+
+def _wide_mm_supported(device: torch.device) -> bool:
+    """Whether this device's torch has bf16 x bf16 -> fp32 mm (CUDA, torch >= 2.8): probed once."""
+    if device.type not in _WIDE_MM:
+        a = torch.zeros(2, 2, dtype=torch.bfloat16, device=device)
+        try:
+            torch.mm(a, a, out_dtype=torch.float32)
+            _WIDE_MM[device.type] = True
+        except (TypeError, RuntimeError, NotImplementedError):  # no such overload or backend
+            _WIDE_MM[device.type] = False
+    return _WIDE_MM[device.type]
 
 
 def matmul_into(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -59,16 +71,8 @@ def matmul_into(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.T
     """
     if a.dtype == dtype:
         return a @ b
-    kind = a.device.type
-    if _WIDE_MM_OK.get(kind, True) and dtype == torch.float32:
-        try:
-            out = torch.mm(a, b, out_dtype=dtype)
-            _WIDE_MM_OK[kind] = True
-            return out
-        except torch.OutOfMemoryError:
-            raise
-        except (TypeError, RuntimeError, NotImplementedError):  # no such overload on this device
-            _WIDE_MM_OK[kind] = False
+    if dtype == torch.float32 and _wide_mm_supported(a.device):
+        return torch.mm(a, b, out_dtype=dtype)
     return (a @ b).to(dtype)
 
 
@@ -121,6 +125,7 @@ class FastTransformerLM(TransformerLM):
         super().__init__(config, attention=attention)
         self._attend = get_attention(attention)
         self._shadows: ShadowWeights | None = None
+        self._shadow_dtype: torch.dtype | None = None  # set by shadow_weights(): copies are opt-in
 
     def _weight_groups(self) -> list[tuple[torch.Tensor, ...]]:
         """Per block, the weights of its four matmuls, stacked as each matmul reads them."""
@@ -131,15 +136,23 @@ class FastTransformerLM(TransformerLM):
                        (attn.output_proj.weight,), (ffn.w1.weight, ffn.w3.weight), (ffn.w2.weight,)]
         return groups
 
-    def shadow_weights(self, dtype: torch.dtype) -> ShadowWeights:
-        """The persistent `dtype` copies of the block weights (made, or remade, as needed).
+    def shadow_weights(self, dtype: torch.dtype) -> ShadowWeights | None:
+        """Turn on persistent `dtype` copies of the block weights and return them (made as needed).
 
-        A bf16 forward over fp32 weights reads these instead of casting each weight every step;
-        `lmscope.kernels.adamw.FusedAdamW(shadows=model.current_shadows)` keeps them current.
+        From then on a forward in `dtype` over fp32 weights reads these instead of casting each
+        weight every step; `lmscope.kernels.adamw.FusedAdamW(shadows=model.current_shadows)`
+        writes them in its update, any other optimizer's step makes them re-copied (see
+        `lmscope.model.shadow_weights`). Off by default. None (and off) when a block weight is
+        shared between matmuls (tied), which one copy per weight cannot mirror.
         """
         groups = self._weight_groups()
         if self._shadows is None or not self._shadows.matches(groups, dtype):
-            self._shadows = ShadowWeights(groups, dtype)
+            try:
+                self._shadows = ShadowWeights(groups, dtype)
+            except ValueError:
+                self._shadows, self._shadow_dtype = None, None
+                return None
+        self._shadow_dtype = dtype
         return self._shadows
 
     def current_shadows(self) -> ShadowWeights | None:
@@ -160,7 +173,8 @@ class FastTransformerLM(TransformerLM):
             rope = self.layers[0].attn.rope
             cos, sin = rope.cos[:seq], rope.sin[:seq]
             x = F.embedding(token_ids, self.token_embeddings.weight)
-            shadows = self.shadow_weights(dtype) if dtype != weight.dtype else None
+            use_shadows = self._shadow_dtype == dtype and dtype != weight.dtype
+            shadows = self.shadow_weights(dtype) if use_shadows else None
             pending = None  # each block's FFN output, added to the residual by the next norm
             for index, layer in enumerate(self.layers):
                 stacks = [shadows.stack(4 * index + i) for i in range(4)] if shadows else [None] * 4

@@ -2,18 +2,38 @@
 
 A bf16 forward over fp32 master weights otherwise casts every weight on every step (for xl about
 12 GB of traffic, ~4 ms on an H100). `ShadowWeights` keeps the bf16 copies between steps and
-re-copies a weight only when it changed since it was mirrored: autograd's version counter says
-so for every in-place update PyTorch makes (torch.optim, load_state_dict), and
-`lmscope.kernels.adamw.FusedAdamW` writes the copy itself in its update and then calls
-`mark_fresh`. A change that bypasses version counters (writes through ``.data`` or raw kernels)
-is not seen: call `invalidate()` after one.
+re-copies a weight when it may have changed since it was mirrored:
+
+* `lmscope.kernels.adamw.FusedAdamW` writes the copies itself in its update and calls
+  `mark_fresh`;
+* any other ``torch.optim`` optimizer's step invalidates every live set of copies (a global
+  step post-hook): torch's fused optimizers (``AdamW(fused=True)``) update in place without
+  bumping autograd's version counters, so versions alone would miss them;
+* other in-place changes PyTorch makes (``load_state_dict``, ``with no_grad: w.add_(...)``) bump
+  the weight's version counter, which `stack` compares.
+
+A write that does neither (through ``.data``, or a raw kernel) is not seen: call `invalidate()`.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+_LIVE: weakref.WeakSet[ShadowWeights] = weakref.WeakSet()
+
+
+def _invalidate_after_foreign_step(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
+    """Global optimizer step post-hook: any optimizer but a shadow-writing one stales the copies."""
+    if not getattr(optimizer, "writes_shadow_weights", False):
+        for shadows in list(_LIVE):
+            shadows.invalidate()
+
+
+register_optimizer_step_post_hook(_invalidate_after_foreign_step)
 
 
 class ShadowWeights:
@@ -27,12 +47,18 @@ class ShadowWeights:
         self._mirrored: dict[torch.Tensor, int | None] = {}
         for group in self.groups:
             rows = [w.shape[0] for w in group]
-            stack = torch.empty(sum(rows), *group[0].shape[1:], dtype=dtype, device=group[0].device)
+            # a normal tensor even if the first forward runs under inference_mode
+            with torch.inference_mode(False):
+                stack = torch.empty(sum(rows), *group[0].shape[1:], dtype=dtype, device=group[0].device)
             for weight, view in zip(group, stack.split(rows), strict=True):
+                if weight in self.views:
+                    raise ValueError(f"a weight of shape {tuple(weight.shape)} appears twice (tied "
+                                     "weights): one copy per weight is kept, so shared ones are not")
                 self.views[weight] = view
                 self._mirrored[weight] = None
             self.stacks.append(stack)
         self._layout = self._signature()
+        _LIVE.add(self)
 
     def _signature(self) -> tuple:
         return tuple((w.data_ptr(), w.dtype, w.shape) for group in self.groups for w in group)

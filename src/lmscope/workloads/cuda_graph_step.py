@@ -12,7 +12,8 @@ and every replay writes them afresh (no accumulation across steps), as ``zero_gr
 does for the eager step. The batch is the step's fixed random batch, as in the eager step.
 
 Limits: CUDA only; not with torch.compile (use ``mode="reduce-overhead"`` for that) and not with
-fp16's GradScaler, whose inf check reads a value on the host.
+fp16's GradScaler, whose inf check reads a value on the host. Python-side values (the learning
+rate, hyper-parameters) are fixed at capture.
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ class GraphedStep:
     """Calls like a `TrainStep` (``step(clock)``), but replays its phases from CUDA graphs."""
 
     def __init__(self, step: TrainStep, warmup: int = EAGER_WARMUP_STEPS) -> None:
+        if warmup < 1:  # the optimizer state must exist before capture, or replays re-zero it
+            raise ValueError(f"GraphedStep needs at least 1 eager warm-up step, got {warmup}")
         if step.device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device")
         self.step = step

@@ -86,6 +86,8 @@ class Spec(ModelPointSpec):
             raise ValueError(f"lmscope ddp times train steps, got mode {self.mode!r}: drop --mode")
         if self.compile:
             raise ValueError("lmscope ddp does not support torch.compile: run it without --compile")
+        if self.fast:
+            raise ValueError("lmscope ddp runs the eager TransformerLM: the fast path is not wrapped yet")
         if self.strategy == "single":
             if self.world_size != 1 or self.shard_optimizer:
                 raise ValueError("strategy single is the 1-GPU baseline: it runs with --nproc 1, unsharded")

@@ -65,6 +65,9 @@ class Spec(ModelPointSpec):
     def __post_init__(self) -> None:
         super().__post_init__()
         checkpointed_blocks(self.checkpoint, self.model_config().num_layers)
+        if self.fast and self.checkpoint != "none":
+            raise ValueError("activation checkpointing wraps the eager blocks; the fast model's "
+                             "forward does not run them: drop --checkpoint or --fast")
         for name, low in (("warmup", 0), ("steps", 1), ("top", 1), ("max_entries", 1000)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:

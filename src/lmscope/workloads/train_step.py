@@ -82,7 +82,7 @@ def build_optimizer(
     if spec.fast and spec.precision != "fp32":
         from lmscope.kernels.adamw import FusedAdamW
 
-        model.shadow_weights(AUTOCAST_DTYPES[spec.precision])
+        model.shadow_weights(AUTOCAST_DTYPES[spec.precision])  # turns the bf16 copies on
         return FusedAdamW(model.parameters(), lr=1e-4, shadows=model.current_shadows)
     fused = device.type == "cuda"
     return torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused, capturable=capturable)
@@ -94,6 +94,9 @@ class TrainStep:
     def __init__(self, spec: ModelPointSpec, *, seed: int = 0, capturable: bool = False) -> None:
         self.spec = spec
         self.device = resolve_device(spec.device)
+        if self.device.type == "cuda" and self.device.index is not None:
+            # Triton kernels and CUDA-graph capture streams use the current device
+            torch.cuda.set_device(self.device)
         torch.manual_seed(seed)
         self.config = spec.model_config()
         self.fast = spec.fast

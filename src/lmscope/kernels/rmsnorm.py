@@ -136,14 +136,7 @@ class RMSNormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype | None):
-        _check_shapes(x, weight)
-        x2 = _rows(x)
-        n = x2.shape[0]
-        y = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
-        rstd = torch.empty(n, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32,
-                           device=x.device)
-        if n:
-            _launch_forward(x2, None, None, weight, y, rstd, eps)
+        x2, y, rstd = _forward(x, None, weight, eps, out_dtype)
         ctx.save_for_backward(x2, weight, rstd)
         ctx.x_shape = x.shape
         return y
@@ -155,18 +148,29 @@ class RMSNormFunction(torch.autograd.Function):
         return dx.view(ctx.x_shape), dweight, None, None
 
 
-def _launch_forward(
-    x2: torch.Tensor, delta2: torch.Tensor | None, s: torch.Tensor | None, weight: torch.Tensor,
-    y: torch.Tensor, rstd: torch.Tensor, eps: float,
-) -> None:  # fmt: skip
+def _forward(
+    x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float,
+    out_dtype: torch.dtype | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(the normalized rows: x's, or s = x + delta's; y shaped like x; 1/rms per row)."""
+    _check_shapes(x, weight)
+    if delta is not None and delta.shape != x.shape:
+        raise ValueError(f"delta shape {tuple(delta.shape)} != x shape {tuple(x.shape)}")
+    x2 = _rows(x)
     n, d = x2.shape
-    block = triton.next_power_of_2(d)
-    has_delta = delta2 is not None
-    _rmsnorm_fwd[(n,)](
-        x2, delta2 if has_delta else x2, s if has_delta else x2, weight, y, rstd,
-        x2.stride(0), delta2.stride(0) if has_delta else 0, d, d, d, eps,
-        HAS_DELTA=has_delta, BLOCK_D=block, ACC=_acc_dtype(x2), num_warps=_warps(block),
-    )  # fmt: skip
+    y = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
+    rstd = torch.empty(n, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32,
+                       device=x.device)
+    delta2 = _rows(delta) if delta is not None else None
+    rows = torch.empty(n, d, dtype=x.dtype, device=x.device) if delta2 is not None else x2
+    if n:
+        block = triton.next_power_of_2(d)
+        _rmsnorm_fwd[(n,)](
+            x2, delta2 if delta2 is not None else x2, rows, weight, y, rstd,
+            x2.stride(0), delta2.stride(0) if delta2 is not None else 0, d, d, d, eps,
+            HAS_DELTA=delta2 is not None, BLOCK_D=block, ACC=_acc_dtype(x2), num_warps=_warps(block),
+        )  # fmt: skip
+    return rows, y, rstd
 
 
 def _launch_backward(
@@ -205,18 +209,7 @@ class AddRMSNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float,
                 out_dtype: torch.dtype | None):  # fmt: skip
-        d = x.shape[-1]
-        _check_shapes(x, weight)
-        if delta.shape != x.shape:
-            raise ValueError(f"delta shape {tuple(delta.shape)} != x shape {tuple(x.shape)}")
-        x2, delta2 = _rows(x), _rows(delta)
-        n = x2.shape[0]
-        s = torch.empty(n, d, dtype=x.dtype, device=x.device)
-        y = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
-        rstd = torch.empty(n, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32,
-                           device=x.device)
-        if n:
-            _launch_forward(x2, delta2, s, weight, y, rstd, eps)
+        s, y, rstd = _forward(x, delta, weight, eps, out_dtype)
         ctx.save_for_backward(s, weight, rstd)
         ctx.x_shape, ctx.delta_dtype = x.shape, delta.dtype
         return s.view(x.shape), y

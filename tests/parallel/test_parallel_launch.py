@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -28,7 +31,7 @@ def _report(ctx: RankContext, folder: str) -> dict[str, object]:
     Path(folder, f"pid{ctx.rank}").write_text(str(os.getpid()))
     stats = across_ranks({"value_ms": float(ctx.rank + 1), "missing_ms": None if ctx.rank else 3.0,
                           "count": 10.0 * ctx.rank})
-    env = {name: os.environ.get(name) for name in NO_MULTICAST_ENV}
+    env = {name: os.environ.get(name) for name in [*NO_MULTICAST_ENV, "LMSCOPE_TEST_MARK"]}
     return {"ctx": ctx, "stats": stats, "env": env, "group_size": dist.get_world_size()}
 
 
@@ -65,7 +68,10 @@ def _gone(folder: Path) -> bool:
     return True
 
 
-def test_launch_returns_rank0_value_and_aggregates(tmp_path):
+def test_launch_returns_rank0_value_and_aggregates(tmp_path, monkeypatch):
+    monkeypatch.setenv("LMSCOPE_TEST_MARK", "first")  # the ranks see the launcher's environment now
+    launch(_report, str(tmp_path), nproc=2, backend="gloo", timeout_s=120, preload=PRELOAD)
+    monkeypatch.setenv("LMSCOPE_TEST_MARK", "second")  # not the forkserver's from its start
     got = launch(_report, str(tmp_path), nproc=2, backend="gloo", timeout_s=120, preload=PRELOAD)
     assert got["ctx"].rank == 0 and got["ctx"].world_size == 2 and got["group_size"] == 2
     assert got["ctx"].device.type == "cpu"
@@ -73,7 +79,8 @@ def test_launch_returns_rank0_value_and_aggregates(tmp_path):
     assert stats["value_ms"] == 1.5 and stats["value_rank_min_ms"] == 1 and stats["value_rank_max_ms"] == 2
     assert stats["missing_ms"] == 3.0 and stats["missing_rank_min_ms"] == 3.0  # None is left out
     assert stats["count_rank_max"] == 10.0
-    assert got["env"] == {name: os.environ.get(name, value) for name, value in NO_MULTICAST_ENV.items()}
+    expected = {name: os.environ.get(name, value) for name, value in NO_MULTICAST_ENV.items()}
+    assert got["env"] == {**expected, "LMSCOPE_TEST_MARK": "second"}
     assert _gone(tmp_path)
 
 
@@ -95,6 +102,35 @@ def test_hung_rank_is_killed_at_the_timeout_and_named(tmp_path):
         launch(_hang_on_rank1, str(tmp_path), nproc=2, backend="gloo", timeout_s=4, preload=PRELOAD)
     assert time.monotonic() - begin < 60
     assert _gone(tmp_path)
+
+
+BY_PATH = """
+from dataclasses import dataclass
+
+
+@dataclass
+class Box:
+    value: int
+
+
+def unbox(ctx, box):
+    return ctx.rank, __file__, box.value + 1
+"""
+
+
+def test_fn_from_a_module_imported_by_path(tmp_path, monkeypatch):
+    # Under a name no rank can import (as pytest's importlib mode names test modules
+    # `tests.parallel.test_x`): the ranks load it from its file, whatever the forkserver preloaded.
+    path = tmp_path / "by_path.py"
+    path.write_text(BY_PATH)
+    name = "lmscope_not_a_package.by_path"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "lmscope_not_a_package", types.ModuleType("lmscope_not_a_package"))
+    monkeypatch.setitem(sys.modules, name, module)
+    spec.loader.exec_module(module)
+    got = launch(module.unbox, module.Box(41), nproc=2, backend="gloo", timeout_s=120, preload=PRELOAD)
+    assert got == (0, str(path), 42)
 
 
 def test_torchrun_environment(monkeypatch):

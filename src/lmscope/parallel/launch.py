@@ -2,8 +2,10 @@
 
 `launch(fn, *args, nproc=N)` calls `fn(ctx, *args)` on every rank inside an initialized process
 group and returns what rank 0 returned. Local ranks are forked from a forkserver that has
-imported torch once (CUDA is initialized only in the ranks), talk through 127.0.0.1 and a free
-port, and are watched by this process: when one raises, dies or is still running at the
+imported torch once (CUDA is initialized only in the ranks); each takes this process's
+environment and imports `fn`'s module from the file this process has it from (not what the
+forkserver holds from whichever launch started it). They talk through 127.0.0.1 and a free
+port and are watched by this process: when one raises, dies or is still running at the
 deadline, the others are killed and `RankFailure` names the rank and why. Collectives carry the
 same timeout (`init_process_group(timeout=...)`), and ranks die with their launcher.
 
@@ -18,7 +20,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import datetime as dt
+import functools
 import hashlib
+import importlib
+import importlib.util
 import json
 import multiprocessing as mp
 import multiprocessing.connection
@@ -27,9 +32,11 @@ import pickle
 import signal
 import socket
 import statistics
+import sys
 import tempfile
 import time
 import traceback
+import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,10 +134,14 @@ def launch(
 ) -> Any:
     """Run `fn(ctx, *args)` on `nproc` ranks and return rank 0's value (this rank's under torchrun).
 
-    `fn` must be importable by name (a module-level function) and its value picklable. One rank
-    runs here in this process, in a world of one. Raises `RankFailure` naming the failed rank.
-    `preload`: modules the forkserver imports once for all local ranks (with torch and fn's
-    module) when this process starts it, e.g. torch._dynamo, which every optimizer imports.
+    `fn` must be a module-level function (or a partial of one) and its value picklable; local
+    ranks import its module from the file this process has it from, so a module imported by
+    path (pytest's importlib mode, a script) works too. With nproc=1 it runs here in this
+    process, in a world of one. Raises `RankFailure` naming the failed rank.
+    `preload`: library modules the forkserver imports once for all local ranks (with torch)
+    when this launch is the one that starts it (it then serves every later launch of this
+    process), e.g. torch._dynamo, which every optimizer imports. Only a speed-up: a rank imports
+    whatever its forkserver lacks.
     """
     backend = resolve_backend(backend)
     check_world(nproc, backend)
@@ -247,8 +258,9 @@ def _die_with_parent() -> None:
 
 
 def _local_rank_main(
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
+    payload: bytes,
+    origin: tuple[str, str | None] | None,
+    environ: dict[str, str],
     rank: int,
     nproc: int,
     port: int,
@@ -256,8 +268,10 @@ def _local_rank_main(
     timeout_s: float,
     workdir: str,
 ) -> None:
-    """Body of one local rank: init, run, write rank 0's value or this rank's error, exit."""
+    """Body of one local rank: import fn, init, run, write rank 0's value or this rank's error."""
     _die_with_parent()
+    os.environ.clear()  # the launcher's environment now, not the forkserver's from its start
+    os.environ.update(environ)
     _rank_env()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(nproc))
@@ -265,6 +279,8 @@ def _local_rank_main(
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // nproc))
     folder = Path(workdir)
     try:
+        _import_origin(origin)
+        fn, args = pickle.loads(payload)
         store = dist.TCPStore("127.0.0.1", port, nproc, is_master=rank == 0,
                               timeout=dt.timedelta(seconds=timeout_s))
         ctx = _init(backend, rank, nproc, rank, timeout_s, store)
@@ -280,25 +296,78 @@ def _local_rank_main(
         os._exit(1)  # skip destroying a group that a failed peer may hang
 
 
-def _context(fn: Callable[..., Any], preload: Sequence[str]) -> Any:
-    """The forkserver context; its server (started once per process) imports torch and `preload`."""
+def _origin(fn: Callable[..., Any]) -> tuple[str, str | None] | None:
+    """fn's module and the file this process imported it from (None for __main__)."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    name = getattr(fn, "__module__", None)
+    if not name or name in ("__main__", "__mp_main__"):
+        return None  # multiprocessing itself runs the main script in every rank
+    return name, getattr(sys.modules.get(name), "__file__", None)
+
+
+def _import_origin(origin: tuple[str, str | None] | None) -> None:
+    """Import fn's module in this rank, from the launcher's file, before unpickling fn and args.
+
+    By name when that finds the launcher's file (sys.path is the launcher's here); else from
+    the file under the launcher's name for it, with empty modules for parents that do not
+    import (as pytest makes them). pytest's importlib mode, for one, names a test
+    module `tests.parallel.test_x` without `tests` being importable: the ranks found it only
+    when the forkserver had happened to import some test module first (from its working
+    directory), so the tests passed in one order and failed in another.
+    """
+    if origin is None:
+        return
+    name, file = origin
+    module = sys.modules.get(name)
+    if module is None:
+        with contextlib.suppress(ImportError):
+            module = importlib.import_module(name)
+    if file is None or (module is not None and _same_file(getattr(module, "__file__", None), file)):
+        return
+    spec = importlib.util.spec_from_file_location(name, file)
+    if spec is None or spec.loader is None:
+        return  # unpickling fn then names the module it cannot find
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    while "." in name:  # pickle imports `a` and `a.b` before `a.b.c`: stand-ins where they fail
+        name, _, child = name.rpartition(".")
+        parent = sys.modules.get(name)
+        if parent is None:
+            try:
+                parent = importlib.import_module(name)
+            except ImportError:
+                parent = sys.modules[name] = types.ModuleType(name, "stand-in: a parent of fn's module")
+        setattr(parent, child, module)
+        module = parent
+
+
+def _same_file(a: str | None, b: str) -> bool:
+    return a is not None and os.path.realpath(a) == os.path.realpath(b)
+
+
+def _context(preload: Sequence[str]) -> Any:
+    """The forkserver context. Its server, started once per process by the first local launch,
+    imports torch, this module and that launch's `preload`: library modules only (each rank
+    imports fn's module).
+    """
     context = mp.get_context("forkserver")
     modules = ["torch", "torch.distributed", __name__, *preload]
-    if fn.__module__ != "__main__":
-        modules.append(fn.__module__)
     context.set_forkserver_preload(list(dict.fromkeys(modules)))
     return context
 
 
 def _run_local(fn: Callable[..., Any], args: tuple[Any, ...], nproc: int, backend: str,
                timeout_s: float, preload: Sequence[str]) -> Any:
-    context = _context(fn, preload)
+    context = _context(preload)
+    payload, origin = pickle.dumps((fn, args)), _origin(fn)
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="lmscope-ranks-") as workdir:
         processes = [
             context.Process(
                 target=_local_rank_main,
-                args=(fn, args, rank, nproc, port, backend, timeout_s, workdir),
+                args=(payload, origin, dict(os.environ), rank, nproc, port, backend, timeout_s, workdir),
                 name=f"lmscope-rank{rank}",
             )
             for rank in range(nproc)

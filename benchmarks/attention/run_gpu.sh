@@ -11,8 +11,9 @@
 # Estimate (one reused worker per stage): leaderboard ~45 s, tflops ~90 s, classic bf16 ~150 s,
 # classic fp32 ~120 s (naive-compiled compiles per shape: ~3-5 s x 20; flash-triton autotunes per
 # head dim and length bucket), flash-torch ~20 s: ~7 min. Each stage gets at most what is left of
-# BUDGET_S minus a reserve for the stages after it, and is stopped with SIGINT at its limit (the
-# finished points are kept; rerun a stage with STAGES=... and it resumes where it stopped).
+# BUDGET_S minus the estimated cost (COST) of the selected stages after it (benchmarks/stages.sh),
+# and is stopped with SIGINT at its limit (the finished points are kept; rerun a stage with
+# STAGES=... and it resumes where it stopped).
 # Usage (repo root, GPU machine, no uv): OUT=/some/dir bash benchmarks/attention/run_gpu.sh
 # Writes to $OUT: leaderboard.jsonl, tflops.jsonl, classic.jsonl, classic.png, tflops.png,
 # summary.md (tables with ratios, the verdict against the issue's targets).
@@ -26,19 +27,19 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=cs
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
 deadline=$((SECONDS + BUDGET_S))
 
-stage() {  # stage NAME RESERVE_S ARGS...: lmscope attention ARGS, if NAME is in STAGES and time is left
-  local name=$1 reserve=$2
-  shift 2
-  [[ " $STAGES " == *" $name "* ]] || return 0
-  local left=$((deadline - SECONDS - reserve))
-  if ((left < 15)); then
-    echo "== $name: skipped, out of budget"
-    return 0
-  fi
-  echo "== $name (at most ${left} s)"
-  timeout -s INT -k 20 "$left" python3 -m lmscope attention "$@" --resume --no-plot --reuse-worker
-  local rc=$?
-  ((rc == 0)) || echo "== $name: exit $rc (124: stopped at its time limit; finished points are kept)"
+# Estimated seconds per stage on an H100; the summary and its plots get RESERVE_END.
+ORDER=(leaderboard tflops classic-bf16 classic-fp32 classic-fp32-unavailable classic-flash-torch)
+declare -A COST=([leaderboard]=60 [tflops]=90 [classic-bf16]=150 [classic-fp32]=120
+                 [classic-fp32-unavailable]=25 [classic-flash-torch]=60)
+RESERVE_END=10
+STAGE_MIN_S=15
+# shellcheck source=../stages.sh
+source "$(dirname "$0")/../stages.sh"
+
+stage() {  # stage NAME ARGS...: lmscope attention ARGS within the stage's limit
+  local name=$1
+  shift
+  run_stage "$name" python3 -m lmscope attention "$@" --resume --no-plot --reuse-worker
 }
 
 FAST=(--warmup-ms 5 --rep-ms 20 --check-max-seq 2048 --timeout 120)
@@ -47,12 +48,12 @@ CLASSIC=("${CLASSIC_ONE[@]}" --compare impl)
 FAST_IMPLS=flash-triton,sdpa-flash,sdpa-cudnn,sdpa-efficient,sdpa-math,naive,naive-compiled
 FP32_IMPLS=flash-triton,sdpa-efficient,sdpa-math,naive,naive-compiled
 
-stage leaderboard 330 --preset leaderboard --compare impl --timeout 240 --out "$OUT/leaderboard.jsonl"
-stage tflops 240 --preset tflops "${FAST[@]}" --out "$OUT/tflops.jsonl"
-stage classic-bf16 120 "${CLASSIC[@]}" --dtype bf16 --impl "$FAST_IMPLS"
-stage classic-fp32 45 "${CLASSIC[@]}" --dtype fp32 --impl "$FP32_IMPLS"
-stage classic-fp32-unavailable 35 "${CLASSIC[@]}" --dtype fp32 --impl sdpa-flash,sdpa-cudnn \
+stage leaderboard --preset leaderboard --compare impl --timeout 240 --out "$OUT/leaderboard.jsonl"
+stage tflops --preset tflops "${FAST[@]}" --out "$OUT/tflops.jsonl"
+stage classic-bf16 "${CLASSIC[@]}" --dtype bf16 --impl "$FAST_IMPLS"
+stage classic-fp32 "${CLASSIC[@]}" --dtype fp32 --impl "$FP32_IMPLS"
+stage classic-fp32-unavailable "${CLASSIC[@]}" --dtype fp32 --impl sdpa-flash,sdpa-cudnn \
   --head-dim 64 --seq-len 1024
-stage classic-flash-torch 10 "${CLASSIC_ONE[@]}" --dtype bf16,fp32 --impl flash-torch --seq-len 256,1024
+stage classic-flash-torch "${CLASSIC_ONE[@]}" --dtype bf16,fp32 --impl flash-torch --seq-len 256,1024
 
 python3 benchmarks/attention/summarize.py "$OUT"

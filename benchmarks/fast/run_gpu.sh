@@ -37,36 +37,14 @@ declare -A COST=([tests]=60 [xl-fast]=25 [xl-fast-eager]=20 [xl-hf]=25 [xl-compi
                  [sizes-fast]=60 [sizes-sdpa]=25 [sizes-hf]=30 [long-fast]=20 [long-sdpa]=15 [kernels]=25
                  [xl-naive]=15 [sizes-naive]=25 [long-compile]=120 [compile-sizes]=300)
 
-reserve_after() {  # reserve_after NAME: the estimated cost of the selected stages after NAME
-  local name=$1 after=0 total=0 stage
-  for stage in "${ORDER[@]}"; do
-    if ((after)) && [[ " $STAGES " == *" $stage "* ]]; then total=$((total + COST[$stage])); fi
-    [[ $stage == "$name" ]] && after=1
-  done
-  echo "$total"
-}
-
-stage_limit() {  # stage_limit NAME: seconds the stage may use; 0 skips it
-  local name=$1
-  if [[ " $STAGES " != *" $name "* ]]; then echo 0; return 0; fi
-  local left=$((deadline - SECONDS - $(reserve_after "$name")))
-  if ((left < 20)); then
-    echo "== $name: skipped, out of budget" | tee -a "$LOG" >&2
-    echo 0
-    return 0
-  fi
-  echo "$left"
-}
+STAGE_LOG=$LOG
+# shellcheck source=../stages.sh
+source "$(dirname "$0")/../stages.sh"
 
 bench() {  # bench NAME ARGS...: lmscope bench ARGS within the stage's limit
-  local name=$1 left rc
+  local name=$1
   shift
-  left=$(stage_limit "$name")
-  ((left > 0)) || return 0
-  echo "== $name (at most ${left} s)" | tee -a "$LOG"
-  timeout -s INT -k 20 "$left" python3 -m lmscope bench "$@" --resume --device cuda >> "$LOG" 2>&1
-  rc=$?
-  ((rc == 0)) || echo "== $name: exit $rc (124: stopped at its time limit; finished points are kept)" | tee -a "$LOG"
+  run_stage "$name" python3 -m lmscope bench "$@" --resume --device cuda
 }
 
 STEP=(--context-length 512 --batch-size 4 --precision bf16 --mode train-step --warmup 3 --steps 10

@@ -118,6 +118,9 @@ def master_linear(
     return _MasterLinear.apply(x, stacked, *weights)
 
 
+_MATMULS_PER_BLOCK = 4  # [Wq; Wk; Wv], Wo, [w1; w3], w2
+
+
 class FastTransformerLM(TransformerLM):
     """`TransformerLM` with fused kernels; forward(tokens, targets=None) -> logits or mean loss."""
 
@@ -177,7 +180,9 @@ class FastTransformerLM(TransformerLM):
             shadows = self.shadow_weights(dtype) if use_shadows else None
             pending = None  # each block's FFN output, added to the residual by the next norm
             for index, layer in enumerate(self.layers):
-                stacks = [shadows.stack(4 * index + i) for i in range(4)] if shadows else [None] * 4
+                first = index * _MATMULS_PER_BLOCK  # _weight_groups' order: block by block
+                stacks = ([shadows.stack(first + i) for i in range(_MATMULS_PER_BLOCK)] if shadows
+                          else [None] * _MATMULS_PER_BLOCK)
                 x, pending = self._block(layer, x, pending, cos, sin, dtype, stacks)
             x, h = _norm(x, pending, self.ln_final, dtype)
             if targets is None:

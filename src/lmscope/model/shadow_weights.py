@@ -7,8 +7,9 @@ re-copies a weight when it may have changed since it was mirrored:
 * `lmscope.kernels.adamw.FusedAdamW` writes the copies itself in its update and calls
   `mark_fresh`;
 * any other ``torch.optim`` optimizer's step invalidates every live set of copies (a global
-  step post-hook): torch's fused optimizers (``AdamW(fused=True)``) update in place without
-  bumping autograd's version counters, so versions alone would miss them;
+  step post-hook, registered when the first set is made): torch's fused optimizers
+  (``AdamW(fused=True)``) update in place without bumping autograd's version counters, so
+  versions alone would miss them;
 * other in-place changes PyTorch makes (``load_state_dict``, ``with no_grad: w.add_(...)``) bump
   the weight's version counter, which `stack` compares.
 
@@ -33,7 +34,7 @@ def _invalidate_after_foreign_step(optimizer: torch.optim.Optimizer, args, kwarg
             shadows.invalidate()
 
 
-register_optimizer_step_post_hook(_invalidate_after_foreign_step)
+_HOOKED = False  # the hook is registered with the first ShadowWeights, not at import
 
 
 class ShadowWeights:
@@ -58,6 +59,10 @@ class ShadowWeights:
                 self._mirrored[weight] = None
             self.stacks.append(stack)
         self._layout = self._signature()
+        global _HOOKED
+        if not _HOOKED:
+            register_optimizer_step_post_hook(_invalidate_after_foreign_step)
+            _HOOKED = True
         _LIVE.add(self)
 
     def _signature(self) -> tuple:

@@ -93,7 +93,3 @@ class GraphedStep:
             graph.replay()
             if clock is not None:
                 clock.mark(name)
-
-    def parameter_count(self) -> int:
-        """Parameters of the model."""
-        return self.step.parameter_count()

@@ -83,7 +83,7 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
         **{f"{name}_ms": statistics.median(ms) for name, ms in phases.items()},
         "compile_s": compile_s,
         "cuda_graph_used": graphed,
-        **throughput_metrics(spec, stats.median_ms, facts.get("device_name"), step.parameter_count()),
+        **throughput_metrics(spec, stats.median_ms, facts.get("device_name"), eager.parameter_count()),
     }
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(device)

@@ -54,6 +54,9 @@ Mode = Annotated[str, typer.Option(help="forward | forward-backward | train-step
 Precision = Annotated[str, typer.Option(help="fp32 | bf16 | fp16, list ok")]
 Compile = Annotated[str, typer.Option("--compile", help="torch.compile: off | on | off,on")]
 Fast = Annotated[str, typer.Option("--fast", help="lmscope's fused fast path: off | on | off,on")]
+OptimizerInBackward = Annotated[str, typer.Option(
+    "--optimizer-in-backward", help="with --fast on (bf16): update each weight inside the backward, "
+    "overlapped with it: off | on | off,on")]
 Attention = Annotated[str, typer.Option(help="naive | sdpa | flash | flash-torch, list ok")]
 Device = Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")]
 
@@ -80,6 +83,7 @@ def bench(
     compile: Compile = "off",
     attention: Attention = "naive",
     fast: Fast = "off",
+    optimizer_in_backward: OptimizerInBackward = "off",
     peer: Annotated[str, typer.Option(help="none | hf (transformers' Llama, same sizes), list ok")] = "none",
     cuda_graph: Annotated[str, typer.Option(
         "--cuda-graph", help="replay the step from CUDA graphs: auto (on with --fast on a GPU) | on | off, "
@@ -105,6 +109,7 @@ def bench(
                      mode=mode, precision=precision, compile=compile, attention=attention),
         "warmup": split_list(warmup, int, "--warmup"),
         "fast": split_list(fast, bool, "--fast"),
+        "optimizer_in_backward": split_list(optimizer_in_backward, bool, "--optimizer-in-backward"),
         "peer": split_list(peer, str, "--peer"),
         "cuda_graph": split_list(cuda_graph, str, "--cuda-graph"),
     }
@@ -128,6 +133,7 @@ def profile(
     compile: Compile = "off",
     attention: Attention = "naive",
     fast: Fast = "off",
+    optimizer_in_backward: OptimizerInBackward = "off",
     warmup: Annotated[int, typer.Option(help="untimed steps before measuring (outside the profiler)")] = 5,
     steps: Annotated[int, typer.Option(help="steps timed unprofiled, then as many profiled")] = 3,
     device: Device = "auto",
@@ -151,7 +157,8 @@ def profile(
     swept = {**model_axes(size=size or _default_size(), context_length=context_length,
                           batch_size=batch_size, mode=mode, precision=precision, compile=compile,
                           attention=attention),
-             "fast": split_list(fast, bool, "--fast")}
+             "fast": split_list(fast, bool, "--fast"),
+             "optimizer_in_backward": split_list(optimizer_in_backward, bool, "--optimizer-in-backward")}
     specs = [Spec(**point) for point in expand_grid(fixed, swept)]
     records = run_and_report("profile", specs, out=out, resume=resume, timeout_s=timeout, fmt=fmt,
                              compare=compare, title="lmscope profile", reuse_worker=reuse_worker)

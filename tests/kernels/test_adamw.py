@@ -135,3 +135,69 @@ def test_continues_from_a_torch_adamw_state_dict_and_refuses_amsgrad(aw) -> None
     amsgrad.load_state_dict(torch.optim.AdamW(_params(6), amsgrad=True).state_dict())
     with pytest.raises(ValueError, match="amsgrad or maximize"):
         step(ours, amsgrad, grads)
+
+
+def _toy_model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(13, 31), torch.nn.GELU(), torch.nn.Linear(31, 5))
+    model[0].bias.requires_grad_(False)  # frozen: never hooked, never updated
+    return model.to(DEVICE)
+
+
+def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: int, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        x = torch.randn(7, 13, generator=gen).to(DEVICE)
+        optimizer.zero_grad(set_to_none=True)
+        model(x).square().mean().backward()
+        optimizer.step()
+
+
+def test_step_in_backward_trains_exactly_like_the_separate_step(aw) -> None:
+    separate, inside = _toy_model(8), _toy_model(8)
+    frozen = inside[0].bias.detach().clone()
+
+    def groups(model):
+        return [dict(params=[model[0].weight], weight_decay=0.1),
+                dict(params=[model[2].weight, model[2].bias], lr=3e-3, betas=(0.8, 0.95))]
+
+    want = aw.FusedAdamW(groups(separate), lr=1e-2)
+    got = aw.FusedAdamW(groups(inside), lr=1e-2, step_in_backward=True)
+    _train(separate, want, 4, seed=9)
+    _train(inside, got, 4, seed=9)
+    for (name, a), b in zip(separate.named_parameters(), inside.parameters(), strict=True):
+        torch.testing.assert_close(b, a, rtol=0, atol=0, msg=lambda m, n=name: f"{n}: {m}")
+    assert torch.equal(inside[0].bias.detach(), frozen)
+    assert got.state[inside[2].bias]["step"].item() == 4
+    assert inside[0].bias not in got.state
+
+
+def test_step_in_backward_updates_inside_the_backward(aw) -> None:
+    model = _toy_model(10)
+    optimizer = aw.FusedAdamW(model.parameters(), lr=1e-2, step_in_backward=True)
+    before = model[2].weight.detach().clone()
+    model(torch.randn(3, 13).to(DEVICE)).sum().backward()
+    optimizer.wait_for_backward_updates()
+    assert not torch.equal(model[2].weight.detach(), before)  # before step() is called
+    assert optimizer.state[model[2].weight]["step"].item() == 0  # step() advances the count
+    optimizer.step()
+    assert optimizer.state[model[2].weight]["step"].item() == 1
+
+
+def test_step_in_backward_refuses_a_second_backward_before_step(aw) -> None:
+    model = _toy_model(11)
+    aw.FusedAdamW(model.parameters(), step_in_backward=True)
+    x = torch.randn(3, 13).to(DEVICE)
+    model(x).sum().backward()
+    with pytest.raises(RuntimeError, match="call step\\(\\) after each backward"):
+        model(x).sum().backward()
+
+
+def test_step_in_backward_hooks_an_added_param_group(aw) -> None:
+    model = _toy_model(12)
+    optimizer = aw.FusedAdamW([model[0].weight], lr=1e-2, step_in_backward=True)
+    optimizer.add_param_group(dict(params=[model[2].weight]))
+    before = model[2].weight.detach().clone()
+    model(torch.randn(3, 13).to(DEVICE)).sum().backward()
+    optimizer.wait_for_backward_updates()
+    assert not torch.equal(model[2].weight.detach(), before)

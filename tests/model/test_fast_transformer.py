@@ -166,6 +166,24 @@ def test_bf16_train_steps_keep_the_shadow_weights_current(fast_cls, torch_fused:
         torch.testing.assert_close(a, b, rtol=0, atol=1e-3)
 
 
+def test_optimizer_in_backward_trains_like_the_separate_step(fast_cls) -> None:
+    """The fast step with each weight updated inside the backward ends where the separate one does."""
+    from lmscope.workloads.train_step import TrainStep
+
+    common = dict(vocab_size=97, d_model=24, d_ff=40, num_heads=3, num_layers=2, context_length=6,
+                  batch_size=2, mode="train-step", precision="bf16", device=DEVICE, fast=True,
+                  attention="flash")
+    separate = TrainStep(Spec(**common))
+    inside = TrainStep(Spec(**common, optimizer_in_backward=True))
+    for _ in range(3):
+        separate()
+        inside()
+    for (name, a), b in zip(separate.model.named_parameters(), inside.model.parameters(), strict=True):
+        torch.testing.assert_close(b, a, rtol=0, atol=0, msg=lambda m, n=name: f"{n}: {m}")
+    stacks = [step.model.current_shadows().stacks for step in (separate, inside)]
+    assert all(torch.equal(a, b) for a, b in zip(*stacks, strict=True))  # the bf16 copies too
+
+
 def test_shadow_copies_are_opt_in_and_survive_edge_cases(fast_cls) -> None:
     """Off unless turned on; refused for tied weights; made under inference_mode, then trained."""
     config = preset("tiny", vocab_size=53, d_model=16, d_ff=24, num_layers=2, num_heads=2, context_length=8)
@@ -195,6 +213,10 @@ def test_spec_rejects_fast_with_naive_attention_or_a_peer() -> None:
         Spec(fast=True, attention="sdpa", peer="hf")
     with pytest.raises(ValueError, match="drop --compile on"):
         Spec(fast=True, attention="flash", compile=True)
+    for fields in (dict(), dict(fast=True, attention="flash"),
+                   dict(fast=True, attention="flash", precision="bf16", mode="forward-backward")):
+        with pytest.raises(ValueError, match="needs --fast on --precision bf16 --mode train-step"):
+            Spec(optimizer_in_backward=True, **fields)
     assert Spec(fast=True, attention="flash").fast
 
 

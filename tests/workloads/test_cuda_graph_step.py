@@ -54,15 +54,21 @@ def test_bench_cli_refuses_cuda_graph_on_the_cpu_in_one_line(capsys) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize(("fast", "attention"), [(False, "sdpa"), (True, "flash")])
-def test_graph_replays_train_like_the_eager_step(fast: bool, attention: str) -> None:
-    """Three eager steps then two replays end with the parameters of five eager steps."""
+@pytest.mark.parametrize(("fast", "attention", "in_backward"),
+                         [(False, "sdpa", False), (True, "flash", False), (True, "flash", True)])
+def test_graph_replays_train_like_the_eager_step(fast: bool, attention: str, in_backward: bool) -> None:
+    """Three eager steps then two replays end with the parameters of five eager steps.
+
+    With in_backward the graphed step updates the weights inside its backward (a side stream in
+    the capture); the eager reference steps them separately.
+    """
     fields = dict(size="tiny", num_layers=3, context_length=67, batch_size=3, precision="bf16",
                   attention=attention, fast=fast, device="cuda")
     eager = TrainStep(Spec(**fields, cuda_graph="off"), capturable=True)
     for _ in range(5):
         eager()
-    graphed = GraphedStep(TrainStep(Spec(**fields, cuda_graph="on"), capturable=True), warmup=3)
+    spec = Spec(**fields, cuda_graph="on", optimizer_in_backward=in_backward)
+    graphed = GraphedStep(TrainStep(spec, capturable=True), warmup=3)
     for _ in range(2):
         graphed()
     torch.cuda.synchronize()

@@ -9,6 +9,14 @@ API
     computes in bf16 reads current weights without casting them every forward.
     ``adamw_reference`` is the PyTorch math of one step.
 
+    ``step_in_backward=True`` updates each parameter during ``backward()``, the moment its gradient
+    is accumulated (a post-accumulate-grad hook), on a side stream on CUDA, so the memory-bound
+    update of the last layers overlaps the backward of the earlier ones. ``step()`` then waits for
+    those updates (``wait_for_backward_updates``), updates any parameter whose gradient came
+    another way, and advances the step counts. Each backward must be followed by one ``step()``
+    (no gradient accumulation across backwards, no clipping between backward and step); a second
+    backward before ``step()`` raises.
+
 Shapes and dtypes
     Parameters and gradients contiguous, any shape; float32 (the master weights), bf16 or fp16.
     The math runs in float32; moments have the parameter's dtype, as in torch.
@@ -19,7 +27,9 @@ Kernels
     bf16 forward would otherwise read 4 and write 2 B for. The step counts live on the device (one
     ``_foreach_add_`` per group), so the whole step can be captured in a CUDA graph; lr, betas,
     eps and weight decay are then baked into the graph (a scheduler's changes do not reach
-    replays).
+    replays). With ``step_in_backward`` the kernels read the count before it is advanced and add
+    one themselves; a CUDA-graph capture of the backward must end with
+    ``wait_for_backward_updates()`` so the side stream joins the capture.
 
 Hardware
     Written for NVIDIA H100 (sm_90); memory bound. Per-parameter launches cost host time when run
@@ -61,12 +71,12 @@ def adamw_reference(
 @triton.jit
 def _adamw_kernel(
     P, G, M, V, SHADOW, STEP, n,
-    lr, beta1, beta2, eps, weight_decay,
+    step_offset, lr, beta1, beta2, eps, weight_decay,
     HAS_SHADOW: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < n
-    step = tl.load(STEP).to(tl.float32)
+    step = tl.load(STEP).to(tl.float32) + step_offset
     p = tl.load(P + offsets, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(G + offsets, mask=mask, other=0.0).to(tl.float32)
     m = tl.load(M + offsets, mask=mask, other=0.0).to(tl.float32)
@@ -96,6 +106,7 @@ class FusedAdamW(torch.optim.Optimizer):
         eps: float = 1e-8,
         weight_decay: float = 1e-2,
         shadows: Callable[[], ShadowWeights | None] | None = None,
+        step_in_backward: bool = False,
     ) -> None:
         if lr < 0 or eps < 0 or weight_decay < 0:
             raise ValueError(f"lr, eps and weight_decay must be >= 0, got {lr}, {eps}, {weight_decay}")
@@ -105,6 +116,25 @@ class FusedAdamW(torch.optim.Optimizer):
         self.shadows = shadows
         # tells lmscope.model.shadow_weights' step hook that this step keeps the copies current
         self.writes_shadow_weights = shadows is not None
+        self.step_in_backward = step_in_backward
+        self._updated_in_backward: set[torch.Tensor] = set()
+        self._side_streams: dict[torch.device, torch.cuda.Stream] = {}
+        self._pending: set[torch.cuda.Stream] = set()
+        if step_in_backward:
+            for group in self.param_groups:
+                self._hook(group)
+
+    def add_param_group(self, param_group: dict) -> None:
+        """torch's add_param_group; with step_in_backward the new parameters are hooked too."""
+        super().add_param_group(param_group)
+        if getattr(self, "step_in_backward", False):
+            self._hook(self.param_groups[-1])
+
+    def _hook(self, group: dict) -> None:
+        for param in group["params"]:
+            if param.requires_grad:
+                param.register_post_accumulate_grad_hook(
+                    lambda p, group=group: self._update_in_backward(p, group))
 
     @torch.no_grad()
     def step(self, closure=None):  # type: ignore[override]
@@ -113,24 +143,54 @@ class FusedAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        source = self.shadows() if self.shadows is not None else None
+        self.wait_for_backward_updates()
+        done, self._updated_in_backward = self._updated_in_backward, set()
         for group in self.param_groups:
-            if group.get("amsgrad") or group.get("maximize"):
-                raise ValueError("FusedAdamW has no amsgrad or maximize (a state dict of "
-                                 "torch.optim.AdamW with them was loaded?): use torch.optim.AdamW")
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
                 continue
             states = [self._state(p) for p in params]
+            for param in params:  # before the count advances: the kernels read it and add one
+                if param not in done:
+                    self._update(param, group, step_offset=1.0)
             torch._foreach_add_([s["step"] for s in states], 1.0)
-            beta1, beta2 = group["betas"]
-            for param, state in zip(params, states, strict=True):
-                shadow = source.views.get(param) if source is not None else None
-                self._launch(param, state, group, beta1, beta2, shadow)
-                torch.autograd.graph.increment_version(param)  # written by a raw kernel
-                if shadow is not None:
-                    source.mark_fresh(param)
         return loss
+
+    @torch.no_grad()
+    def _update_in_backward(self, param: torch.Tensor, group: dict) -> None:
+        """Post-accumulate-grad hook: update `param` now, on the side stream when on CUDA."""
+        if param in self._updated_in_backward:
+            raise RuntimeError("FusedAdamW(step_in_backward=True) updates the parameters in every "
+                               "backward: call step() after each backward (no gradient accumulation)")
+        self._updated_in_backward.add(param)
+        if param.device.type != "cuda":
+            self._update(param, group, step_offset=1.0)
+            return
+        side = self._side_streams.get(param.device)
+        if side is None:
+            side = self._side_streams[param.device] = torch.cuda.Stream(param.device)
+        side.wait_stream(torch.cuda.current_stream(param.device))  # the gradient is written
+        with torch.cuda.stream(side):
+            self._update(param, group, step_offset=1.0)
+        self._pending.add(side)
+
+    def wait_for_backward_updates(self) -> None:
+        """Make the current stream wait for the updates started during backward (no host sync)."""
+        for side in self._pending:
+            torch.cuda.current_stream(side.device).wait_stream(side)
+        self._pending.clear()
+
+    def _update(self, param: torch.Tensor, group: dict, step_offset: float) -> None:
+        """Launch the update of one parameter (its count + step_offset is the step number)."""
+        if group.get("amsgrad") or group.get("maximize"):
+            raise ValueError("FusedAdamW has no amsgrad or maximize (a state dict of "
+                             "torch.optim.AdamW with them was loaded?): use torch.optim.AdamW")
+        source = self.shadows() if self.shadows is not None else None
+        shadow = source.views.get(param) if source is not None else None
+        self._launch(param, self._state(param), group, shadow, step_offset)
+        torch.autograd.graph.increment_version(param)  # written by a raw kernel
+        if shadow is not None:
+            source.mark_fresh(param)
 
     def _state(self, param: torch.Tensor) -> dict:
         if not param.is_contiguous():
@@ -148,8 +208,8 @@ class FusedAdamW(torch.optim.Optimizer):
         return state
 
     def _launch(
-        self, param: torch.Tensor, state: dict, group: dict, beta1: float, beta2: float,
-        shadow: torch.Tensor | None,
+        self, param: torch.Tensor, state: dict, group: dict, shadow: torch.Tensor | None,
+        step_offset: float,
     ) -> None:  # fmt: skip
         grad = param.grad
         if grad.is_sparse:
@@ -161,8 +221,9 @@ class FusedAdamW(torch.optim.Optimizer):
         n = param.numel()
         if n == 0:
             return
+        beta1, beta2 = group["betas"]
         _adamw_kernel[(triton.cdiv(n, _BLOCK),)](
             param, grad, state["exp_avg"], state["exp_avg_sq"], param if shadow is None else shadow,
-            state["step"], n, group["lr"], beta1, beta2, group["eps"], group["weight_decay"],
+            state["step"], n, step_offset, group["lr"], beta1, beta2, group["eps"], group["weight_decay"],
             HAS_SHADOW=shadow is not None, BLOCK=_BLOCK, num_warps=8,
         )  # fmt: skip

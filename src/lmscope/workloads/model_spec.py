@@ -46,6 +46,9 @@ class ModelPointSpec:
     """Wrap the model in torch.compile (compile time reported apart from the steps)."""
     fast: bool = False
     """Run lmscope's fused fast path (FastTransformerLM: Triton kernels, fused LM head + loss)."""
+    optimizer_in_backward: bool = False
+    """Fast path: update each weight during the backward, on a side stream, as soon as its
+    gradient is ready (FusedAdamW(step_in_backward=True)) instead of in a separate phase."""
     device: str = "auto"
     """'auto' (cuda when present, else cpu), 'cuda', 'cuda:N' or 'cpu'."""
 
@@ -71,6 +74,11 @@ class ModelPointSpec:
         if self.fast and self.compile:
             raise ValueError("--fast on does not run under torch.compile (it replays CUDA graphs "
                              "instead, --cuda-graph): drop --compile on")
+        if self.optimizer_in_backward and not (
+            self.fast and self.precision == "bf16" and self.mode == "train-step"
+        ):
+            raise ValueError("--optimizer-in-backward on is lmscope's FusedAdamW stepping inside the "
+                             "backward: it needs --fast on --precision bf16 --mode train-step")
         check_device(self.device)
         config = self.model_config()
         if self.context_length > config.context_length:

@@ -76,14 +76,16 @@ def build_optimizer(
     """AdamW (lr 1e-4, torch's defaults otherwise) for the point's model.
 
     The fast path with bf16/fp16 compute gets lmscope's FusedAdamW, which also writes the model's
-    bf16 weight copies; every other point gets torch's fused AdamW on CUDA (capturable: the step
-    count lives on the GPU, so a CUDA graph can replay the update) and the for-each one on CPU.
+    bf16 weight copies (and, with optimizer_in_backward, updates each weight inside the
+    backward); every other point gets torch's fused AdamW on CUDA (capturable: the step count
+    lives on the GPU, so a CUDA graph can replay the update) and the for-each one on CPU.
     """
     if spec.fast and spec.precision != "fp32":
         from lmscope.kernels.adamw import FusedAdamW
 
         model.shadow_weights(AUTOCAST_DTYPES[spec.precision])  # turns the bf16 copies on
-        return FusedAdamW(model.parameters(), lr=1e-4, shadows=model.current_shadows)
+        return FusedAdamW(model.parameters(), lr=1e-4, shadows=model.current_shadows,
+                          step_in_backward=spec.optimizer_in_backward)
     fused = device.type == "cuda"
     return torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused, capturable=capturable)
 
@@ -153,6 +155,10 @@ class TrainStep:
 
     def _backward(self) -> None:
         self.scaler.scale(self.last_loss).backward()
+        if self.spec.optimizer_in_backward:
+            # the updates started in the backward join it, so a CUDA-graph capture of this phase
+            # holds them; the optimizer phase then only advances the step counts
+            self.optimizer.wait_for_backward_updates()
 
     def _optimizer_step(self) -> None:
         self.scaler.step(self.optimizer)

@@ -186,7 +186,7 @@ def test_step_in_backward_updates_inside_the_backward(aw) -> None:
 
 def test_step_in_backward_refuses_a_second_backward_before_step(aw) -> None:
     model = _toy_model(11)
-    aw.FusedAdamW(model.parameters(), step_in_backward=True)
+    optimizer = aw.FusedAdamW(model.parameters(), step_in_backward=True)  # noqa: F841 - hooks hold it weakly
     x = torch.randn(3, 13).to(DEVICE)
     model(x).sum().backward()
     with pytest.raises(RuntimeError, match="call step\\(\\) after each backward"):
@@ -201,3 +201,16 @@ def test_step_in_backward_hooks_an_added_param_group(aw) -> None:
     model(torch.randn(3, 13).to(DEVICE)).sum().backward()
     optimizer.wait_for_backward_updates()
     assert not torch.equal(model[2].weight.detach(), before)
+
+
+def test_step_in_backward_leaves_nothing_alive_after_the_model_is_dropped(aw) -> None:
+    import gc
+    import weakref
+
+    model = _toy_model(13)
+    optimizer = aw.FusedAdamW(model.parameters(), step_in_backward=True)
+    _train(model, optimizer, 1, seed=14)
+    refs = [weakref.ref(model), weakref.ref(optimizer), weakref.ref(model[2].weight)]
+    del model, optimizer
+    gc.collect()
+    assert all(ref() is None for ref in refs)

@@ -15,7 +15,8 @@ API
     those updates (``wait_for_backward_updates``), updates any parameter whose gradient came
     another way, and advances the step counts. Each backward must be followed by one ``step()``
     (no gradient accumulation across backwards, no clipping between backward and step); a second
-    backward before ``step()`` raises.
+    backward before ``step()`` raises. The hooks hold the optimizer weakly: once it is dropped,
+    backward no longer updates anything.
 
 Shapes and dtypes
     Parameters and gradients contiguous, any shape; float32 (the master weights), bf16 or fp16.
@@ -42,6 +43,7 @@ Caveats
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable
 
 import torch
@@ -120,6 +122,7 @@ class FusedAdamW(torch.optim.Optimizer):
         self._updated_in_backward: set[torch.Tensor] = set()
         self._side_streams: dict[torch.device, torch.cuda.Stream] = {}
         self._pending: set[torch.cuda.Stream] = set()
+        self._group_of: dict[torch.Tensor, dict] = {}
         if step_in_backward:
             for group in self.param_groups:
                 self._hook(group)
@@ -131,10 +134,18 @@ class FusedAdamW(torch.optim.Optimizer):
             self._hook(self.param_groups[-1])
 
     def _hook(self, group: dict) -> None:
+        # the hook holds the optimizer weakly: a parameter's hooks are invisible to Python's
+        # garbage collector, so a strong reference would keep the model and optimizer alive
+        optimizer = weakref.ref(self)
+
+        def update(param: torch.Tensor) -> None:
+            if (live := optimizer()) is not None:
+                live._update_in_backward(param)
+
         for param in group["params"]:
             if param.requires_grad:
-                param.register_post_accumulate_grad_hook(
-                    lambda p, group=group: self._update_in_backward(p, group))
+                self._group_of[param] = group
+                param.register_post_accumulate_grad_hook(update)
 
     @torch.no_grad()
     def step(self, closure=None):  # type: ignore[override]
@@ -157,12 +168,13 @@ class FusedAdamW(torch.optim.Optimizer):
         return loss
 
     @torch.no_grad()
-    def _update_in_backward(self, param: torch.Tensor, group: dict) -> None:
+    def _update_in_backward(self, param: torch.Tensor) -> None:
         """Post-accumulate-grad hook: update `param` now, on the side stream when on CUDA."""
         if param in self._updated_in_backward:
             raise RuntimeError("FusedAdamW(step_in_backward=True) updates the parameters in every "
                                "backward: call step() after each backward (no gradient accumulation)")
         self._updated_in_backward.add(param)
+        group = self._group_of[param]
         if param.device.type != "cuda":
             self._update(param, group, step_offset=1.0)
             return

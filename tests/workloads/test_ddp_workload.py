@@ -52,6 +52,7 @@ def test_summary_against_single_and_the_model_line():
     records = [
         {**base, "strategy": "single", "world_size": 1, "step_ms": single_ms},
         {**base, "strategy": "bucketed:100", "world_size": 2, "step_ms": single_ms * 1.1,
+         "local_step_ms": single_ms * 1.05, "overhead_vs_local_pct": 100 * (1.1 / 1.05 - 1),
          "allreduce_overhead_us": 20.0, "allreduce_algbw_gbps": 200.0, "grad_mib": 7622.0},
         {**base, "strategy": "bucketed:10", "world_size": 2, "step_ms": single_ms * 1.2,
          "allreduce_overhead_us": 30.0, "allreduce_algbw_gbps": 100.0, "grad_mib": 7622.0},
@@ -62,6 +63,8 @@ def test_summary_against_single_and_the_model_line():
     overhead = dict(zip([r[header.index("strategy")] for r in rows],
                         [r[header.index("overhead_vs_single_pct")] for r in rows], strict=True))
     assert overhead["single"] == 0 and overhead["bucketed:100"] == pytest.approx(10.0)
+    paired = rows[[r[header.index("strategy")] for r in rows].index("bucketed:100")]
+    assert paired[header.index("overhead_vs_local_pct")] == pytest.approx(100 * (1.1 / 1.05 - 1))
     line = overhead_model_line(records)
     # medians: o = 25 us, w = 150 GB/s; bucket* = sqrt(S w o)
     expected_mib = (7622 * 2**20 * 150e9 * 25e-6) ** 0.5 / 2**20
@@ -86,6 +89,12 @@ def _check_common(row: dict, world: int) -> None:
     phases = sum(row[k] or 0.0 for k in ("forward_ms", "backward_ms", "comm_wait_ms", "optimizer_ms"))
     assert 0 < phases <= row["step_ms"] * 1.05
     assert row["step_rank_min_ms"] <= row["step_ms"] <= row["step_rank_max_ms"]
+    if world > 1:  # the paired baseline: the same ranks' unwrapped step, timed first
+        assert row["local_step_ms"] > 0 and row["local_step_rank_min_ms"] <= row["local_step_rank_max_ms"]
+        paired = 100 * (row["step_ms"] / row["local_step_ms"] - 1)
+        assert row["overhead_vs_local_pct"] == pytest.approx(paired)
+    else:
+        assert row["local_step_ms"] is None and "overhead_vs_local_pct" not in row
 
 
 @pytest.mark.parametrize("strategy", ["bucketed:0.002", "coalesced:0.002"])

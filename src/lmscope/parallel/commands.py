@@ -98,14 +98,18 @@ def _model_key(record: Record) -> tuple[Any, ...]:
 
 
 def ddp_summary(records: Sequence[Record]) -> Table:
-    """Per ok point: step time, its overhead over the baseline, comm wait measured and predicted."""
+    """Per ok point: step time, its overhead over the baselines, comm wait measured and predicted.
+
+    Two baselines: the same ranks' unwrapped step timed just before (local, paired) and the
+    `single` point of the sweep (one process, one GPU).
+    """
     ok = [r for r in records if r.get("status") == "ok"]
     single = {_model_key(r): r["step_ms"] for r in ok if r.get("strategy") == "single"}
     varying = [k for k in ("size", "context_length", "batch_size", "precision")
                if len({str(r.get(k)) for r in ok}) > 1]
-    header = [*varying, "strategy", "shard_optimizer", "world_size", "step_ms", "single_step_ms",
-              "overhead_vs_single_pct", "comm_wait_ms", "predicted_comm_wait_ms", "buckets",
-              "peak_after_optimizer_gib"]
+    header = [*varying, "strategy", "shard_optimizer", "world_size", "step_ms", "local_step_ms",
+              "overhead_vs_local_pct", "single_step_ms", "overhead_vs_single_pct", "comm_wait_ms",
+              "predicted_comm_wait_ms", "buckets", "peak_after_optimizer_gib"]
     rows = []
     for record in ok:
         base = single.get(_model_key(record))

@@ -11,6 +11,12 @@ rank: allocated after init, peak up to the optimizer step and peak through it. M
 means over ranks with their min and max. `single` (nproc 1) is the baseline: the same per-rank
 batch on one device, no communication.
 
+Each multi-rank point first times the same step unwrapped on every rank at once (`local_step_ms`:
+no wrapper, no communication, torch's AdamW), then wraps the model and times the data-parallel
+step: a paired baseline in the same processes, on the same GPUs and host load, minutes apart at
+most. The `single` point runs in another process before or after the others; on hosts where the
+eager step is bound by the CPU it drifts by more than the few percent a strategy costs.
+
 Each multi-rank point also times all-reduces of two sizes, fits t = o + S / w and predicts
 its exposed communication with the overhead model of `lmscope.accounting.comms`.
 """
@@ -45,6 +51,7 @@ from lmscope.parallel.ddp import (
 )
 from lmscope.parallel.launch import RankContext, across_ranks, check_world, launch, point_id, resolve_backend
 from lmscope.parallel.sharded_optimizer import ShardedOptimizer
+from lmscope.runner import release_device_memory
 from lmscope.workloads.collectives import time_calls
 from lmscope.workloads.model_spec import ModelPointSpec
 from lmscope.workloads.train_step import autocast_context, device_facts
@@ -119,7 +126,7 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
 
 
 class _Setup:
-    """Model, wrapper, optimizer, scaler and this rank's batch."""
+    """Model, optimizer, scaler and this rank's batch; `wrap` adds the strategy's wrapper."""
 
     def __init__(self, spec: Spec, ctx: RankContext) -> None:
         self.spec, self.device = spec, ctx.device
@@ -133,14 +140,25 @@ class _Setup:
             torch.randint(0, self.config.vocab_size, shape, device=self.device, generator=generator)
             for _ in range(2)
         )
-        self.wrapped = self.model if spec.strategy == "single" else data_parallel(spec.strategy, self.model)
-        self.finish = getattr(self.wrapped, "finish_gradient_synchronization", None)
-        options = {"lr": 1e-4, "fused": self.device.type == "cuda"}
-        params = self.model.parameters()
-        self.optimizer = (ShardedOptimizer(params, torch.optim.AdamW, **options) if spec.shard_optimizer
-                          else torch.optim.AdamW(params, **options))
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=spec.precision == "fp16")
-        self.measures_wait = spec.strategy != "single" and parse_strategy(spec.strategy)[0] != "torch-ddp"
+        self.options = {"lr": 1e-4, "fused": self.device.type == "cuda"}
+        self.wrapped: torch.nn.Module = self.model
+        self.finish = None
+        self.optimizer: torch.optim.Optimizer = torch.optim.AdamW(self.model.parameters(), **self.options)
+        self.measures_wait = False
+
+    def wrap(self) -> None:
+        """Wrap the model with the strategy and build a fresh (maybe sharded) optimizer."""
+        spec = self.spec
+        del self.optimizer  # the unwrapped steps' AdamW state: freed before the new one exists
+        self.model.zero_grad(set_to_none=True)
+        release_device_memory()
+        self.wrapped = data_parallel(spec.strategy, self.model)
+        self.finish = getattr(self.wrapped, "finish_gradient_synchronization", None)
+        params = self.model.parameters()
+        self.optimizer = (ShardedOptimizer(params, torch.optim.AdamW, **self.options)
+                          if spec.shard_optimizer else torch.optim.AdamW(params, **self.options))
+        self.measures_wait = parse_strategy(spec.strategy)[0] != "torch-ddp"
 
     def step(self, clock: PhaseClock) -> float | None:
         """One training step with phases; returns the peak GiB allocated before the optimizer."""
@@ -179,6 +197,11 @@ def train(ctx: RankContext, point: dict[str, Any]) -> dict[str, Any]:
     """On every rank: set up, calibrate, warm up, time the steps, aggregate over ranks."""
     spec = Spec(**{**point, "backend": ctx.backend})
     run = _Setup(spec, ctx)
+    local_ms = None
+    if spec.strategy != "single":
+        unwrapped = time_phased_steps(run.step, warmup=spec.warmup, steps=spec.steps, device=ctx.device)
+        local_ms = statistics.fmean(unwrapped.times_ms)
+        run.wrap()
     synchronize(ctx.device)
     init_gib = torch.cuda.memory_allocated(ctx.device) / GIB if ctx.device.type == "cuda" else None
     calibration = _calibrate(ctx) if ctx.world_size > 1 else None
@@ -193,6 +216,7 @@ def train(ctx: RankContext, point: dict[str, Any]) -> dict[str, Any]:
         "step_ms": statistics.fmean(times),
         "step_std_ms": statistics.stdev(times) if len(times) > 1 else 0.0,
         "step_median_ms": statistics.median(times),
+        "local_step_ms": local_ms,
         **{f"{name}_ms": statistics.fmean(ms) for name, ms in phases.items()},
         "init_allocated_gib": init_gib,
         "peak_before_optimizer_gib": max(before) if init_gib is not None else None,
@@ -202,6 +226,8 @@ def train(ctx: RankContext, point: dict[str, Any]) -> dict[str, Any]:
         local["comm_wait_ms"] = None
     metrics = across_ranks(local)
     tokens = ctx.world_size * spec.batch_size * spec.context_length
+    if local_ms is not None:
+        metrics["overhead_vs_local_pct"] = 100 * (metrics["step_ms"] / metrics["local_step_ms"] - 1)
     metrics.update(
         device_facts(ctx.device),
         backend_used=ctx.backend,

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The fast training step of issue 8 on one H100, in priority order within a wall-clock budget:
 #   tests     the gpu-marked tests of the fused kernels and of FastTransformerLM (real sizes)
-#   xl-*      xl, batch 4, context 512, bf16, train step: fast (CUDA graphs), fast without graphs,
-#             HF peer, torch.compile (sdpa), eager sdpa, eager naive
+#   xl-*      xl, batch 4, context 512, bf16, train step: fast (CUDA graphs), fast with the optimizer
+#             inside the backward (--optimizer-in-backward on), fast without graphs, HF peer,
+#             torch.compile (sdpa), eager sdpa, eager naive
 #   sizes-*   fast, sdpa and HF rows for small, medium, large and 2.7B
 #   long-*    large at context 8192 and 16384, batch 1: fast, eager sdpa
 #   kernels   where the time of the fast xl step goes (lmscope profile --fast: eager launches, so
@@ -21,7 +22,7 @@
 set -u
 OUT=${OUT:-runs/fast-gpu}
 BUDGET_S=${BUDGET_S:-470}
-STAGES=${STAGES:-"tests xl-fast xl-fast-eager xl-hf xl-compile xl-sdpa sizes-fast sizes-sdpa sizes-hf long-fast long-sdpa kernels xl-naive sizes-naive long-compile compile-sizes"}
+STAGES=${STAGES:-"tests xl-fast xl-fast-inbwd xl-fast-eager xl-hf xl-compile xl-sdpa sizes-fast sizes-sdpa sizes-hf long-fast long-sdpa kernels xl-naive sizes-naive long-compile compile-sizes"}
 mkdir -p "$OUT"
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 LOG="$OUT/log.txt"
@@ -31,9 +32,9 @@ python3 -c 'import transformers; print("transformers", transformers.__version__)
 deadline=$((SECONDS + BUDGET_S))
 
 # Estimated seconds per stage on an H100 (model build, warm-up, steps; torch.compile dominates).
-ORDER=(tests xl-fast xl-fast-eager xl-hf xl-compile xl-sdpa sizes-fast sizes-sdpa sizes-hf long-fast long-sdpa
+ORDER=(tests xl-fast xl-fast-inbwd xl-fast-eager xl-hf xl-compile xl-sdpa sizes-fast sizes-sdpa sizes-hf long-fast long-sdpa
        kernels xl-naive sizes-naive long-compile compile-sizes)
-declare -A COST=([tests]=60 [xl-fast]=25 [xl-fast-eager]=20 [xl-hf]=25 [xl-compile]=180 [xl-sdpa]=15
+declare -A COST=([tests]=60 [xl-fast]=25 [xl-fast-inbwd]=25 [xl-fast-eager]=20 [xl-hf]=25 [xl-compile]=180 [xl-sdpa]=15
                  [sizes-fast]=60 [sizes-sdpa]=25 [sizes-hf]=30 [long-fast]=20 [long-sdpa]=15 [kernels]=25
                  [xl-naive]=15 [sizes-naive]=25 [long-compile]=120 [compile-sizes]=300)
 
@@ -52,6 +53,7 @@ STEP=(--context-length 512 --batch-size 4 --precision bf16 --mode train-step --w
 LONG=(--size large --context-length 8192,16384 --batch-size 1 --precision bf16 --mode train-step
       --warmup 3 --steps 5 --out "$OUT/long.jsonl")
 SIZES=small,medium,large,2.7B
+COMPILE_SIZES=${COMPILE_SIZES:-$SIZES}
 
 left=$(stage_limit tests)
 if ((left > 0)); then
@@ -66,6 +68,7 @@ if ((left > 0)); then
 fi
 
 bench xl-fast --size xl "${STEP[@]}" --attention flash --fast on --timeout 150
+bench xl-fast-inbwd --size xl "${STEP[@]}" --attention flash --fast on --optimizer-in-backward on --timeout 150
 bench xl-fast-eager --size xl "${STEP[@]}" --attention flash --fast on --cuda-graph off --timeout 120
 bench xl-hf --size xl "${STEP[@]}" --attention sdpa --peer hf --timeout 150
 bench xl-compile --size xl "${STEP[@]}" --attention sdpa --compile on --timeout 240
@@ -88,7 +91,7 @@ fi
 bench xl-naive --size xl "${STEP[@]}" --attention naive --timeout 120
 bench sizes-naive --size "$SIZES" "${STEP[@]}" --attention naive --reuse-worker --timeout 120
 bench long-compile "${LONG[@]}" --attention sdpa --compile on --timeout 200
-bench compile-sizes --size "$SIZES" "${STEP[@]}" --attention sdpa --compile on --timeout 200
+bench compile-sizes --size "$COMPILE_SIZES" "${STEP[@]}" --attention sdpa --compile on --timeout 200
 
 python3 benchmarks/fast/summarize.py "$OUT" > "$OUT/summary.md" 2>> "$LOG"
 cat "$OUT/summary.md"

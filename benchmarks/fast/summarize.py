@@ -15,7 +15,8 @@ from lmscope.accounting.flops import step_flops
 from lmscope.config import preset
 from lmscope.results import read_records
 
-VARIANTS = ("naive", "sdpa", "compile", "hf", "fast-eager", "fast")
+VARIANTS = ("naive", "sdpa", "compile", "hf", "fast-eager", "fast", "fast-inbwd")
+PEERS = ("naive", "sdpa", "compile", "hf", "fast-eager")
 SIZES = ("small", "medium", "large", "xl", "2.7B")
 ADAMW_BYTES_PER_PARAM = 28  # fused AdamW reads param, grad, m, v (16 B) and writes param, m, v (12 B)
 H100_BF16_PEAK = 989.0
@@ -31,7 +32,9 @@ def variant(record: dict[str, Any]) -> str:
         graphed = record.get("cuda_graph_used")
         if graphed is None:  # a failed point: what it asked for (no field: before --cuda-graph)
             graphed = record.get("cuda_graph", "off") != "off"
-        return "fast" if graphed else "fast-eager"
+        if not graphed:
+            return "fast-eager"
+        return "fast-inbwd" if record.get("optimizer_in_backward") else "fast"
     if record.get("compile"):
         return "compile"
     return str(record.get("attention"))
@@ -57,6 +60,12 @@ def ratio(slow: dict[str, Any] | None, fast: dict[str, Any] | None) -> float | N
     if not slow or not fast or slow.get("status") != "ok" or fast.get("status") != "ok":
         return None
     return slow["median_ms"] / fast["median_ms"]
+
+
+def best_fast(got: dict[str, dict[str, Any] | None]) -> dict[str, Any] | None:
+    """The faster ok row of fast (separate optimizer phase) and fast-inbwd (optimizer in backward)."""
+    ok = [got.get(v) for v in ("fast", "fast-inbwd") if (got.get(v) or {}).get("status") == "ok"]
+    return min(ok, key=lambda r: r["median_ms"]) if ok else got.get("fast")
 
 
 def fwd_bwd_mfu(record: dict[str, Any]) -> float | None:
@@ -93,22 +102,26 @@ def copy_bandwidth_gbps() -> float | None:
 
 def main_table(rows: dict[tuple, dict[str, Any]]) -> list[str]:
     lines = [
-        "## Train step, bf16, batch 4, context 512 (median ms; speedup = other / fast)\n",
-        "| size | naive | sdpa | compile | hf | fast, no graphs | fast | vs naive | vs sdpa | vs compile "
-        "| vs hf | vs fast, no graphs | fast MFU | fast fwd+bwd MFU | fast optimizer ms | fast peak GiB |",
-        "|---|" + "---|" * 15,
+        "## Train step, bf16, batch 4, context 512 (median ms; speedup = other / best fast)\n",
+        "best fast: the faster of `fast` (optimizer as its own phase) and `fast, opt. in bwd` "
+        "(`--optimizer-in-backward on`: each weight updated during the backward on a side stream). "
+        "The fwd+bwd MFU and the optimizer time are those of `fast`, whose phases are separate.\n",
+        "| size | naive | sdpa | compile | hf | fast, no graphs | fast | fast, opt. in bwd | vs naive "
+        "| vs sdpa | vs compile | vs hf | vs fast, no graphs | best fast MFU | fast fwd+bwd MFU "
+        "| fast optimizer ms | fast peak GiB |",
+        "|---|" + "---|" * 17,
     ]
     for size in SIZES:
         got = {v: rows.get((size, 512, 4, v)) for v in VARIANTS}
         if not any(got.values()):
             continue
-        fast = got["fast"]
-        speedups = [ratio(got[v], fast) for v in ("naive", "sdpa", "compile", "hf", "fast-eager")]
+        fast, best = got["fast"], best_fast(got)
+        speedups = [ratio(got[v], best) for v in PEERS]
         mfu = fwd_bwd_mfu(fast) if fast else None
         lines.append(
             f"| {size} | " + " | ".join(cell(got[v]) for v in VARIANTS) + " | "
             + " | ".join("-" if s is None else f"{s:.2f}x" for s in speedups) + " | "
-            + f"{cell(fast, 'mfu', '{:.1%}')} | {'-' if mfu is None else f'{mfu:.1%}'} | "
+            + f"{cell(best, 'mfu', '{:.1%}')} | {'-' if mfu is None else f'{mfu:.1%}'} | "
             + f"{cell(fast, 'optimizer_ms')} | {cell(fast, 'peak_allocated_gib')} |"
         )
     return lines
@@ -116,7 +129,7 @@ def main_table(rows: dict[tuple, dict[str, Any]]) -> list[str]:
 
 def targets(rows: dict[tuple, dict[str, Any]], bandwidth: float | None) -> list[str]:
     xl = {v: rows.get(("xl", 512, 4, v)) for v in VARIANTS}
-    fast = xl["fast"]
+    fast, best = xl["fast"], best_fast(xl)
     lines = ["\n## Targets (xl unless said)\n", "| target | measured | met |", "|---|---|---|"]
 
     def add(name: str, value: float | None, goal: float, fmt: str, higher: bool = True) -> None:
@@ -126,8 +139,8 @@ def targets(rows: dict[tuple, dict[str, Any]], bandwidth: float | None) -> list[
         met = value >= goal if higher else value <= goal
         lines.append(f"| {name} | {fmt.format(value)} | {'yes' if met else 'NO'} |")
 
-    add("fast vs HF >= 2.5x", ratio(xl["hf"], fast), 2.5, "{:.2f}x")
-    add("fast vs torch.compile (sdpa) >= 1.3x", ratio(xl["compile"], fast), 1.3, "{:.2f}x")
+    add("best fast vs HF >= 2.5x", ratio(xl["hf"], best), 2.5, "{:.2f}x")
+    add("best fast vs torch.compile (sdpa) >= 1.3x", ratio(xl["compile"], best), 1.3, "{:.2f}x")
     add("fwd+bwd MFU >= 45%", fwd_bwd_mfu(fast) if fast else None, 0.45, "{:.1%}")
     add("fast vs its own eager step (what CUDA graphs buy)", ratio(xl["fast-eager"], fast), 1.0, "{:.2f}x")
     for size in ("xl", "2.7B"):

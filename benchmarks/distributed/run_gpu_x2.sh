@@ -16,7 +16,8 @@
 #   comm    all-reduce at 1 MB, 10 MB, 100 MB, 1 GB at each world size in COMM_NPROC, then the
 #           other collectives.
 # COMM_NPROC and DDP_NPROC are lists (default 2), e.g. COMM_NPROC=2,4,8 DDP_NPROC=2,8 on an
-# 8-GPU host. DDP_STEPS / DDP_WARMUP set the timed and untimed steps per ddp point (20 / 5).
+# 8-GPU host. DDP_STEPS / DDP_WARMUP set the timed and untimed steps per ddp point (20 / 5);
+# DDP_BATCH the batch per rank (default 4, the study's; 16 makes the eager xl step GPU-bound).
 # Writes into $OUT: log.txt, ddp.jsonl, ddp.md, ddp.summary.md, ddp.single-end.jsonl,
 # comm.jsonl, comm.md, comm.busbw.png.
 set -uo pipefail
@@ -31,7 +32,7 @@ BUDGET=${BUDGET:-460}
 COMM_NPROC=${COMM_NPROC:-2}
 DDP_NPROC=${DDP_NPROC:-2}
 DDP_STRATEGIES=${DDP_STRATEGIES:-bucketed:250,bucketed:500,bucketed:1000,overlap,torch-ddp,torch-ddp:500,coalesced:250,coalesced:500,coalesced:1000,naive,flat}
-XL=(--size xl --context-length 512 --batch-size 4 --precision bf16
+XL=(--size xl --context-length 512 --batch-size "${DDP_BATCH:-4}" --precision bf16
     --warmup "${DDP_WARMUP:-5}" --steps "${DDP_STEPS:-20}" --timeout 150)
 
 stage() { [[ ",$STAGES," == *",$1,"* ]]; }

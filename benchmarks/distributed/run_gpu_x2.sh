@@ -17,7 +17,8 @@
 #           other collectives.
 # COMM_NPROC and DDP_NPROC are lists (default 2), e.g. COMM_NPROC=2,4,8 DDP_NPROC=2,8 on an
 # 8-GPU host. DDP_STEPS / DDP_WARMUP set the timed and untimed steps per ddp point (20 / 5);
-# DDP_BATCH the batch per rank (default 4, the study's; 16 makes the eager xl step GPU-bound).
+# DDP_BATCH the batch per rank (default 4, the study's; larger batches move the eager xl step from
+# the host toward the GPU).
 # Writes into $OUT: log.txt, ddp.jsonl, ddp.md, ddp.summary.md, ddp.single-end.jsonl,
 # comm.jsonl, comm.md, comm.busbw.png.
 set -uo pipefail

@@ -11,7 +11,7 @@
 # Estimate (one reused worker per stage): leaderboard ~45 s, tflops ~90 s, classic bf16 ~150 s,
 # classic fp32 ~120 s (naive-compiled compiles per shape: ~3-5 s x 20; flash-triton autotunes per
 # head dim and length bucket), flash-torch ~20 s: ~7 min. Each stage gets at most what is left of
-# BUDGET_S minus the estimated cost (COST) of the selected stages after it (benchmarks/stages.sh),
+# BUDGET_S minus the estimated cost (COST) of the planned stages after it (benchmarks/stages.sh),
 # and is stopped with SIGINT at its limit (the finished points are kept; rerun a stage with
 # STAGES=... and it resumes where it stopped).
 # Usage (repo root, GPU machine, no uv): OUT=/some/dir bash benchmarks/attention/run_gpu.sh

@@ -12,10 +12,10 @@
 # torch.compile costs ~60-130 s per size (xl: 131 s on the H100), so the compile rows of the other
 # sizes need a second call with a fresh OUT, which measures the fast rows again beside them (ratios
 # come from one run): STAGES="sizes-fast compile-sizes long-fast long-compile" OUT=... BUDGET_S=520.
-# Each stage gets at most what is left of BUDGET_S (470 s) minus the estimated cost (COST below)
-# of the selected stages after it, and is stopped with SIGINT at its limit (finished points are
-# kept; rerun with STAGES="..." to resume a stage). A subset such as STAGES="xl-fast xl-compile"
-# with a small BUDGET_S therefore reserves only for what it runs.
+# The selected stages whose estimated costs (COST below) fit in BUDGET_S (470 s), taken in order,
+# are planned; each stage gets at most what is left minus the cost of the planned stages after it
+# (benchmarks/stages.sh), so a stage never starves an earlier one, and is stopped with SIGINT at
+# its limit (finished points are kept; rerun with STAGES="..." to resume a stage).
 # Usage (repo root, GPU machine, no uv): OUT=/some/dir bash benchmarks/fast/run_gpu.sh
 # Writes to $OUT: bench.jsonl, long.jsonl, pytest_gpu.txt, kernels.md (or profile files),
 # log.txt (every command's terminal output), summary.md (ratios and the targets), printed last.

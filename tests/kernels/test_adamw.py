@@ -214,3 +214,40 @@ def test_step_in_backward_leaves_nothing_alive_after_the_model_is_dropped(aw) ->
     del model, optimizer
     gc.collect()
     assert all(ref() is None for ref in refs)
+
+
+def test_step_in_backward_reads_the_groups_of_a_loaded_state_dict(aw) -> None:
+    separate, inside = _toy_model(15), _toy_model(15)
+    want = aw.FusedAdamW(separate.parameters(), lr=1e-2)
+    got = aw.FusedAdamW(inside.parameters(), lr=1e-2, step_in_backward=True)
+    _train(separate, want, 1, seed=16)
+    _train(inside, got, 1, seed=16)
+    for optimizer in (want, got):
+        state = copy.deepcopy(optimizer.state_dict())
+        state["param_groups"][0]["lr"] = 0.3
+        optimizer.load_state_dict(state)
+    _train(separate, want, 2, seed=17)
+    _train(inside, got, 2, seed=17)
+    for a, b in zip(separate.parameters(), inside.parameters(), strict=True):
+        torch.testing.assert_close(b, a, rtol=0, atol=0)
+
+
+def test_step_in_backward_counts_a_step_whose_gradient_was_dropped(aw) -> None:
+    model = _toy_model(18)
+    optimizer = aw.FusedAdamW(model.parameters(), step_in_backward=True)
+    model(torch.randn(3, 13).to(DEVICE)).sum().backward()
+    model.zero_grad(set_to_none=True)  # after the in-backward updates, before step()
+    optimizer.step()
+    assert optimizer.state[model[2].weight]["step"].item() == 1
+
+
+def test_a_dropped_step_in_backward_optimizer_unhooks_its_parameters(aw) -> None:
+    import gc
+
+    model = _toy_model(19)
+    first = aw.FusedAdamW(model.parameters(), step_in_backward=True)
+    del first
+    gc.collect()
+    second = aw.FusedAdamW(model.parameters(), step_in_backward=True)
+    _train(model, second, 2, seed=20)  # the first one's hooks would have been called here too
+    assert len(model[2].weight._post_accumulate_grad_hooks) == 1

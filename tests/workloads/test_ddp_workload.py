@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 from lmscope.accounting.flops import parameter_counts
 from lmscope.cli import main
@@ -135,3 +137,12 @@ def test_ddp_command_rejects_bad_strategy(capsys):
         main(["ddp", "--strategy", "bucketed:-1", "--device", "cpu"])
     assert done.value.code == 2
     assert "positive bucket size" in capsys.readouterr().err
+
+
+def test_a_paired_baseline_that_runs_out_of_memory_is_none_not_a_failure():
+    class OutOfMemoryStep:
+        def step(self, clock):
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    ctx = SimpleNamespace(device=torch.device("cpu"))
+    assert ddp._time_unwrapped(OutOfMemoryStep(), Spec(**TINY, strategy="naive"), ctx) is None

@@ -15,8 +15,11 @@ API
     those updates (``wait_for_backward_updates``), updates any parameter whose gradient came
     another way, and advances the step counts. Each backward must be followed by one ``step()``
     (no gradient accumulation across backwards, no clipping between backward and step); a second
-    backward before ``step()`` raises. The hooks hold the optimizer weakly: once it is dropped,
-    backward no longer updates anything.
+    backward before ``step()`` raises. The hooks hold the optimizer weakly and are removed when
+    it is collected. On CUDA nothing may read a parameter (or its bf16 copy) between the moment
+    its gradient is accumulated and ``step()`` -- e.g. a weight-norm log, or a second use of the
+    weight through a detached path -- without ``wait_for_backward_updates()`` first: the update
+    may be running on the side stream.
 
 Shapes and dtypes
     Parameters and gradients contiguous, any shape; float32 (the master weights), bf16 or fp16.
@@ -97,6 +100,11 @@ def _adamw_kernel(
         tl.store(SHADOW + offsets, p.to(SHADOW.dtype.element_ty), mask=mask)
 
 
+def _remove_hooks(handles: list[torch.utils.hooks.RemovableHandle]) -> None:
+    for handle in handles:
+        handle.remove()
+
+
 class FusedAdamW(torch.optim.Optimizer):
     """torch.optim.AdamW's update as one Triton kernel per parameter, optionally writing shadows."""
 
@@ -123,7 +131,9 @@ class FusedAdamW(torch.optim.Optimizer):
         self._side_streams: dict[torch.device, torch.cuda.Stream] = {}
         self._pending: set[torch.cuda.Stream] = set()
         self._group_of: dict[torch.Tensor, dict] = {}
+        self._hooks: list[torch.utils.hooks.RemovableHandle] = []
         if step_in_backward:
+            weakref.finalize(self, _remove_hooks, self._hooks)
             for group in self.param_groups:
                 self._hook(group)
 
@@ -132,6 +142,11 @@ class FusedAdamW(torch.optim.Optimizer):
         super().add_param_group(param_group)
         if getattr(self, "step_in_backward", False):
             self._hook(self.param_groups[-1])
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """torch's load_state_dict; the in-backward updates then read the loaded groups."""
+        super().load_state_dict(state_dict)
+        self._group_of = {p: group for group in self.param_groups for p in group["params"]}
 
     def _hook(self, group: dict) -> None:
         # the hook holds the optimizer weakly: a parameter's hooks are invisible to Python's
@@ -145,7 +160,7 @@ class FusedAdamW(torch.optim.Optimizer):
         for param in group["params"]:
             if param.requires_grad:
                 self._group_of[param] = group
-                param.register_post_accumulate_grad_hook(update)
+                self._hooks.append(param.register_post_accumulate_grad_hook(update))
 
     @torch.no_grad()
     def step(self, closure=None):  # type: ignore[override]
@@ -157,7 +172,8 @@ class FusedAdamW(torch.optim.Optimizer):
         self.wait_for_backward_updates()
         done, self._updated_in_backward = self._updated_in_backward, set()
         for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
+            # updated in this backward (even if its gradient was dropped since) or to update now
+            params = [p for p in group["params"] if p in done or p.grad is not None]
             if not params:
                 continue
             states = [self._state(p) for p in params]

@@ -153,6 +153,8 @@ class _Setup:
         del self.optimizer  # the unwrapped steps' AdamW state: freed before the new one exists
         self.model.zero_grad(set_to_none=True)
         release_device_memory()
+        # fp16: each rank's own batch may have moved its scale; the wrapped ranks must agree
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=spec.precision == "fp16")
         self.wrapped = data_parallel(spec.strategy, self.model)
         self.finish = getattr(self.wrapped, "finish_gradient_synchronization", None)
         params = self.model.parameters()
@@ -199,8 +201,7 @@ def train(ctx: RankContext, point: dict[str, Any]) -> dict[str, Any]:
     run = _Setup(spec, ctx)
     local_ms = None
     if spec.strategy != "single":
-        unwrapped = time_phased_steps(run.step, warmup=spec.warmup, steps=spec.steps, device=ctx.device)
-        local_ms = statistics.fmean(unwrapped.times_ms)
+        local_ms = _time_unwrapped(run, spec, ctx)
         run.wrap()
     synchronize(ctx.device)
     init_gib = torch.cuda.memory_allocated(ctx.device) / GIB if ctx.device.type == "cuda" else None
@@ -226,7 +227,7 @@ def train(ctx: RankContext, point: dict[str, Any]) -> dict[str, Any]:
         local["comm_wait_ms"] = None
     metrics = across_ranks(local)
     tokens = ctx.world_size * spec.batch_size * spec.context_length
-    if local_ms is not None:
+    if metrics["local_step_ms"] is not None:
         metrics["overhead_vs_local_pct"] = 100 * (metrics["step_ms"] / metrics["local_step_ms"] - 1)
     metrics.update(
         device_facts(ctx.device),
@@ -240,6 +241,19 @@ def train(ctx: RankContext, point: dict[str, Any]) -> dict[str, Any]:
     if calibration is not None:
         metrics.update(_prediction(spec, run, calibration, metrics))
     return metrics
+
+
+def _time_unwrapped(run: _Setup, spec: Spec, ctx: RankContext) -> float | None:
+    """Mean ms of the unwrapped step on this rank (the paired baseline), None if it ran out of memory.
+
+    The unwrapped step keeps the whole AdamW state: a point that fits only with the sharded
+    optimizer gets no paired baseline, and its data-parallel step is still measured.
+    """
+    try:
+        unwrapped = time_phased_steps(run.step, warmup=spec.warmup, steps=spec.steps, device=ctx.device)
+    except torch.OutOfMemoryError:
+        return None
+    return statistics.fmean(unwrapped.times_ms)
 
 
 def _calibrate(ctx: RankContext) -> tuple[float, float]:

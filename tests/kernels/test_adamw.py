@@ -11,7 +11,7 @@ import copy
 
 import pytest
 import torch
-from triton_child import rerun_in_interpreter, skip_in_parent
+from triton_child import module_under_test, rerun_in_interpreter
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -22,10 +22,7 @@ def test_adamw_in_interpreter() -> None:
 
 @pytest.fixture(scope="module")
 def aw():
-    skip_in_parent("test_adamw_in_interpreter")
-    import lmscope.kernels.adamw as module
-
-    return module
+    return module_under_test("lmscope.kernels.adamw", "test_adamw_in_interpreter")
 
 
 def _params(seed: int) -> list[torch.Tensor]:

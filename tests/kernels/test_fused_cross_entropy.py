@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from triton_child import rerun_in_interpreter, skip_in_parent
+from triton_child import module_under_test, rerun_in_interpreter
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -21,10 +21,7 @@ def test_fused_cross_entropy_in_interpreter() -> None:
 
 @pytest.fixture(scope="module")
 def ce():
-    skip_in_parent("test_fused_cross_entropy_in_interpreter")
-    import lmscope.kernels.fused_cross_entropy as module
-
-    return module
+    return module_under_test("lmscope.kernels.fused_cross_entropy", "test_fused_cross_entropy_in_interpreter")
 
 
 def _inputs(n: int, d: int, vocab: int, dtype: torch.dtype, seed: int):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from triton_child import rerun_in_interpreter, skip_in_parent
+from triton_child import module_under_test, rerun_in_interpreter
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # Triton's interpreter truncates float32 -> bfloat16/float16 stores (the GPU rounds to nearest),
@@ -23,10 +23,7 @@ def test_rmsnorm_in_interpreter() -> None:
 
 @pytest.fixture(scope="module")
 def rms():
-    skip_in_parent("test_rmsnorm_in_interpreter")
-    import lmscope.kernels.rmsnorm as module
-
-    return module
+    return module_under_test("lmscope.kernels.rmsnorm", "test_rmsnorm_in_interpreter")
 
 
 def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from triton_child import rerun_in_interpreter, skip_in_parent
+from triton_child import module_under_test, rerun_in_interpreter
 
 from lmscope.model.rope import RotaryEmbedding
 
@@ -25,10 +25,7 @@ def test_rope_in_interpreter() -> None:
 
 @pytest.fixture(scope="module")
 def rk():
-    skip_in_parent("test_rope_in_interpreter")
-    import lmscope.kernels.rope as module
-
-    return module
+    return module_under_test("lmscope.kernels.rope", "test_rope_in_interpreter")
 
 
 def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:

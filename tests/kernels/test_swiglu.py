@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from triton_child import rerun_in_interpreter, skip_in_parent
+from triton_child import module_under_test, rerun_in_interpreter
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # Triton's interpreter truncates float32 -> bfloat16/float16 stores (the GPU rounds to nearest),
@@ -24,10 +24,7 @@ def test_swiglu_in_interpreter() -> None:
 
 @pytest.fixture(scope="module")
 def sw():
-    skip_in_parent("test_swiglu_in_interpreter")
-    import lmscope.kernels.swiglu as module
-
-    return module
+    return module_under_test("lmscope.kernels.swiglu", "test_swiglu_in_interpreter")
 
 
 def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:

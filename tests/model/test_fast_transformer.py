@@ -12,7 +12,7 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
-from triton_child import rerun_in_interpreter, skip_in_parent
+from triton_child import module_under_test, rerun_in_interpreter
 
 from lmscope.config import preset
 from lmscope.model.transformer import TransformerLM
@@ -28,10 +28,8 @@ def test_fast_model_in_interpreter() -> None:
 
 @pytest.fixture(scope="module")
 def fast_cls():
-    skip_in_parent("test_fast_model_in_interpreter")
-    from lmscope.model.fast_transformer import FastTransformerLM
-
-    return FastTransformerLM
+    module = module_under_test("lmscope.model.fast_transformer", "test_fast_model_in_interpreter")
+    return module.FastTransformerLM
 
 
 def _pair(fast_cls, attention: str, seed: int):

@@ -9,9 +9,11 @@ parent and run in the child. With CUDA everything runs in the one process, compi
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
+from types import ModuleType
 
 import pytest
 import torch
@@ -35,3 +37,13 @@ def skip_in_parent(parent_test: str) -> None:
     """Skip a kernel test in the parent process; it runs in the child started by `parent_test`."""
     if CHILD_NEEDED:
         pytest.skip(f"runs in the TRITON_INTERPRET=1 child ({parent_test})")
+
+
+def module_under_test(name: str, parent_test: str) -> ModuleType:
+    """Import `name` for a kernel test: skipped in the parent, run in the child of `parent_test`.
+
+    The import happens here, after the skip, so the parent never decorates the kernels without
+    TRITON_INTERPRET.
+    """
+    skip_in_parent(parent_test)
+    return importlib.import_module(name)

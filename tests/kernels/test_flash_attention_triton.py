@@ -51,6 +51,14 @@ def _inputs(lead, nq, nk, d, dtype, seed, device=DEVICE):
     return q, k, v, do
 
 
+def _assert_layout(o):
+    """O of a (..., H, n, d) input is a view of (..., n, H, d) memory; 2-d/3-d O is contiguous."""
+    if o.ndim < 4:
+        assert o.is_contiguous()
+    else:
+        assert o.transpose(-3, -2).is_contiguous(), o.stride()
+
+
 def _check_against_reference(q, k, v, do, causal, dq_mode=None):
     """Assert O, L, dQ, dK, dV are within 2x the error of torch's naive same-dtype attention."""
     ref_o, ref_l, *ref_g = reference_with_grads(q, k, v, do, causal)
@@ -61,6 +69,7 @@ def _check_against_reference(q, k, v, do, causal, dq_mode=None):
     g = fa.flash_attention_backward(do, q, k, v, o, lse, causal, dq_mode=dq_mode)
 
     assert o.dtype == q.dtype and o.shape == q.shape
+    _assert_layout(o)
     assert lse.dtype == torch.float32 and lse.shape == q.shape[:-1]
     assert (lse.double() - ref_l).abs().max().item() < 1e-4
     for name, ours, theirs, ref in zip(
@@ -116,6 +125,50 @@ def test_strided_bthd_inputs():
     o = fa.flash_attention(q, k, v, causal=True)
     ref, _ = attention_reference(q, k, v, True)
     assert relative_error(o, ref) < 1e-5
+
+
+def test_output_is_a_view_of_bthd_memory_and_backward_copies_nothing(monkeypatch):
+    """The fast model's path: q, k, v strided (B, H, T, d) views of (B, T, H, d) memory;
+    O.transpose(1, 2).reshape(B, T, H*d) is a view of O's memory, and the gradient of that
+    (contiguous (B, T, H*d)) reaches the backward kernels as a strided view: no input of the
+    backward (dO, O, q, k, v) is copied. Forward and backward match float64 (odd sizes, d
+    padded in the kernel)."""
+    b, h, t, d = 2, 3, 29, 24
+    gen = torch.Generator().manual_seed(17)
+    qkv = [torch.randn(b, t, h, d, generator=gen).to(DEVICE, torch.bfloat16) for _ in range(3)]
+    q, k, v = (x.transpose(1, 2).requires_grad_(True) for x in qkv)  # non-leaf views: leaves
+    g = torch.randn(b, t, h * d, generator=gen).to(DEVICE, torch.bfloat16)
+
+    copies = []
+    as4d = fa._as4d
+
+    def spy(x):
+        out = as4d(x)
+        copies.append(out.data_ptr() != x.data_ptr())
+        return out
+
+    monkeypatch.setattr(fa, "_as4d", spy)
+    o = fa.flash_attention(q, k, v, causal=True)
+    assert o.shape == (b, h, t, d) and o.stride() == (t * h * d, d, h * d, 1)
+    merged = o.transpose(1, 2).reshape(b, t, h * d)
+    assert merged.data_ptr() == o.data_ptr() and merged._base is o._base
+    dq, dk, dv = torch.autograd.grad(merged, (q, k, v), g)
+    assert copies and not any(copies), copies  # forward: q, k, v, O; backward: q, k, v, O, dO
+
+    do = g.view(b, t, h, d).transpose(1, 2)
+    ref_o, _, *ref_g = reference_with_grads(q, k, v, do, True)
+    naive_o = attention_naive(q, k, v, True)
+    naive_g = torch.autograd.grad(naive_o, (q, k, v), do)
+    for name, ours, theirs, ref in zip(("O", "dQ", "dK", "dV"), (o, dq, dk, dv),
+                                       (naive_o, *naive_g), (ref_o, *ref_g), strict=True):  # fmt: skip
+        err, tol = relative_error(ours, ref), 2 * relative_error(theirs, ref)
+        assert err <= tol, f"{name}: error {err:.2e} > 2x torch's error ({tol:.2e})"
+
+
+def test_five_dim_inputs_keep_the_layout_and_match():
+    """(A, B, H, n, d): O is a view of (A, B, n, H, d) memory, read back in place by backward."""
+    q, k, v, do = _inputs((2, 2, 2), 19, 23, 16, torch.float32, seed=8)
+    _check_against_reference(q, k, v, do, True)
 
 
 def test_random_shape():

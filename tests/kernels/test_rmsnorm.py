@@ -136,6 +136,67 @@ def test_float64_inputs_are_computed_in_float64(rms) -> None:
         assert torch.allclose(a, b, rtol=1e-11, atol=1e-12)
 
 
+@pytest.mark.parametrize("shape", [(1, 37), (3, 100), (5, 129), (9, 1600)])
+def test_every_backward_program_writes_its_whole_partial_row(rms, monkeypatch, shape) -> None:
+    """The partial sums behind dweight are not zero-filled: with them NaN-filled, dweight still
+    matches float64. Covers one row (n = 1), fewer rows than the CPU's 4 programs (each then
+    one row), programs left without rows (n = 5, 9: 2 or 3 rows each, the last gets none) and
+    widths that are not powers of two."""
+    monkeypatch.setattr(rms, "_partials", lambda p, d, dtype, device: torch.full(
+        (p, d), float("nan"), dtype=dtype, device=device))  # fmt: skip
+    _check(rms, shape, torch.float32, None, seed=shape[0])
+
+
+def test_add_rmsnorm_dweight_with_nan_filled_partials(rms, monkeypatch) -> None:
+    monkeypatch.setattr(rms, "_partials", lambda p, d, dtype, device: torch.full(
+        (p, d), float("nan"), dtype=dtype, device=device))  # fmt: skip
+    _check_add(rms, (7, 45), torch.float32, torch.bfloat16, torch.bfloat16, residual_grad=True)
+
+
+@pytest.mark.parametrize(("p", "d", "max_block_p"), [(1, 37, 512), (11, 70, 4), (528, 1600, 512),
+                                                     (528, 100, 64)])  # fmt: skip
+def test_column_sums_match_float64(rms, p, d, max_block_p) -> None:
+    """The dweight reduction alone: ragged row chunks (P not a multiple of the tile), ragged
+    columns, the xl shape on an H100 (528 partial rows of 1600), in the output dtype directly;
+    the order of the sum is fixed, so two calls agree bit for bit."""
+    gen = torch.Generator().manual_seed(p * d)
+    partial = torch.randn(p, d, generator=gen).to(DEVICE)
+    exact = partial.double().sum(0)
+    ours = rms._column_sums(partial, torch.float32, max_block_p)
+    assert ours.dtype == torch.float32 and ours.shape == (d,)
+    assert (ours.double() - exact).abs().max().item() <= 1e-6 * p ** 0.5 * 4
+    assert torch.equal(ours, rms._column_sums(partial, torch.float32, max_block_p))
+    low = rms._column_sums(partial, torch.bfloat16, max_block_p)  # cast in the store
+    assert low.dtype == torch.bfloat16
+    assert torch.allclose(low.double(), exact, rtol=2**-7, atol=1e-6 * p)
+
+
+def test_column_sums_of_float64_partials_accumulate_in_float64(rms) -> None:
+    gen = torch.Generator().manual_seed(5)
+    partial = (1 + torch.rand(37, 45, generator=gen, dtype=torch.float64) * 1e-9).to(DEVICE)
+    ours = rms._column_sums(partial, torch.float64, 16)
+    # float32 accumulation would lose the 1e-9 parts (error ~1e-6); float64 keeps them.
+    assert ours.dtype == torch.float64
+    assert torch.allclose(ours, partial.sum(0), rtol=1e-14, atol=0)
+
+
+def test_weight_gradient_comes_back_in_the_weight_dtype(rms) -> None:
+    x = torch.randn(6, 40, device=DEVICE, requires_grad=True)
+    w = torch.rand(40, device=DEVICE).to(torch.bfloat16).requires_grad_(True)
+    dy = torch.randn(6, 40, device=DEVICE)
+    dw = torch.autograd.grad(rms.rmsnorm(x, w), w, dy)[0]
+    ref = (dy.double() * rms.rmsnorm_reference(x.detach().double(), torch.ones(40).double())).sum(0)
+    assert dw.dtype == torch.bfloat16
+    assert torch.allclose(dw.double(), ref, rtol=2**-7, atol=1e-6)
+
+
+def test_zero_rows_give_a_zero_weight_gradient(rms) -> None:
+    x = torch.randn(0, 3, 24, device=DEVICE, requires_grad=True)
+    w = torch.rand(24, device=DEVICE, requires_grad=True)
+    dx, dw = torch.autograd.grad(rms.rmsnorm(x, w), (x, w), torch.randn(0, 3, 24, device=DEVICE))
+    assert dx.shape == x.shape and torch.equal(dw, torch.zeros(24, device=DEVICE))
+
+
 def test_rejects_a_weight_of_the_wrong_width(rms) -> None:
     with pytest.raises(ValueError, match="does not match"):
         rms.rmsnorm(torch.randn(2, 8, device=DEVICE), torch.ones(7, device=DEVICE))

@@ -11,6 +11,13 @@ Shapes
     none). Inputs may be strided views, e.g. (B, T, H, d).transpose(1, 2): a 4-d input is read in
     place through its strides as long as its last dim is contiguous; other layouts are copied.
     n_queries != n_keys and sequence lengths that are not multiples of the tiles are supported.
+    O has q's shape. For inputs of 4 or more dims, (..., H, n_queries, d), O is a view of
+    (..., n_queries, H, d) memory, i.e. ``torch.empty(B, T, H, d).transpose(1, 2)`` for (B, H,
+    T, d): the model's next step, ``o.transpose(1, 2).reshape(B, T, H * d)`` before the output
+    projection, is then a free view instead of a copy kernel per layer. Inputs of 2 or 3 dims
+    (no head dim) get a contiguous O, as before. The backward reads O and dO through their
+    strides (dO usually arrives as the same kind of view of a contiguous (B, T, H*d) gradient),
+    so neither is copied.
     Head dims 1..128; powers of two >= 16 (16, 32, 64, 128) are the fast path, other sizes are
     zero-padded to the next power of two inside the kernel (masked loads).
 
@@ -42,8 +49,9 @@ Kernels
     Tile sizes, warps and pipeline stages are autotuned from a small list per head dim, keyed on
     head dim, causal, dtype and power-of-two buckets of the sequence lengths. Once the
     autotuner has chosen for a key, the kernels are launched through the JIT function with its
-    choice, skipping ``Autotuner.run``'s per-call work (``_Launcher``); O, dQ, dK, dV are
-    allocated contiguous and indexed without stride arguments (host cost per call: docs).
+    choice, skipping ``Autotuner.run``'s per-call work (``_Launcher``); O is written through
+    its strides, dQ, dK, dV are allocated contiguous and indexed without stride arguments
+    (host cost per call: docs).
 
 Hardware
     Tuned on an NVIDIA H100 80GB HBM3 (sm_90) with Triton 3.6 and PyTorch 2.11: batch 1, 16
@@ -319,6 +327,7 @@ def _attn_fwd(
     stride_qz, stride_qh, stride_qm,
     stride_kz, stride_kh, stride_kn,
     stride_vz, stride_vh, stride_vn,
+    stride_oz, stride_oh, stride_om,
     H, n_q, n_k, qk_scale, NQ_BUCKET, NK_BUCKET,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_MAJOR: tl.constexpr,
@@ -338,7 +347,7 @@ def _attn_fwd(
     q_base = Q + off_z * stride_qz + off_h * stride_qh
     k_base = K + off_z * stride_kz + off_h * stride_kh
     v_base = V + off_z * stride_vz + off_h * stride_vh
-    o_base = O + off_bh.to(tl.int64) * n_q * HEAD_DIM  # O is contiguous (allocated here)
+    o_base = O + off_z * stride_oz + off_h * stride_oh  # (B, T, H, d) memory for 4-d inputs
 
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -368,7 +377,7 @@ def _attn_fwd(
                                BLOCK_N, HEAD_DIM, EVEN_D, True, CAUSAL, DOT_PREC)  # fmt: skip
 
     acc = acc / l_i[:, None]
-    tl.store(o_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :],
+    tl.store(o_base + offs_m[:, None] * stride_om + offs_d[None, :],
              _cast(acc, O.dtype.element_ty), mask=m_ok & d_ok)  # fmt: skip
     # m_i is in log2 units of the scaled scores: L = ln(2) * (m + log2(l)).
     lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
@@ -755,6 +764,15 @@ def _as4d(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def _empty_out(q: torch.Tensor) -> torch.Tensor:
+    """O shaped like q: for (..., H, n, d) inputs a (..., H, n, d) view of (..., n, H, d) memory
+    (so O.transpose(-3, -2) is contiguous), for 2-d and 3-d inputs contiguous."""
+    if q.ndim < 4:
+        return torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    *lead, h, n, d = q.shape
+    return torch.empty(*lead, n, h, d, dtype=q.dtype, device=q.device).transpose(-3, -2)
+
+
 def _bucket(n: int) -> int:
     """The power of two >= max(n, 16) (triton.next_power_of_2 of it, without the call)."""
     return 1 << (max(n, 16) - 1).bit_length()
@@ -763,22 +781,25 @@ def _bucket(n: int) -> int:
 def flash_attention_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Forward kernel only. Returns (O with q's shape and dtype, L float32 (..., n_queries))."""
+    """Forward kernel only. Returns (O with q's shape and dtype, L float32 (..., n_queries)).
+
+    For inputs of 4+ dims O is a view of (..., n_queries, H, d) memory (module docstring)."""
     _check_inputs(q, k, v)
     n_q, d = q.shape[-2], q.shape[-1]
     n_k = k.shape[-2]
     q4, k4, v4 = _as4d(q), _as4d(k), _as4d(v)
     h = q4.shape[1]
     bh = q4.shape[0] * h
-    # Both contiguous: the kernel indexes them by (batch*head, row) without strides.
-    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    o = _empty_out(q)
+    o4 = _as4d(o)  # a view: merging the dims before H keeps O's memory
+    # Contiguous: the kernel indexes L by (batch*head, row) without strides.
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
     nq_bucket, nk_bucket = _bucket(n_q), _bucket(n_k)
     causal = bool(causal)
     _FWD_LAUNCH(
         (d, causal, q.dtype, nq_bucket, nk_bucket, False, bh > 65535), n_q, bh,
-        (q4, k4, v4, o, lse, *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3],
-         h, n_q, n_k, 1.0 / math.sqrt(d) * LOG2E, nq_bucket, nk_bucket),
+        (q4, k4, v4, o4, lse, *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3],
+         *o4.stride()[:3], h, n_q, n_k, 1.0 / math.sqrt(d) * LOG2E, nq_bucket, nk_bucket),
     )  # fmt: skip
     return o, lse
 

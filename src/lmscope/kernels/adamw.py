@@ -81,24 +81,9 @@ def _adamw_kernel(
 ):  # fmt: skip
     offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < n
-    g = tl.load(G + offsets, mask=mask, other=0.0).to(tl.float32)
-    adamw_update_tile(g, offsets, mask, P, M, V, SHADOW, STEP, step_offset, lr, beta1, beta2, eps,
-                      weight_decay, HAS_SHADOW)
-
-
-@triton.jit
-def adamw_update_tile(
-    g, offsets, mask, P, M, V, SHADOW, STEP,
-    step_offset, lr, beta1, beta2, eps, weight_decay, HAS_SHADOW: tl.constexpr,
-):  # fmt: skip
-    """AdamW on the elements `offsets` (any shape) of P, M, V given their fp32 gradient `g`.
-
-    The step number is the count at STEP plus `step_offset`; writes P, M, V and, with
-    HAS_SHADOW, P's low-precision copy. Shared by the per-parameter kernel here and the
-    weight-gradient GEMM of ``lmscope.kernels.adamw_gemm``.
-    """
     step = tl.load(STEP).to(tl.float32) + step_offset
     p = tl.load(P + offsets, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(G + offsets, mask=mask, other=0.0).to(tl.float32)
     m = tl.load(M + offsets, mask=mask, other=0.0).to(tl.float32)
     v = tl.load(V + offsets, mask=mask, other=0.0).to(tl.float32)
     p = p * (1.0 - lr * weight_decay)

@@ -248,3 +248,33 @@ def test_a_dropped_step_in_backward_optimizer_unhooks_its_parameters(aw) -> None
     second = aw.FusedAdamW(model.parameters(), step_in_backward=True)
     _train(model, second, 2, seed=20)  # the first one's hooks would have been called here too
     assert len(model[2].weight._post_accumulate_grad_hooks) == 1
+
+
+def test_update_with_gradients_is_the_step_from_those_gradients(aw) -> None:
+    """Handed-over bf16 gradients update as a .grad of the same values would, and never land in .grad."""
+    handed, separate = _params(21)[:2], _params(21)[:2]
+    got = aw.FusedAdamW(handed, lr=1e-2, step_in_backward=True)
+    want = aw.FusedAdamW(separate, lr=1e-2)
+    gen = torch.Generator().manual_seed(22)
+    for _ in range(3):
+        grads = [torch.randn(p.shape, generator=gen).to(DEVICE, torch.bfloat16) for p in handed]
+        assert got.update_with_gradients(handed, grads)
+        for p, g in zip(separate, grads, strict=True):
+            p.grad = g.float()
+        got.step()
+        want.step()
+    for a, b in zip(handed, separate, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        assert a.grad is None and got.state[a]["step"].item() == 3
+
+
+def test_update_with_gradients_declines_what_it_does_not_step_in_backward(aw) -> None:
+    params = _params(23)
+    grads = [torch.zeros_like(p) for p in params]
+    assert not aw.FusedAdamW(params).update_with_gradients(params, grads)  # steps separately
+    partial = aw.FusedAdamW(params[:1], step_in_backward=True)
+    before = params[0].detach().clone()
+    assert not partial.update_with_gradients(params[:2], grads[:2])  # params[1] is not its own
+    assert torch.equal(params[0].detach(), before)
+    with pytest.raises(ValueError, match="a gradient of shape"):
+        partial.update_with_gradients(params[:1], [torch.zeros(2, device=DEVICE)])

@@ -164,8 +164,11 @@ def test_bf16_train_steps_keep_the_shadow_weights_current(fast_cls, torch_fused:
         torch.testing.assert_close(a, b, rtol=0, atol=1e-3)
 
 
-def test_optimizer_in_backward_trains_like_the_separate_step(fast_cls) -> None:
-    """The fast step with each weight updated inside the backward ends where the separate one does."""
+def test_optimizer_in_backward_trains_like_the_separate_step(fast_cls, monkeypatch) -> None:
+    """The fast step with each weight updated inside the backward ends where the separate one does
+    when that one's block weight gradients are rounded to bf16 as the in-backward matmuls hand
+    them over (autocast's eager model rounds them the same way): bit for bit."""
+    from lmscope.model import fast_transformer
     from lmscope.workloads.train_step import TrainStep
 
     common = dict(vocab_size=97, d_model=24, d_ff=40, num_heads=3, num_layers=2, context_length=6,
@@ -173,9 +176,14 @@ def test_optimizer_in_backward_trains_like_the_separate_step(fast_cls) -> None:
                   attention="flash")
     separate = TrainStep(Spec(**common))
     inside = TrainStep(Spec(**common, optimizer_in_backward=True))
-    for _ in range(3):
-        separate()
-        inside()
+    with monkeypatch.context() as patch:  # the separate step's weight gradients via bf16
+        patch.setattr(fast_transformer, "matmul_into", lambda a, b, dtype: (a @ b).to(dtype))
+        for _ in range(3):
+            separate()
+            inside()
+    block_weights = [w for group in inside.model._weight_groups() for w in group]
+    assert all(w.grad is None for w in block_weights)  # handed over, never accumulated
+    assert inside.model.lm_head.weight.grad is not None  # the others come through .grad
     for (name, a), b in zip(separate.model.named_parameters(), inside.model.parameters(), strict=True):
         torch.testing.assert_close(b, a, rtol=0, atol=0, msg=lambda m, n=name: f"{n}: {m}")
     stacks = [step.model.current_shadows().stacks for step in (separate, inside)]

@@ -59,15 +59,14 @@ def test_bench_cli_refuses_cuda_graph_on_the_cpu_in_one_line(capsys) -> None:
 def test_graph_replays_train_like_the_eager_step(fast: bool, attention: str, in_backward: bool) -> None:
     """Three eager steps then two replays end with the parameters of five eager steps.
 
-    With in_backward the graphed step updates the weights inside its backward (a side stream in
-    the capture); the eager reference steps them separately.
+    With in_backward both update the weights inside the backward (a side stream in the capture).
     """
     fields = dict(size="tiny", num_layers=3, context_length=67, batch_size=3, precision="bf16",
-                  attention=attention, fast=fast, device="cuda")
+                  attention=attention, fast=fast, device="cuda", optimizer_in_backward=in_backward)
     eager = TrainStep(Spec(**fields, cuda_graph="off"), capturable=True)
     for _ in range(5):
         eager()
-    spec = Spec(**fields, cuda_graph="on", optimizer_in_backward=in_backward)
+    spec = Spec(**fields, cuda_graph="on")
     graphed = GraphedStep(TrainStep(spec, capturable=True), warmup=3)
     for _ in range(2):
         graphed()

@@ -19,7 +19,9 @@ API
     it is collected. On CUDA nothing may read a parameter (or its bf16 copy) between the moment
     its gradient is accumulated and ``step()`` -- e.g. a weight-norm log, or a second use of the
     weight through a detached path -- without ``wait_for_backward_updates()`` first: the update
-    may be running on the side stream.
+    may be running on the side stream. ``update_with_gradients(params, grads)`` is the same
+    update for gradients a backward computed itself and hands over instead of accumulating them
+    into ``.grad`` (FastTransformerLM's matmuls: bf16 weight gradients, never stored in fp32).
 
 Shapes and dtypes
     Parameters and gradients contiguous, any shape; float32 (the master weights), bf16 or fp16.
@@ -47,7 +49,7 @@ Caveats
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 import triton
@@ -128,8 +130,10 @@ class FusedAdamW(torch.optim.Optimizer):
         self.writes_shadow_weights = shadows is not None
         self.step_in_backward = step_in_backward
         self._updated_in_backward: set[torch.Tensor] = set()
+        self._handed_over: set[torch.Tensor] = set()  # of those, updated by update_with_gradients
         self._side_streams: dict[torch.device, torch.cuda.Stream] = {}
         self._pending: set[torch.cuda.Stream] = set()
+        self._in_flight: list[torch.Tensor] = []  # gradients handed over, read on a side stream
         self._group_of: dict[torch.Tensor, dict] = {}
         self._hooks: list[torch.utils.hooks.RemovableHandle] = []
         if step_in_backward:
@@ -154,7 +158,8 @@ class FusedAdamW(torch.optim.Optimizer):
         optimizer = weakref.ref(self)
 
         def update(param: torch.Tensor) -> None:
-            if (live := optimizer()) is not None:
+            # autograd also calls the hook of a weight whose gradient was handed over instead
+            if (live := optimizer()) is not None and param not in live._handed_over:
                 live._update_in_backward(param)
 
         for param in group["params"]:
@@ -171,6 +176,7 @@ class FusedAdamW(torch.optim.Optimizer):
                 loss = closure()
         self.wait_for_backward_updates()
         done, self._updated_in_backward = self._updated_in_backward, set()
+        self._handed_over = set()
         for group in self.param_groups:
             # updated in this backward (even if its gradient was dropped since) or to update now
             params = [p for p in group["params"] if p in done or p.grad is not None]
@@ -179,43 +185,66 @@ class FusedAdamW(torch.optim.Optimizer):
             states = [self._state(p) for p in params]
             for param in params:  # before the count advances: the kernels read it and add one
                 if param not in done:
-                    self._update(param, group, step_offset=1.0)
+                    self._update(param, group, 1.0, param.grad)
             torch._foreach_add_([s["step"] for s in states], 1.0)
         return loss
 
     @torch.no_grad()
-    def _update_in_backward(self, param: torch.Tensor) -> None:
-        """Post-accumulate-grad hook: update `param` now, on the side stream when on CUDA."""
+    def update_with_gradients(self, params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]) -> bool:
+        """With step_in_backward: update `params` now from `grads`, which never reach ``.grad``.
+
+        For a backward that computes weight gradients itself: `FastTransformerLM`'s matmuls hand
+        theirs over in the compute dtype (bf16, rounded as autocast's eager model rounds them),
+        so the update reads 2 B per element instead of the 4 B of an fp32 ``.grad``, and no fp32
+        gradient is ever stored. The updates run as the hooks' do (side stream on CUDA); the
+        gradients are kept alive until ``wait_for_backward_updates``. Returns False, doing
+        nothing, unless this optimizer steps in backward and holds every one of `params`.
+        """
+        if not self.step_in_backward or any(p not in self._group_of for p in params):
+            return False
+        for param, grad in zip(params, grads, strict=True):
+            self._update_in_backward(param, grad)
+            self._handed_over.add(param)
+        return True
+
+    @torch.no_grad()
+    def _update_in_backward(self, param: torch.Tensor, grad: torch.Tensor | None = None) -> None:
+        """Update `param` from `grad` (default: its .grad, from the post-accumulate-grad hook) now,
+        on the side stream when on CUDA."""
         if param in self._updated_in_backward:
             raise RuntimeError("FusedAdamW(step_in_backward=True) updates the parameters in every "
                                "backward: call step() after each backward (no gradient accumulation)")
         self._updated_in_backward.add(param)
         group = self._group_of[param]
+        grad = param.grad if grad is None else grad
         if param.device.type != "cuda":
-            self._update(param, group, step_offset=1.0)
+            self._update(param, group, 1.0, grad)
             return
         side = self._side_streams.get(param.device)
         if side is None:
             side = self._side_streams[param.device] = torch.cuda.Stream(param.device)
         side.wait_stream(torch.cuda.current_stream(param.device))  # the gradient is written
         with torch.cuda.stream(side):
-            self._update(param, group, step_offset=1.0)
+            self._update(param, group, 1.0, grad)
         self._pending.add(side)
+        self._in_flight.append(grad)  # read on the side stream: not freed before the join
 
     def wait_for_backward_updates(self) -> None:
         """Make the current stream wait for the updates started during backward (no host sync)."""
         for side in self._pending:
             torch.cuda.current_stream(side.device).wait_stream(side)
         self._pending.clear()
+        self._in_flight.clear()
 
-    def _update(self, param: torch.Tensor, group: dict, step_offset: float) -> None:
-        """Launch the update of one parameter (its count + step_offset is the step number)."""
+    def _update(self, param: torch.Tensor, group: dict, step_offset: float, grad: torch.Tensor) -> None:
+        """Launch the update of one parameter from `grad` (its count + step_offset is the step
+        number)."""
         if group.get("amsgrad") or group.get("maximize"):
             raise ValueError("FusedAdamW has no amsgrad or maximize (a state dict of "
                              "torch.optim.AdamW with them was loaded?): use torch.optim.AdamW")
         source = self.shadows() if self.shadows is not None else None
         shadow = source.views.get(param) if source is not None else None
-        self._launch(param, self._state(param), group, shadow, step_offset)
+        self._launch(param, grad, self._state(param), group, shadow, step_offset)
         torch.autograd.graph.increment_version(param)  # written by a raw kernel
         if shadow is not None:
             source.mark_fresh(param)
@@ -236,12 +265,14 @@ class FusedAdamW(torch.optim.Optimizer):
         return state
 
     def _launch(
-        self, param: torch.Tensor, state: dict, group: dict, shadow: torch.Tensor | None,
-        step_offset: float,
+        self, param: torch.Tensor, grad: torch.Tensor, state: dict, group: dict,
+        shadow: torch.Tensor | None, step_offset: float,
     ) -> None:  # fmt: skip
-        grad = param.grad
         if grad.is_sparse:
             raise ValueError("FusedAdamW does not take sparse gradients")
+        if grad.shape != param.shape:
+            raise ValueError(f"a gradient of shape {tuple(grad.shape)} for a parameter of shape "
+                             f"{tuple(param.shape)}")
         grad = grad if grad.is_contiguous() else grad.contiguous()
         if shadow is not None and (shadow.shape != param.shape or not shadow.is_contiguous()):
             raise ValueError(f"a shadow must be contiguous and shaped like its parameter "

@@ -28,6 +28,9 @@ runs in the parameters' dtype.
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable, Sequence
+
 import torch
 import torch.nn.functional as F
 
@@ -47,6 +50,9 @@ def compute_dtype(device: torch.device, default: torch.dtype) -> torch.dtype:
         return torch.get_autocast_dtype(device.type)
     return default
 
+
+WeightUpdate = Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor]], bool]
+"""(weights, their gradients) -> whether the update took them (FusedAdamW.update_with_gradients)."""
 
 _WIDE_MM: dict[str, bool] = {}  # device type -> whether torch.mm(..., out_dtype=) exists there
 
@@ -84,7 +90,8 @@ class _MasterLinear(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, stacked: torch.Tensor | None, *weights: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, stacked: torch.Tensor | None, update: WeightUpdate | None,
+                *weights: torch.Tensor) -> torch.Tensor:  # fmt: skip
         rows = [w.shape[0] for w in weights]
         if stacked is not None:  # a current copy of the stack in x's dtype (ShadowWeights)
             w = stacked
@@ -97,6 +104,7 @@ class _MasterLinear(torch.autograd.Function):
         ctx.save_for_backward(x, w)
         ctx.rows = rows
         ctx.master_dtype = weights[0].dtype
+        ctx.update, ctx.weights = (update, weights) if update is not None else (None, ())
         return F.linear(x, w)
 
     @staticmethod
@@ -104,18 +112,25 @@ class _MasterLinear(torch.autograd.Function):
         x, w = ctx.saved_tensors
         dx = grad @ w if ctx.needs_input_grad[0] else None
         flat_grad, flat_x = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])
+        if ctx.update is not None:  # the optimizer takes the gradient in x's dtype, as autocast's
+            dw = flat_grad.t() @ flat_x  # eager matmul rounds it, instead of an fp32 .grad
+            if ctx.update(ctx.weights, dw.split(ctx.rows)):
+                return (dx, None, None, *[None] * len(ctx.rows))
         dw = matmul_into(flat_grad.t(), flat_x, ctx.master_dtype)
-        return (dx, None, *dw.split(ctx.rows))
+        return (dx, None, None, *dw.split(ctx.rows))
 
 
 def master_linear(
-    x: torch.Tensor, *weights: torch.Tensor, stacked: torch.Tensor | None = None
-) -> torch.Tensor:
+    x: torch.Tensor, *weights: torch.Tensor, stacked: torch.Tensor | None = None,
+    update: WeightUpdate | None = None,
+) -> torch.Tensor:  # fmt: skip
     """F.linear(x, cat(weights)) computed in x's dtype; weight gradients in the weights' dtype.
 
     `stacked`, when given, is cat(weights) already in x's dtype (it is used instead of casting).
+    `update`, when given, is offered the weight gradients in x's dtype during the backward
+    (``FusedAdamW.update_with_gradients``); if it takes them, autograd gets none for the weights.
     """
-    return _MasterLinear.apply(x, stacked, *weights)
+    return _MasterLinear.apply(x, stacked, update, *weights)
 
 
 _MATMULS_PER_BLOCK = 4  # [Wq; Wk; Wv], Wo, [w1; w3], w2
@@ -129,6 +144,7 @@ class FastTransformerLM(TransformerLM):
         self._attend = get_attention(attention)
         self._shadows: ShadowWeights | None = None
         self._shadow_dtype: torch.dtype | None = None  # set by shadow_weights(): copies are opt-in
+        self._weight_update: weakref.WeakMethod | None = None  # set by update_weights_in_backward()
 
     def _weight_groups(self) -> list[tuple[torch.Tensor, ...]]:
         """Per block, the weights of its four matmuls, stacked as each matmul reads them."""
@@ -162,6 +178,17 @@ class FastTransformerLM(TransformerLM):
         """The copies the last forward read, if any (for FusedAdamW to update)."""
         return self._shadows
 
+    def update_weights_in_backward(self, optimizer: torch.optim.Optimizer | None) -> None:
+        """Hand the block matmuls' weight gradients to `optimizer` inside the backward (None: stop).
+
+        `optimizer` is a ``FusedAdamW(step_in_backward=True)`` holding the block weights: each
+        matmul's backward computes its weight gradient in the compute dtype (bf16, the rounding
+        autocast's eager model applies) and the optimizer updates the weights from it at once;
+        those weights never get a ``.grad``. Held weakly: a dropped optimizer stops it.
+        """
+        method = None if optimizer is None else optimizer.update_with_gradients
+        self._weight_update = None if method is None else weakref.WeakMethod(method)
+
     def forward(self, token_ids: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (batch, seq, vocab) in the compute dtype, or with targets the mean cross-entropy."""
         seq = token_ids.shape[-1]
@@ -178,12 +205,13 @@ class FastTransformerLM(TransformerLM):
             x = F.embedding(token_ids, self.token_embeddings.weight)
             use_shadows = self._shadow_dtype == dtype and dtype != weight.dtype
             shadows = self.shadow_weights(dtype) if use_shadows else None
+            update = self._weight_update() if self._weight_update is not None else None
             pending = None  # each block's FFN output, added to the residual by the next norm
             for index, layer in enumerate(self.layers):
                 first = index * _MATMULS_PER_BLOCK  # _weight_groups' order: block by block
                 stacks = ([shadows.stack(first + i) for i in range(_MATMULS_PER_BLOCK)] if shadows
                           else [None] * _MATMULS_PER_BLOCK)
-                x, pending = self._block(layer, x, pending, cos, sin, dtype, stacks)
+                x, pending = self._block(layer, x, pending, cos, sin, dtype, stacks, update)
             x, h = _norm(x, pending, self.ln_final, dtype)
             if targets is None:
                 return F.linear(h, weight.to(dtype))
@@ -192,6 +220,7 @@ class FastTransformerLM(TransformerLM):
     def _block(
         self, layer: TransformerBlock, x: torch.Tensor, pending: torch.Tensor | None,
         cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype, stacks: list[torch.Tensor | None],
+        update: WeightUpdate | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         """One block over the fp32 residual stream, in the compute dtype.
 
@@ -202,12 +231,14 @@ class FastTransformerLM(TransformerLM):
         attn, ffn = layer.attn, layer.ffn
         w_qkv, w_o, w_13, w_2 = stacks
         x, h = _norm(x, pending, layer.ln1, dtype)
-        qkv = master_linear(h, attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, stacked=w_qkv)
+        qkv = master_linear(h, attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, stacked=w_qkv,
+                            update=update)
         q, k, v = rope_qkv(qkv, cos, sin, attn.num_heads)
         out = self._attend(q, k, v).transpose(1, 2).reshape(batch, seq, d_model)
-        x, h = _norm(x, master_linear(out, attn.output_proj.weight, stacked=w_o), layer.ln2, dtype)
-        gate_up = master_linear(h, ffn.w1.weight, ffn.w3.weight, stacked=w_13)
-        return x, master_linear(swiglu(gate_up), ffn.w2.weight, stacked=w_2)
+        x, h = _norm(x, master_linear(out, attn.output_proj.weight, stacked=w_o, update=update),
+                     layer.ln2, dtype)
+        gate_up = master_linear(h, ffn.w1.weight, ffn.w3.weight, stacked=w_13, update=update)
+        return x, master_linear(swiglu(gate_up), ffn.w2.weight, stacked=w_2, update=update)
 
 
 def _norm(

@@ -84,8 +84,11 @@ def build_optimizer(
         from lmscope.kernels.adamw import FusedAdamW
 
         model.shadow_weights(AUTOCAST_DTYPES[spec.precision])  # turns the bf16 copies on
-        return FusedAdamW(model.parameters(), lr=1e-4, shadows=model.current_shadows,
-                          step_in_backward=spec.optimizer_in_backward)
+        optimizer = FusedAdamW(model.parameters(), lr=1e-4, shadows=model.current_shadows,
+                               step_in_backward=spec.optimizer_in_backward)
+        if spec.optimizer_in_backward:  # the block matmuls hand their bf16 weight gradients over
+            model.update_weights_in_backward(optimizer)
+        return optimizer
     fused = device.type == "cuda"
     return torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused, capturable=capturable)
 

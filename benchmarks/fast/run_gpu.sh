@@ -4,8 +4,9 @@
 #   xl-*      xl, batch 4, context 512, bf16, train step: fast (CUDA graphs), fast with the optimizer
 #             inside the backward (--optimizer-in-backward on), fast without graphs, HF peer,
 #             torch.compile (sdpa), eager sdpa, eager naive
-#   sizes-*   fast, sdpa and HF rows for small, medium, large and 2.7B
-#   long-*    large at context 8192 and 16384, batch 1: fast, eager sdpa
+#   sizes-*   fast (optimizer separate and in the backward), sdpa and HF rows for small, medium,
+#             large and 2.7B
+#   long-*    large at context 8192 and 16384, batch 1: fast (both optimizer modes), eager sdpa, HF
 #   kernels   where the time of the fast xl step goes (lmscope profile --fast: eager launches, so
 #             the kernel table is the graph's kernels)
 #   then, with what is left: eager naive rows, torch.compile at long context and for other sizes
@@ -22,7 +23,7 @@
 set -u
 OUT=${OUT:-runs/fast-gpu}
 BUDGET_S=${BUDGET_S:-470}
-STAGES=${STAGES:-"tests xl-fast xl-fast-inbwd xl-fast-eager xl-hf xl-compile xl-sdpa sizes-fast sizes-sdpa sizes-hf long-fast long-sdpa kernels xl-naive sizes-naive long-compile compile-sizes"}
+STAGES=${STAGES:-"tests xl-fast xl-fast-inbwd xl-fast-eager xl-hf xl-compile xl-sdpa sizes-fast sizes-sdpa sizes-hf long-fast long-sdpa long-hf kernels xl-naive sizes-naive long-compile compile-sizes"}
 mkdir -p "$OUT"
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 LOG="$OUT/log.txt"
@@ -33,9 +34,9 @@ deadline=$((SECONDS + BUDGET_S))
 
 # Estimated seconds per stage on an H100 (model build, warm-up, steps; torch.compile dominates).
 ORDER=(tests xl-fast xl-fast-inbwd xl-fast-eager xl-hf xl-compile xl-sdpa sizes-fast sizes-sdpa sizes-hf long-fast long-sdpa
-       kernels xl-naive sizes-naive long-compile compile-sizes)
-declare -A COST=([tests]=60 [xl-fast]=25 [xl-fast-inbwd]=25 [xl-fast-eager]=20 [xl-hf]=25 [xl-compile]=180 [xl-sdpa]=15
-                 [sizes-fast]=60 [sizes-sdpa]=25 [sizes-hf]=30 [long-fast]=20 [long-sdpa]=15 [kernels]=25
+       long-hf kernels xl-naive sizes-naive long-compile compile-sizes)
+declare -A COST=([tests]=200 [xl-fast]=25 [xl-fast-inbwd]=25 [xl-fast-eager]=20 [xl-hf]=25 [xl-compile]=180 [xl-sdpa]=15
+                 [sizes-fast]=110 [sizes-sdpa]=25 [sizes-hf]=30 [long-fast]=35 [long-sdpa]=15 [long-hf]=20 [kernels]=25
                  [xl-naive]=15 [sizes-naive]=25 [long-compile]=120 [compile-sizes]=300)
 
 STAGE_LOG=$LOG
@@ -57,11 +58,13 @@ COMPILE_SIZES=${COMPILE_SIZES:-$SIZES}
 
 left=$(stage_limit tests)
 if ((left > 0)); then
-  left=$((left < 90 ? left : 90))
+  left=$((left < 240 ? left : 240))
   echo "== tests (at most $left s)" | tee -a "$LOG"
   timeout -s INT -k 10 "$left" python3 -m pytest -m gpu -q -p no:cacheprovider \
     tests/kernels/test_rmsnorm.py tests/kernels/test_swiglu.py tests/kernels/test_rope_kernel.py \
-    tests/kernels/test_fused_cross_entropy.py tests/model/test_fast_transformer.py \
+    tests/kernels/test_fused_cross_entropy.py tests/kernels/test_adamw.py \
+    tests/kernels/test_flash_attention_triton.py tests/model/test_fast_transformer.py \
+    tests/model/test_master_linear.py \
     tests/workloads/test_cuda_graph_step.py \
     > "$OUT/pytest_gpu.txt" 2>&1
   tail -n 3 "$OUT/pytest_gpu.txt" | tee -a "$LOG"
@@ -73,11 +76,14 @@ bench xl-fast-eager --size xl "${STEP[@]}" --attention flash --fast on --cuda-gr
 bench xl-hf --size xl "${STEP[@]}" --attention sdpa --peer hf --timeout 150
 bench xl-compile --size xl "${STEP[@]}" --attention sdpa --compile on --timeout 240
 bench xl-sdpa --size xl "${STEP[@]}" --attention sdpa --timeout 120
-bench sizes-fast --size "$SIZES" "${STEP[@]}" --attention flash --fast on --reuse-worker --timeout 150
+bench sizes-fast --size "$SIZES" "${STEP[@]}" --attention flash --fast on --optimizer-in-backward off,on \
+  --reuse-worker --timeout 150
 bench sizes-sdpa --size "$SIZES" "${STEP[@]}" --attention sdpa --reuse-worker --timeout 120
 bench sizes-hf --size "$SIZES" "${STEP[@]}" --attention sdpa --peer hf --reuse-worker --timeout 150
-bench long-fast "${LONG[@]}" --attention flash --fast on --reuse-worker --timeout 150
+bench long-fast "${LONG[@]}" --attention flash --fast on --optimizer-in-backward off,on --reuse-worker \
+  --timeout 150
 bench long-sdpa "${LONG[@]}" --attention sdpa --reuse-worker --timeout 150
+bench long-hf "${LONG[@]}" --attention sdpa --peer hf --reuse-worker --timeout 150
 
 left=$(stage_limit kernels)
 if ((left > 0)); then

@@ -170,18 +170,24 @@ def optimizer_floor(fast: dict[str, Any] | None, size: str, bandwidth: float | N
 
 
 def long_table(rows: dict[tuple, dict[str, Any]]) -> list[str]:
-    lines = ["\n## large, batch 1, long context (median ms, peak allocated GiB)\n",
-             "| context | fast | sdpa | compile | sdpa / fast | compile / fast | fast GiB | sdpa GiB |",
-             "|---|---|---|---|---|---|---|---|"]
+    """Long context: every row's time, and the peers against the faster fast row."""
+    peers = ("sdpa", "compile", "hf")
+    lines = ["\n## large, batch 1, long context (median ms; ratios against the faster fast row; "
+             "peak allocated GiB)\n",
+             "| context | fast | fast, opt. in bwd | sdpa | compile | hf | sdpa / fast | compile / fast "
+             "| hf / fast | fast GiB | sdpa GiB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for context in (8192, 16384):
-        got = {v: rows.get(("large", context, 1, v)) for v in ("fast", "sdpa", "compile")}
+        got = {v: rows.get(("large", context, 1, v)) for v in ("fast", "fast-inbwd", *peers)}
         if not any(got.values()):
             continue
-        r1, r2 = ratio(got["sdpa"], got["fast"]), ratio(got["compile"], got["fast"])
+        best = best_fast(got)
+        ratios = [ratio(got[peer], best) for peer in peers]
         lines.append(
-            f"| {context} | {cell(got['fast'])} | {cell(got['sdpa'])} | {cell(got['compile'])} | "
-            f"{'-' if r1 is None else f'{r1:.2f}x'} | {'-' if r2 is None else f'{r2:.2f}x'} | "
-            f"{cell(got['fast'], 'peak_allocated_gib')} | {cell(got['sdpa'], 'peak_allocated_gib')} |"
+            f"| {context} | {cell(got['fast'])} | {cell(got['fast-inbwd'])} | "
+            + " | ".join(cell(got[peer]) for peer in peers) + " | "
+            + " | ".join("-" if r is None else f"{r:.2f}x" for r in ratios)
+            + f" | {cell(best, 'peak_allocated_gib')} | {cell(got['sdpa'], 'peak_allocated_gib')} |"
         )
     return lines
 

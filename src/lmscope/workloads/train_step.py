@@ -157,7 +157,11 @@ class TrainStep:
         self.last_loss = self.loss()
 
     def _backward(self) -> None:
-        self.scaler.scale(self.last_loss).backward()
+        loss, self.last_loss = self.last_loss, self.last_loss.detach()
+        # nothing keeps this step's autograd graph (and its AccumulateGrad nodes, which remember
+        # the stream they were made on) alive past its backward: the next step, or a CUDA-graph
+        # capture on another stream, builds fresh ones instead of syncing with stale ones
+        self.scaler.scale(loss).backward()
         if self.spec.optimizer_in_backward:
             # the updates started in the backward join it, so a CUDA-graph capture of this phase
             # holds them; the optimizer phase then only advances the step counts

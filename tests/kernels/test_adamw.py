@@ -276,5 +276,26 @@ def test_update_with_gradients_declines_what_it_does_not_step_in_backward(aw) ->
     before = params[0].detach().clone()
     assert not partial.update_with_gradients(params[:2], grads[:2])  # params[1] is not its own
     assert torch.equal(params[0].detach(), before)
+
+
+def test_a_gradient_handed_over_twice_or_also_accumulated_is_refused(aw) -> None:
+    params = _params(24)[:2]
+    optimizer = aw.FusedAdamW(params, lr=1e-2, step_in_backward=True)
+    grads = [torch.ones_like(p) for p in params]
+    assert optimizer.update_with_gradients(params[:1], grads[:1])
+    with pytest.raises(RuntimeError, match="handed over twice in one backward"):
+        optimizer.update_with_gradients(params, grads)  # checked before params[1] is updated
+    before = params[1].detach().clone()
+    with pytest.raises(RuntimeError, match="reached .grad of a weight whose gradient"):
+        (params[0] * 2).sum().backward()  # a second use of params[0] outside the hand-over
+    optimizer.step()
+    assert torch.equal(params[1].detach(), before)  # never updated, its count untouched
+    assert optimizer.state[params[0]]["step"].item() == 1 and params[1] not in optimizer.state
+
+
+def test_a_misshapen_handed_over_gradient_leaves_no_trace(aw) -> None:
+    params = _params(25)[:1]
+    optimizer = aw.FusedAdamW(params, lr=1e-2, step_in_backward=True)
     with pytest.raises(ValueError, match="a gradient of shape"):
-        partial.update_with_gradients(params[:1], [torch.zeros(2, device=DEVICE)])
+        optimizer.update_with_gradients(params, [torch.zeros(2, device=DEVICE)])
+    assert optimizer.update_with_gradients(params, [torch.ones_like(params[0])])  # not "twice"

@@ -278,3 +278,47 @@ def test_fast_train_step_never_synchronizes_the_host(fast_cls) -> None:
         torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()
     assert isinstance(step.model, fast_cls)
+
+
+def test_weight_hand_over_wiring_is_checked_and_stays_out_of_copies(fast_cls) -> None:
+    import copy
+
+    from lmscope.kernels.adamw import FusedAdamW
+
+    model = fast_cls(CONFIG).to(DEVICE)
+    with pytest.raises(ValueError, match="FusedAdamW\\(step_in_backward=True\\)"):
+        model.update_weights_in_backward(FusedAdamW(model.parameters()))  # steps separately
+    with pytest.raises(ValueError, match="holding every trainable block weight"):
+        model.update_weights_in_backward(FusedAdamW([model.lm_head.weight], step_in_backward=True))
+    optimizer = FusedAdamW(model.parameters(), step_in_backward=True)
+    model.update_weights_in_backward(optimizer)
+    twin = copy.deepcopy(model)  # the wiring is not module state
+    assert twin.layers[0].ffn.w2.weight is not model.layers[0].ffn.w2.weight
+    tied = fast_cls(CONFIG).to(DEVICE)
+    tied.layers[1].ffn.w2.weight = tied.layers[0].ffn.w2.weight
+    with pytest.raises(ValueError, match="tied weights"):
+        tied.update_weights_in_backward(FusedAdamW(tied.parameters(), step_in_backward=True))
+
+
+def test_weight_hand_over_leaves_a_frozen_weight_alone(fast_cls) -> None:
+    torch.manual_seed(5)
+    model = fast_cls(CONFIG).to(DEVICE)
+    frozen = model.layers[0].attn.k_proj.weight
+    frozen.requires_grad_(False)
+    before = frozen.detach().clone()
+    from lmscope.kernels.adamw import FusedAdamW
+
+    optimizer = FusedAdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2,
+                           step_in_backward=True)
+    model.update_weights_in_backward(optimizer)
+    tokens = torch.randint(0, CONFIG.vocab_size, (2, 6), device=DEVICE)
+    trained = model.layers[0].attn.q_proj.weight.detach().clone()
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        model(tokens, tokens).backward()
+    optimizer.step()
+    assert torch.equal(frozen.detach(), before)
+    assert not torch.equal(model.layers[0].attn.q_proj.weight.detach(), trained)
+    model.update_weights_in_backward(None)
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        model(tokens, tokens).backward()
+    assert model.layers[1].ffn.w2.weight.grad is not None  # unwired: through .grad again

@@ -158,9 +158,17 @@ class FusedAdamW(torch.optim.Optimizer):
         optimizer = weakref.ref(self)
 
         def update(param: torch.Tensor) -> None:
-            # autograd also calls the hook of a weight whose gradient was handed over instead
-            if (live := optimizer()) is not None and param not in live._handed_over:
-                live._update_in_backward(param)
+            if (live := optimizer()) is None:
+                return
+            if param in live._handed_over:  # autograd calls the hook of such a weight too
+                if param.grad is not None:
+                    raise RuntimeError(
+                        "a gradient reached .grad of a weight whose gradient this backward handed "
+                        "to FusedAdamW.update_with_gradients (a second use of the weight, e.g. a "
+                        "penalty on it, or a stale .grad: zero_grad(set_to_none=True)); it would be "
+                        "dropped: turn the hand-over off (model.update_weights_in_backward(None))")
+                return
+            live._update_in_backward(param)
 
         for param in group["params"]:
             if param.requires_grad:
@@ -200,12 +208,26 @@ class FusedAdamW(torch.optim.Optimizer):
         gradients are kept alive until ``wait_for_backward_updates``. Returns False, doing
         nothing, unless this optimizer steps in backward and holds every one of `params`.
         """
-        if not self.step_in_backward or any(p not in self._group_of for p in params):
+        if not self.takes_gradients(params):
             return False
+        for param, grad in zip(params, grads, strict=True):  # all checked before any update
+            if grad.shape != param.shape:
+                raise ValueError(f"a gradient of shape {tuple(grad.shape)} for a parameter of shape "
+                                 f"{tuple(param.shape)}")
+            if param in self._handed_over:
+                raise RuntimeError(
+                    "a weight's gradient was handed over twice in one backward (the weight feeds two "
+                    "matmuls, or two forwards share one backward): the update takes one gradient per "
+                    "weight and backward; call step() after each forward and backward, or turn the "
+                    "hand-over off (model.update_weights_in_backward(None))")
         for param, grad in zip(params, grads, strict=True):
             self._update_in_backward(param, grad)
             self._handed_over.add(param)
         return True
+
+    def takes_gradients(self, params: Sequence[torch.Tensor]) -> bool:
+        """Whether `update_with_gradients` takes `params`: it steps in backward and holds them all."""
+        return self.step_in_backward and all(p in self._group_of for p in params)
 
     @torch.no_grad()
     def _update_in_backward(self, param: torch.Tensor, grad: torch.Tensor | None = None) -> None:

@@ -770,7 +770,12 @@ def _empty_out(q: torch.Tensor) -> torch.Tensor:
     if q.ndim < 4:
         return torch.empty(q.shape, dtype=q.dtype, device=q.device)
     *lead, h, n, d = q.shape
-    return torch.empty(*lead, n, h, d, dtype=q.dtype, device=q.device).transpose(-3, -2)
+    strides, size = [d, h * d, 1], n * h * d  # (H, n, d) over (n, H, d) memory
+    for dim in reversed(lead):
+        strides.insert(0, size)
+        size *= dim
+    # a tensor of its own with those strides, not a view: callers may modify it in place
+    return torch.empty_strided(q.shape, strides, dtype=q.dtype, device=q.device)
 
 
 def _bucket(n: int) -> int:

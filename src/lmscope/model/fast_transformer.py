@@ -9,7 +9,9 @@ initialization and ``load_state_dict`` works both ways; only the forward differs
   matmul against [w1; w3], and the RoPE kernel turns the packed projections straight into the
   per-head q, k, v that attention reads;
 * every weight matmul (``master_linear``) hands its weight gradient back in the master weights'
-  dtype straight from cuBLAS (fp32 out of bf16 inputs), so no bf16 -> fp32 cast kernels run;
+  dtype straight from cuBLAS (fp32 out of bf16 inputs), so no bf16 -> fp32 cast kernels run; or,
+  wired to an optimizer that steps in the backward (``update_weights_in_backward``), hands it to
+  that optimizer in bf16 instead (autocast's rounding; no fp32 ``.grad``);
 * under autocast the block weights are read from persistent bf16 copies (``shadow_weights``,
   stacked as the matmuls read them) instead of being cast every step; ``FusedAdamW`` writes
   those copies in the same pass as the update, and any other in-place change is noticed through
@@ -87,6 +89,9 @@ class _MasterLinear(torch.autograd.Function):
 
     The weights are stacked and cast in one copy per weight; the weight gradient of the stacked
     matmul comes out in the masters' dtype and is handed back as per-weight views (no casts).
+    Given an `update` and weights that all need a gradient, with x in bf16 (or the masters'
+    dtype), the gradient is computed in x's dtype and offered to `update` instead; if taken,
+    autograd gets none for the weights.
     """
 
     @staticmethod
@@ -112,8 +117,10 @@ class _MasterLinear(torch.autograd.Function):
         x, w = ctx.saved_tensors
         dx = grad @ w if ctx.needs_input_grad[0] else None
         flat_grad, flat_x = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])
-        if ctx.update is not None:  # the optimizer takes the gradient in x's dtype, as autocast's
-            dw = flat_grad.t() @ flat_x  # eager matmul rounds it, instead of an fp32 .grad
+        hand_over = (ctx.update is not None and all(ctx.needs_input_grad[3:])
+                     and x.dtype in (torch.bfloat16, ctx.master_dtype))  # no fp16 overflow risk
+        if hand_over:  # in x's dtype, as autocast's eager matmul rounds it, not an fp32 .grad
+            dw = flat_grad.t() @ flat_x
             if ctx.update(ctx.weights, dw.split(ctx.rows)):
                 return (dx, None, None, *[None] * len(ctx.rows))
         dw = matmul_into(flat_grad.t(), flat_x, ctx.master_dtype)
@@ -135,6 +142,9 @@ def master_linear(
 
 _MATMULS_PER_BLOCK = 4  # [Wq; Wk; Wv], Wo, [w1; w3], w2
 
+# model -> the optimizer its block matmuls hand their weight gradients to (update_weights_in_backward)
+_WEIGHT_UPDATES: weakref.WeakKeyDictionary[torch.nn.Module, weakref.ref] = weakref.WeakKeyDictionary()
+
 
 class FastTransformerLM(TransformerLM):
     """`TransformerLM` with fused kernels; forward(tokens, targets=None) -> logits or mean loss."""
@@ -144,7 +154,6 @@ class FastTransformerLM(TransformerLM):
         self._attend = get_attention(attention)
         self._shadows: ShadowWeights | None = None
         self._shadow_dtype: torch.dtype | None = None  # set by shadow_weights(): copies are opt-in
-        self._weight_update: weakref.WeakMethod | None = None  # set by update_weights_in_backward()
 
     def _weight_groups(self) -> list[tuple[torch.Tensor, ...]]:
         """Per block, the weights of its four matmuls, stacked as each matmul reads them."""
@@ -181,13 +190,28 @@ class FastTransformerLM(TransformerLM):
     def update_weights_in_backward(self, optimizer: torch.optim.Optimizer | None) -> None:
         """Hand the block matmuls' weight gradients to `optimizer` inside the backward (None: stop).
 
-        `optimizer` is a ``FusedAdamW(step_in_backward=True)`` holding the block weights: each
-        matmul's backward computes its weight gradient in the compute dtype (bf16, the rounding
+        `optimizer` is a ``FusedAdamW(step_in_backward=True)`` holding every trainable block
+        weight: each matmul's backward computes its weight gradient in bf16 (the rounding
         autocast's eager model applies) and the optimizer updates the weights from it at once;
-        those weights never get a ``.grad``. Held weakly: a dropped optimizer stops it.
+        those weights never get a ``.grad``. For training steps only: every backward through
+        the model updates them, also ``torch.autograd.grad`` or ``backward(inputs=...)``; each
+        block weight must feed one matmul once per backward (no tied weights, one forward per
+        backward). Held weakly (a dropped optimizer stops it) and outside the module's state,
+        so copies and pickles of the model are not wired.
         """
-        method = None if optimizer is None else optimizer.update_with_gradients
-        self._weight_update = None if method is None else weakref.WeakMethod(method)
+        if optimizer is None:
+            _WEIGHT_UPDATES.pop(self, None)
+            return
+        weights = [w for group in self._weight_groups() for w in group]
+        if len({id(w) for w in weights}) != len(weights):
+            raise ValueError("a block weight feeds two matmuls (tied weights): its gradient arrives "
+                             "in parts, which an update per part cannot take")
+        trainable = [w for w in weights if w.requires_grad]
+        takes = getattr(optimizer, "takes_gradients", None)
+        if takes is None or not takes(trainable):
+            raise ValueError("update_weights_in_backward needs a FusedAdamW(step_in_backward=True) "
+                             "holding every trainable block weight")
+        _WEIGHT_UPDATES[self] = weakref.ref(optimizer)
 
     def forward(self, token_ids: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (batch, seq, vocab) in the compute dtype, or with targets the mean cross-entropy."""
@@ -205,7 +229,9 @@ class FastTransformerLM(TransformerLM):
             x = F.embedding(token_ids, self.token_embeddings.weight)
             use_shadows = self._shadow_dtype == dtype and dtype != weight.dtype
             shadows = self.shadow_weights(dtype) if use_shadows else None
-            update = self._weight_update() if self._weight_update is not None else None
+            wired = _WEIGHT_UPDATES.get(self)
+            optimizer = wired() if wired is not None else None
+            update = optimizer.update_with_gradients if optimizer is not None else None
             pending = None  # each block's FFN output, added to the residual by the next norm
             for index, layer in enumerate(self.layers):
                 first = index * _MATMULS_PER_BLOCK  # _weight_groups' order: block by block

@@ -11,10 +11,11 @@ Shapes
     none). Inputs may be strided views, e.g. (B, T, H, d).transpose(1, 2): a 4-d input is read in
     place through its strides as long as its last dim is contiguous; other layouts are copied.
     n_queries != n_keys and sequence lengths that are not multiples of the tiles are supported.
-    O has q's shape. For inputs of 4 or more dims, (..., H, n_queries, d), O is a view of
-    (..., n_queries, H, d) memory, i.e. ``torch.empty(B, T, H, d).transpose(1, 2)`` for (B, H,
-    T, d): the model's next step, ``o.transpose(1, 2).reshape(B, T, H * d)`` before the output
-    projection, is then a free view instead of a copy kernel per layer. Inputs of 2 or 3 dims
+    O has q's shape. For inputs of 4 or more dims, (..., H, n_queries, d), O is laid out in
+    (..., n_queries, H, d) memory order (the strides of ``torch.empty(B, T, H, d).transpose(1,
+    2)`` for (B, H, T, d), but a tensor of its own, not a view): the model's next step,
+    ``o.transpose(1, 2).reshape(B, T, H * d)`` before the output projection, is then a free
+    view instead of a copy kernel per layer. Inputs of 2 or 3 dims
     (no head dim) get a contiguous O, as before. The backward reads O and dO through their
     strides (dO usually arrives as the same kind of view of a contiguous (B, T, H*d) gradient),
     so neither is copied.
@@ -765,8 +766,8 @@ def _as4d(x: torch.Tensor) -> torch.Tensor:
 
 
 def _empty_out(q: torch.Tensor) -> torch.Tensor:
-    """O shaped like q: for (..., H, n, d) inputs a (..., H, n, d) view of (..., n, H, d) memory
-    (so O.transpose(-3, -2) is contiguous), for 2-d and 3-d inputs contiguous."""
+    """O shaped like q: for (..., H, n, d) inputs with the strides of (..., n, H, d) memory (so
+    O.transpose(-3, -2) is contiguous), for 2-d and 3-d inputs contiguous."""
     if q.ndim < 4:
         return torch.empty(q.shape, dtype=q.dtype, device=q.device)
     *lead, h, n, d = q.shape
@@ -788,7 +789,7 @@ def flash_attention_forward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward kernel only. Returns (O with q's shape and dtype, L float32 (..., n_queries)).
 
-    For inputs of 4+ dims O is a view of (..., n_queries, H, d) memory (module docstring)."""
+    For inputs of 4+ dims O has (..., n_queries, H, d) memory order (module docstring)."""
     _check_inputs(q, k, v)
     n_q, d = q.shape[-2], q.shape[-1]
     n_k = k.shape[-2]

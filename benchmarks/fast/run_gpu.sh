@@ -6,9 +6,11 @@
 #             torch.compile (sdpa), eager sdpa, eager naive
 #   sizes-*   fast (optimizer separate and in the backward), sdpa and HF rows for small, medium,
 #             large and 2.7B
-#   long-*    large at context 8192 and 16384, batch 1: fast (both optimizer modes), eager sdpa, HF
+#   long-*    large at context 8192 and 16384, batch 1: fast (both optimizer modes), fast with
+#             PyTorch's SDPA in place of our FlashAttention (long-fast-sdpa), eager sdpa, HF
 #   kernels   where the time of the fast xl step goes (lmscope profile --fast: eager launches, so
-#             the kernel table is the graph's kernels)
+#             the kernel table is the graph's kernels); kernels-inbwd: the same with the optimizer
+#             inside the backward
 #   then, with what is left: eager naive rows, torch.compile at long context and for other sizes
 # torch.compile costs ~60-130 s per size (xl: 131 s on the H100), so the compile rows of the other
 # sizes need a second call with a fresh OUT, which measures the fast rows again beside them (ratios
@@ -18,12 +20,13 @@
 # (benchmarks/stages.sh), so a stage never starves an earlier one, and is stopped with SIGINT at
 # its limit (finished points are kept; rerun with STAGES="..." to resume a stage).
 # Usage (repo root, GPU machine, no uv): OUT=/some/dir bash benchmarks/fast/run_gpu.sh
-# Writes to $OUT: bench.jsonl, long.jsonl, pytest_gpu.txt, kernels.md (or profile files),
-# log.txt (every command's terminal output), summary.md (ratios and the targets), printed last.
+# Writes to $OUT: bench.jsonl, long.jsonl, pytest_gpu.txt, kernels.md and kernels_inbwd.md (with
+# profile/ and profile_inbwd/), log.txt (every command's terminal output), summary.md (ratios and
+# the targets), printed last.
 set -u
 OUT=${OUT:-runs/fast-gpu}
 BUDGET_S=${BUDGET_S:-470}
-STAGES=${STAGES:-"tests xl-fast xl-fast-inbwd xl-fast-eager xl-hf xl-compile xl-sdpa sizes-fast sizes-sdpa sizes-hf long-fast long-sdpa long-hf kernels xl-naive sizes-naive long-compile compile-sizes"}
+STAGES=${STAGES:-"tests xl-fast xl-fast-inbwd xl-fast-eager xl-hf xl-compile xl-sdpa sizes-fast sizes-sdpa sizes-hf long-fast long-fast-sdpa long-sdpa long-hf kernels kernels-inbwd xl-naive sizes-naive long-compile compile-sizes"}
 mkdir -p "$OUT"
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 LOG="$OUT/log.txt"
@@ -34,10 +37,11 @@ deadline=$((SECONDS + BUDGET_S))
 
 # Estimated seconds per stage on an H100 (model build, warm-up, steps; torch.compile dominates).
 # xl-fast includes compiling the Triton kernels on a fresh machine (no disk cache): ~30 s more.
-ORDER=(tests xl-fast xl-fast-inbwd xl-fast-eager xl-hf xl-compile xl-sdpa sizes-fast sizes-sdpa sizes-hf long-fast long-sdpa
-       long-hf kernels xl-naive sizes-naive long-compile compile-sizes)
+ORDER=(tests xl-fast xl-fast-inbwd xl-fast-eager xl-hf xl-compile xl-sdpa sizes-fast sizes-sdpa sizes-hf long-fast
+       long-fast-sdpa long-sdpa long-hf kernels kernels-inbwd xl-naive sizes-naive long-compile compile-sizes)
 declare -A COST=([tests]=200 [xl-fast]=60 [xl-fast-inbwd]=35 [xl-fast-eager]=30 [xl-hf]=40 [xl-compile]=200 [xl-sdpa]=20
-                 [sizes-fast]=110 [sizes-sdpa]=25 [sizes-hf]=30 [long-fast]=35 [long-sdpa]=15 [long-hf]=20 [kernels]=25
+                 [sizes-fast]=110 [sizes-sdpa]=25 [sizes-hf]=30 [long-fast]=35 [long-fast-sdpa]=35 [long-sdpa]=15
+                 [long-hf]=20 [kernels]=25 [kernels-inbwd]=25
                  [xl-naive]=15 [sizes-naive]=25 [long-compile]=120 [compile-sizes]=300)
 
 STAGE_LOG=$LOG
@@ -85,17 +89,25 @@ bench sizes-sdpa --size "$SIZES" "${STEP[@]}" --attention sdpa --reuse-worker --
 bench sizes-hf --size "$SIZES" "${STEP[@]}" --attention sdpa --peer hf --reuse-worker --timeout 150
 bench long-fast "${LONG[@]}" --attention flash --fast on --optimizer-in-backward off,on --reuse-worker \
   --timeout 150
+bench long-fast-sdpa "${LONG[@]}" --attention sdpa --fast on --optimizer-in-backward off,on --reuse-worker \
+  --timeout 150
 bench long-sdpa "${LONG[@]}" --attention sdpa --reuse-worker --timeout 150
 bench long-hf "${LONG[@]}" --attention sdpa --peer hf --reuse-worker --timeout 150
 
-left=$(stage_limit kernels)
-if ((left > 0)); then
-  echo "== kernels (at most $left s)" | tee -a "$LOG"
+profile() {  # profile NAME FILE ARGS...: lmscope profile of the fast xl step within the stage's limit
+  local name=$1 file=$2 left
+  shift 2
+  left=$(stage_limit "$name")
+  ((left > 0)) || return 0
+  echo "== $name (at most $left s)" | tee -a "$LOG"
   timeout -s INT -k 10 "$left" python3 -m lmscope profile --size xl --context-length 512 --batch-size 4 \
     --precision bf16 --mode train-step --attention flash --fast on --warmup 3 --steps 3 --device cuda \
-    --out "$OUT/profile/profile.jsonl" > "$OUT/kernels.md" 2>&1
-  tail -n 40 "$OUT/kernels.md" >> "$LOG"
-fi
+    "$@" > "$OUT/$file" 2>&1
+  tail -n 40 "$OUT/$file" >> "$LOG"
+}
+
+profile kernels kernels.md --out "$OUT/profile/profile.jsonl"
+profile kernels-inbwd kernels_inbwd.md --optimizer-in-backward on --out "$OUT/profile_inbwd/profile.jsonl"
 
 bench xl-naive --size xl "${STEP[@]}" --attention naive --timeout 120
 bench sizes-naive --size "$SIZES" "${STEP[@]}" --attention naive --reuse-worker --timeout 120

@@ -33,8 +33,9 @@ def variant(record: dict[str, Any]) -> str:
         graphed = record.get("cuda_graph_used")
         if graphed is None:  # a failed point: what it asked for (no field: before --cuda-graph)
             graphed = record.get("cuda_graph", "off") != "off"
+        attention = "" if record.get("attention") == "flash" else f"-{record.get('attention')}"
         in_backward = "-inbwd" if record.get("optimizer_in_backward") else ""
-        return ("fast" if graphed else "fast-eager") + in_backward
+        return ("fast" if graphed else "fast-eager") + attention + in_backward
     if record.get("compile"):
         return "compile"
     return str(record.get("attention"))
@@ -62,10 +63,12 @@ def ratio(slow: dict[str, Any] | None, fast: dict[str, Any] | None) -> float | N
     return slow["median_ms"] / fast["median_ms"]
 
 
-def best_fast(got: dict[str, dict[str, Any] | None]) -> dict[str, Any] | None:
-    """The faster ok row of fast (separate optimizer phase) and fast-inbwd (optimizer in backward)."""
-    ok = [got.get(v) for v in ("fast", "fast-inbwd") if (got.get(v) or {}).get("status") == "ok"]
-    return min(ok, key=lambda r: r["median_ms"]) if ok else got.get("fast")
+def best_fast(got: dict[str, dict[str, Any] | None],
+              variants: tuple[str, ...] = ("fast", "fast-inbwd")) -> dict[str, Any] | None:
+    """The fastest ok row of `variants` (by default fast, with the optimizer as its own phase, and
+    fast-inbwd, with it inside the backward)."""
+    ok = [got.get(v) for v in variants if (got.get(v) or {}).get("status") == "ok"]
+    return min(ok, key=lambda r: r["median_ms"]) if ok else got.get(variants[0])
 
 
 def fwd_bwd_mfu(record: dict[str, Any]) -> float | None:
@@ -169,25 +172,32 @@ def optimizer_floor(fast: dict[str, Any] | None, size: str, bandwidth: float | N
     add(f"{size} optimizer <= 1.3x its memory floor", over, 1.3, "{:.2f}x", higher=False)
 
 
+LONG_FAST = ("fast", "fast-inbwd", "fast-sdpa", "fast-sdpa-inbwd")
+"""The fast rows at long context: our FlashAttention or PyTorch's SDPA, each optimizer mode."""
+
+
 def long_table(rows: dict[tuple, dict[str, Any]]) -> list[str]:
-    """Long context: every row's time, and the peers against the faster fast row."""
+    """Long context: every row's time, and the peers against the fastest fast row."""
     peers = ("sdpa", "compile", "hf")
-    lines = ["\n## large, batch 1, long context (median ms; ratios against the faster fast row; "
+    lines = ["\n## large, batch 1, long context (median ms; ratios against the fastest fast row; "
              "peak allocated GiB)\n",
-             "| context | fast | fast, opt. in bwd | sdpa | compile | hf | sdpa / fast | compile / fast "
-             "| hf / fast | fast GiB | sdpa GiB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "fast (sdpa attn): the fast path with PyTorch's SDPA in place of lmscope's FlashAttention "
+             "(`--fast on --attention sdpa`).\n",
+             "| context | fast | fast, opt. in bwd | fast (sdpa attn) | fast (sdpa attn), opt. in bwd "
+             "| sdpa | compile | hf | sdpa / fast | compile / fast | hf / fast | fastest fast | fast GiB "
+             "| sdpa GiB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for context in (8192, 16384):
-        got = {v: rows.get(("large", context, 1, v)) for v in ("fast", "fast-inbwd", *peers)}
+        got = {v: rows.get(("large", context, 1, v)) for v in (*LONG_FAST, *peers)}
         if not any(got.values()):
             continue
-        best = best_fast(got)
+        best = best_fast(got, LONG_FAST)
+        name = next((v for v in LONG_FAST if best is not None and got[v] is best), "-")
         ratios = [ratio(got[peer], best) for peer in peers]
         lines.append(
-            f"| {context} | {cell(got['fast'])} | {cell(got['fast-inbwd'])} | "
-            + " | ".join(cell(got[peer]) for peer in peers) + " | "
+            f"| {context} | " + " | ".join(cell(got[v]) for v in (*LONG_FAST, *peers)) + " | "
             + " | ".join("-" if r is None else f"{r:.2f}x" for r in ratios)
-            + f" | {cell(best, 'peak_allocated_gib')} | {cell(got['sdpa'], 'peak_allocated_gib')} |"
+            + f" | {name} | {cell(best, 'peak_allocated_gib')} | {cell(got['sdpa'], 'peak_allocated_gib')} |"
         )
     return lines
 

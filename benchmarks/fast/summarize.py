@@ -41,11 +41,16 @@ def variant(record: dict[str, Any]) -> str:
     return str(record.get("attention"))
 
 
+def row_key(record: dict[str, Any]) -> tuple:
+    """(size, context, batch, variant): where a record goes in the tables."""
+    return record["size"], record["context_length"], record["batch_size"], variant(record)
+
+
 def latest(path: Path) -> dict[tuple, dict[str, Any]]:
-    """(size, context, batch, variant) -> the last record written for it."""
+    """row_key -> the last record written for it."""
     if not path.exists():
         return {}
-    return {(r["size"], r["context_length"], r["batch_size"], variant(r)): r for r in read_records(path)}
+    return {row_key(r): r for r in read_records(path)}
 
 
 def cell(record: dict[str, Any] | None, key: str = "median_ms", fmt: str = "{:.1f}") -> str:

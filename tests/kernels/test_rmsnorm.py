@@ -147,18 +147,6 @@ def test_every_backward_program_writes_its_whole_partial_row(rms, monkeypatch, s
     _check(rms, shape, torch.float32, None, seed=shape[0])
 
 
-@pytest.mark.parametrize(("shape", "max_tile"), [((23, 100), 256), ((13, 70), 128), ((6, 33), 64)])
-def test_backward_programs_walk_their_rows_a_few_at_a_time(rms, monkeypatch, shape, max_tile) -> None:
-    """A program's rows in steps of ROWS (MAX_TILE // padded width) with a ragged last step:
-    23 rows on 4 programs are 6, 6, 6 and 5 rows in steps of 2; 13 rows are 4, 4, 4 and 1 in one
-    step each; 6 rows of width 33 (padded to 64) are one row per step."""
-    monkeypatch.setattr(rms, "MAX_TILE", max_tile)
-    monkeypatch.setattr(rms, "_partials", lambda p, d, dtype, device: torch.full(
-        (p, d), float("nan"), dtype=dtype, device=device))  # fmt: skip
-    _check(rms, shape, torch.float32, None, seed=shape[0] + max_tile)
-    _check_add(rms, shape, torch.float32, torch.bfloat16, torch.bfloat16, residual_grad=True)
-
-
 def test_add_rmsnorm_dweight_with_nan_filled_partials(rms, monkeypatch) -> None:
     monkeypatch.setattr(rms, "_partials", lambda p, d, dtype, device: torch.full(
         (p, d), float("nan"), dtype=dtype, device=device))  # fmt: skip

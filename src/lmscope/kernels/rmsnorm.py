@@ -16,10 +16,9 @@ Shapes and dtypes
 
 Kernels
     forward: one program per row, the whole row in registers; saves the per-row 1/rms (fp32).
-    backward: a fixed number of programs (PROGRAMS_PER_SM per SM, at most one per row), each
-    walking a contiguous run of rows, several rows per step (up to MAX_TILE elements, so their
-    loads are in flight together): it writes dx = rstd * (dy*w - xhat * mean(dy*w*xhat)) per row
-    and its own partial sum of dy*xhat as one full row of a (programs, D) buffer (fp32; fp64 for
+    backward: a fixed number of programs (4 per SM, at most one per row), each walking a
+    contiguous run of rows: it writes dx = rstd * (dy*w - xhat * mean(dy*w*xhat)) per row and
+    its own partial sum of dy*xhat as one full row of a (programs, D) buffer (fp32; fp64 for
     fp64 inputs), zeros when it got no rows, so the buffer needs no zero fill.
     dweight: a column-sum kernel adds those partials up in one launch, one program per 32
     columns (a 128-byte line of fp32 per row), looping over chunks of up to 512 rows of a
@@ -88,35 +87,31 @@ def _rmsnorm_fwd(
 def _rmsnorm_bwd(
     DY, X, W, RSTD, DX, DW_PARTIAL, DS, DDELTA,
     stride_dy, stride_x, stride_dx, stride_ds, stride_ddelta, N, D, rows_per_program,
-    HAS_DS: tl.constexpr, HAS_DDELTA: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
-    ACC: tl.constexpr,
+    HAS_DS: tl.constexpr, HAS_DDELTA: tl.constexpr, BLOCK_D: tl.constexpr, ACC: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
-    col_ok = cols[None, :] < D
-    w = tl.load(W + cols, mask=cols < D, other=0.0).to(ACC)
+    mask = cols < D
+    w = tl.load(W + cols, mask=mask, other=0.0).to(ACC)
     dw = tl.zeros([BLOCK_D], dtype=ACC)
     first = pid * rows_per_program
     last = tl.minimum(first + rows_per_program, N)
-    for start in range(first, last, ROWS):  # ROWS rows at a time: their loads are in flight together
-        rows = tl.cast(start, tl.int64) + tl.arange(0, ROWS)
-        row_ok = rows < last
-        ok = row_ok[:, None] & col_ok
-        x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=ok, other=0.0).to(ACC)
-        dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=ok, other=0.0).to(ACC)
-        rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
-        xhat = x * rstd[:, None]
-        g = dy * w[None, :]
-        mean_gx = tl.sum(g * xhat, axis=1) / D
-        dx = rstd[:, None] * (g - xhat * mean_gx[:, None])
+    for r in range(first, last):
+        row = tl.cast(r, tl.int64)
+        x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(ACC)
+        dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(ACC)
+        rstd = tl.load(RSTD + row)
+        xhat = x * rstd
+        g = dy * w
+        mean_gx = tl.sum(g * xhat, axis=0) / D
+        dx = rstd * (g - xhat * mean_gx)
         if HAS_DS:  # the gradient reaching s along the residual stream
-            dx += tl.load(DS + rows[:, None] * stride_ds + cols[None, :], mask=ok, other=0.0).to(ACC)
-        tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=ok)
+            dx += tl.load(DS + row * stride_ds + cols, mask=mask, other=0.0).to(ACC)
+        tl.store(DX + row * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
         if HAS_DDELTA:  # d(delta) = d(s), in delta's dtype
-            tl.store(DDELTA + rows[:, None] * stride_ddelta + cols[None, :],
-                     dx.to(DDELTA.dtype.element_ty), mask=ok)  # fmt: skip
-        dw += tl.sum(dy * xhat, axis=0)  # rows past `last` load zeros: they add nothing
-    tl.store(DW_PARTIAL + pid * D + cols, dw, mask=cols < D)
+            tl.store(DDELTA + row * stride_ddelta + cols, dx.to(DDELTA.dtype.element_ty), mask=mask)
+        dw += dy * xhat
+    tl.store(DW_PARTIAL + pid * D + cols, dw, mask=mask)
 
 
 @triton.jit
@@ -153,22 +148,10 @@ def _warps(block: int) -> int:
     return min(max(block // 256, 1), 16)
 
 
-PROGRAMS_PER_SM = 4
-"""Backward programs per SM: each writes one partial row of dweight, so more programs mean more
-parallel rows but a larger (programs, D) buffer for the column sum to read."""
-MAX_TILE = 8192
-"""Backward: at most this many elements (rows x padded width) per step of a program's loop."""
-
-
 def _programs(n_rows: int, device: torch.device) -> int:
     if device.type == "cuda":
-        return min(n_rows, PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count)
+        return min(n_rows, 4 * torch.cuda.get_device_properties(device).multi_processor_count)
     return min(n_rows, 4)
-
-
-def _rows_per_step(rows_per_program: int, block: int) -> int:
-    """Rows a backward program loads at once: all of its rows, up to MAX_TILE elements."""
-    return max(1, min(triton.next_power_of_2(rows_per_program), MAX_TILE // block))
 
 
 def _partials(programs: int, d: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -254,15 +237,13 @@ def _launch_backward(
     programs = _programs(n, x2.device)  # 1 <= programs <= n
     partial = _partials(programs, d, rstd.dtype, x2.device)
     block = triton.next_power_of_2(d)
-    rows_per_program = triton.cdiv(n, programs)
-    rows = _rows_per_step(rows_per_program, block)
     _rmsnorm_bwd[(programs,)](
         dy2, x2, weight, rstd, dx, partial, ds2 if ds2 is not None else dx,
         ddelta if ddelta is not None else dx,
         dy2.stride(0), x2.stride(0), dx.stride(0), ds2.stride(0) if ds2 is not None else 0, d,
-        n, d, rows_per_program,
+        n, d, triton.cdiv(n, programs),
         HAS_DS=ds2 is not None, HAS_DDELTA=ddelta is not None,
-        BLOCK_D=block, ROWS=rows, ACC=_acc_dtype(x2), num_warps=_warps(rows * block),
+        BLOCK_D=block, ACC=_acc_dtype(x2), num_warps=_warps(block),
     )  # fmt: skip
     return dx, ddelta, _column_sums(partial, weight.dtype)
 

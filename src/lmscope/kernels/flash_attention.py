@@ -40,13 +40,13 @@ Kernels
     forward: grid over (query tiles, batch*heads) -- in either order, an autotuned choice --
     with the query-tile id reversed so the heaviest causal tiles start first; online softmax in
     the log2 domain (scores pre-scaled by log2(e)/sqrt(d), ``exp2``); writes O and L.
-    backward: (1) preprocess D = rowsum(dO * O) (fp64 sum for fp32 inputs: dP - D cancels);
-    (2) dK/dV kernel: one key/value tile resident,
-    loop over query tiles, recompute P^T = exp2(K Q^T * c - L2); (3) dQ kernel: one query tile
-    resident, loop over key tiles (no atomics). ``DQ_MODE = "atomic"`` instead adds dQ from the
-    dK/dV kernel with fp32 atomics into a zeroed buffer (one fewer kernel, one fewer matmul per
-    tile pair); the default is the mode that measured faster on H100 (docs/kernels/
-    flash_attention.md).
+    backward: (1) dQ kernel: one query tile resident, loop over key tiles (no atomics); it
+    also computes D = rowsum(dO * O) for its rows (fp64 sum for fp32 inputs: dP - D cancels)
+    and stores it; (2) dK/dV kernel: one key/value tile resident, loop over query tiles,
+    recompute P^T = exp2(K Q^T * c - L2), reading D. ``DQ_MODE = "atomic"`` instead computes D
+    in a preprocess kernel and adds dQ from the dK/dV kernel with fp32 atomics into a zeroed
+    buffer (one fewer matmul per tile pair); the default is the mode that measured faster on
+    H100 (docs/kernels/flash_attention.md).
     Tile sizes, warps and pipeline stages are autotuned from a small list per head dim, keyed on
     head dim, causal, dtype and power-of-two buckets of the sequence lengths. Once the
     autotuner has chosen for a key, the kernels are launched through the JIT function with its
@@ -390,6 +390,16 @@ def _attn_fwd(
 # --------------------------------------------------------------------------------------------
 
 
+@triton.jit
+def _row_dot(o, do, ACC64: tl.constexpr):
+    """D = rowsum(dO * O) in float32. dS = P * (dP - D) cancels where dP ~ D; for fp32 inputs
+    (ACC64) D is summed in fp64 so the fp32 gradients stay as accurate as PyTorch's own fp32
+    computation (an O(n d) op: cheap)."""
+    if ACC64:
+        return tl.sum(o.to(tl.float64) * do.to(tl.float64), axis=1).to(tl.float32)
+    return tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+
+
 @triton.jit(do_not_specialize=["H", "n_q"])
 def _bwd_preprocess(
     O, DO, DELTA,
@@ -408,12 +418,7 @@ def _bwd_preprocess(
                 + offs_m[:, None] * stride_om + offs_d[None, :], mask=mask, other=0.0)  # fmt: skip
     do = tl.load(DO + off_z * stride_dz + off_h * stride_dh
                  + offs_m[:, None] * stride_dm + offs_d[None, :], mask=mask, other=0.0)  # fmt: skip
-    # dS = P * (dP - D) cancels where dP ~ D; for fp32 inputs D is summed in fp64 so the fp32
-    # gradients stay as accurate as PyTorch's own fp32 computation (an O(n d) op: cheap).
-    if ACC64:
-        delta = tl.sum(o.to(tl.float64) * do.to(tl.float64), axis=1).to(tl.float32)
-    else:
-        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+    delta = _row_dot(o, do, ACC64)
     tl.store(DELTA + off_bh.to(tl.int64) * n_q + offs_m, delta, mask=offs_m < n_q)
 
 
@@ -584,14 +589,15 @@ def _dq_inner(
 )
 @triton.jit(do_not_specialize=_NO_SPEC)
 def _attn_bwd_dq(
-    Q, K, V, DO, LSE, DELTA, DQ,
+    Q, K, V, DO, O, LSE, DELTA, DQ,
     stride_qz, stride_qh, stride_qm,
     stride_kz, stride_kh, stride_kn,
     stride_vz, stride_vh, stride_vn,
     stride_doz, stride_doh, stride_dom,
+    stride_oz, stride_oh, stride_om,
     H, n_q, n_k, qk_scale, sm_scale, NQ_BUCKET, NK_BUCKET,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr,
-    BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr, HEAD_MAJOR: tl.constexpr,
+    ACC64: tl.constexpr, BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr, HEAD_MAJOR: tl.constexpr,
 ):  # fmt: skip
     EVEN_D: tl.constexpr = HEAD_DIM == D_PAD
     # heaviest causal tiles first (see _attn_fwd)
@@ -615,9 +621,13 @@ def _attn_bwd_dq(
               + offs_d[None, :], m_ok[:, None], d_ok, True, not EVEN_D)  # fmt: skip
     do = _load(DO + off_z * stride_doz + off_h * stride_doh + offs_m[:, None] * stride_dom
                + offs_d[None, :], m_ok[:, None], d_ok, True, not EVEN_D)  # fmt: skip
+    o = _load(O + off_z * stride_oz + off_h * stride_oh + offs_m[:, None] * stride_om
+              + offs_d[None, :], m_ok[:, None], d_ok, True, not EVEN_D)  # fmt: skip
     row = off_bh.to(tl.int64) * n_q + offs_m
     lse2 = tl.load(LSE + row, mask=m_ok, other=0.0) * 1.4426950408889634
-    delta = tl.load(DELTA + row, mask=m_ok, other=0.0)
+    # D = rowsum(dO * O) for this tile's rows, stored for the dK/dV kernel that runs next
+    delta = _row_dot(o, do, ACC64)
+    tl.store(DELTA + row, delta, mask=m_ok)
     dq = tl.zeros([BLOCK_M2, D_PAD], dtype=tl.float32)
 
     if CAUSAL:
@@ -656,7 +666,7 @@ class _Launcher:
     ``key`` is (head dim, causal, dtype, n_queries bucket, n_keys bucket, atomic dQ,
     batch*heads > 65535). It decides everything Triton's tuning key holds (its dtypes are q's
     dtype and float32, fixed by q's dtype) and everything the pruner reads from the arguments;
-    the constexpr arguments (HEAD_DIM, D_PAD, DOT_PREC, CAUSAL, ATOMIC_DQ) follow from it.
+    the constexpr arguments (HEAD_DIM, D_PAD, DOT_PREC, CAUSAL, ATOMIC_DQ, ACC64) follow from it.
     The kept choices are dropped whenever the autotuner's cache changed size behind our back
     (benchmarks/flash_tune.py clears it to re-tune), and ``kernel.best_config`` is set on every
     launch as the autotuner does. Where this Triton lacks what the direct launch needs (the
@@ -668,6 +678,7 @@ class _Launcher:
         self.kernel = kernel
         self.block = block  # the tile size along the sequence axis of the grid
         self.atomic_arg = "ATOMIC_DQ" in kernel.arg_names
+        self.acc64_arg = "ACC64" in kernel.arg_names
         run = getattr(getattr(kernel, "fn", None), "run", None)
         try:
             params = inspect.signature(run).parameters if run is not None else {}
@@ -707,6 +718,8 @@ class _Launcher:
         }
         if self.atomic_arg:
             consts["ATOMIC_DQ"] = atomic
+        if self.acc64_arg:
+            consts["ACC64"] = dtype == torch.float32
         if big:
             # Triton's key does not hold batch*heads: a config tuned with fewer of them may put
             # them on grid axis 1 (at most 65535). Forget such choices so the pruner runs again.
@@ -856,13 +869,6 @@ def flash_attention_backward(
     acc_at = _aligned(n_delta)
     f32 = torch.empty(acc_at + (bh * n_q * d_pad if atomic else 1), dtype=torch.float32, device=device)
     delta, dq_acc = f32[:n_delta], f32[acc_at:]
-    if atomic:
-        dq_acc.zero_()
-    pre_block = 16 if _INTERPRET else 128
-    _bwd_preprocess[(triton.cdiv(n_q, pre_block), bh)](
-        o4, do4, delta, *o4.stride()[:3], *do4.stride()[:3], h, n_q,
-        HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=pre_block, ACC64=q.dtype == torch.float32,
-    )  # fmt: skip
 
     # Contiguous, as the kernels assume (they index dQ, dK, dV without strides).
     dq = torch.empty(q.shape, dtype=q.dtype, device=device)
@@ -873,17 +879,24 @@ def flash_attention_backward(
     qk_scale = sm_scale * LOG2E
     strides = (*q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3], *do4.stride()[:3])
     scalars = (h, n_q, n_k, qk_scale, sm_scale, nq_bucket, nk_bucket)
+    if atomic:
+        dq_acc.zero_()
+        pre_block = 16 if _INTERPRET else 128
+        _bwd_preprocess[(triton.cdiv(n_q, pre_block), bh)](
+            o4, do4, delta, *o4.stride()[:3], *do4.stride()[:3], h, n_q,
+            HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=pre_block, ACC64=q.dtype == torch.float32,
+        )  # fmt: skip
+    else:  # the dQ kernel computes D for its rows and stores it: it runs first
+        _DQ_LAUNCH(
+            (d, causal, q.dtype, nq_bucket, nk_bucket, False, bh > 65535), n_q, bh,
+            (q4, k4, v4, do4, o4, lse, delta, dq, *strides, *o4.stride()[:3], *scalars),
+        )
     _DKDV_LAUNCH(
         (d, causal, q.dtype, nq_bucket, nk_bucket, atomic, bh > 65535), n_k, bh,
         (q4, k4, v4, do4, lse, delta, dk, dv, dq_acc, *strides, *scalars),
     )
     if atomic:
         dq.copy_((dq_acc.view(bh, n_q, d_pad)[..., :d] * sm_scale).reshape(dq.shape))
-    else:
-        _DQ_LAUNCH(
-            (d, causal, q.dtype, nq_bucket, nk_bucket, False, bh > 65535), n_q, bh,
-            (q4, k4, v4, do4, lse, delta, dq, *strides, *scalars),
-        )
     return dq, dk, dv
 
 

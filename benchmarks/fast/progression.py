@@ -12,13 +12,14 @@ SIZES = ("small", "medium", "large", "xl", "2.7B")
 
 
 def cell(record: dict | None, in_backward: dict | None) -> str:
-    """Median step ms and forward+backward MFU of a fast row (and the in-backward row's ms), or '-'."""
-    if record is None or record.get("status") != "ok":
-        return "-"
-    text = f"{record['median_ms']:.1f} ({fwd_bwd_mfu(record):.1%})"
+    """Median step ms and forward+backward MFU of a fast row, then the in-backward row's ms; '-'
+    for what a run did not measure."""
+    separate = "-"
+    if record is not None and record.get("status") == "ok":
+        separate = f"{record['median_ms']:.1f} ({fwd_bwd_mfu(record):.1%})"
     if in_backward is not None and in_backward.get("status") == "ok":
-        text += f" / {in_backward['median_ms']:.1f}"
-    return text
+        return f"{separate} / {in_backward['median_ms']:.1f}"
+    return separate
 
 
 def run_number(name: str) -> tuple[int, str]:

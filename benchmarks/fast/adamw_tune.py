@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 import triton
+from summarize import copy_bandwidth_gbps  # benchmarks/fast, this script's folder
 
 from lmscope.config import preset
 from lmscope.kernels import adamw
@@ -42,14 +43,6 @@ def median_ms(graph: torch.cuda.CUDAGraph, replays: int) -> float:
     return statistics.median(times)
 
 
-def copy_gbps() -> float:
-    """Device-to-device copy of 1 GiB: bytes read plus written per second, in GB/s."""
-    src = torch.empty(1 << 28, dtype=torch.float32, device="cuda")
-    dst = torch.empty_like(src)
-    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=25, rep=200)
-    return 2 * src.numel() * 4 / (ms * 1e-3) / 1e9
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="xl")
@@ -64,7 +57,7 @@ def main() -> None:
     shadows = [torch.empty(s, device="cuda", dtype=torch.bfloat16) for s in shapes]
     step = torch.ones((), device="cuda")
     count = sum(p.numel() for p in params)
-    bandwidth = copy_gbps()
+    bandwidth = copy_bandwidth_gbps()
     floor_ms = count * 28 / (bandwidth * 1e9) * 1e3
     meta = {k: v for k, v in provenance().items() if k in ("device_name", "torch", "triton", "git_sha")}
     args.out.parent.mkdir(parents=True, exist_ok=True)

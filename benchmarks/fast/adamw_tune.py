@@ -69,7 +69,7 @@ def main() -> None:
         def launch_all(block: int = block, warps: int = warps) -> None:
             for p, g, (m, v), s in zip(params, grads, moments, shadows, strict=True):
                 adamw._adamw_kernel[(triton.cdiv(p.numel(), block),)](
-                    p, g, m, v, s, step, p.numel(), 0.0, 1e-4, 0.9, 0.999, 1e-8, 0.01,
+                    p, g, m, v, s, step, p.numel(), 1e-4, 0.9, 0.999, 1e-8, 0.01,
                     HAS_SHADOW=True, BLOCK=block, num_warps=warps,
                 )  # fmt: skip
 

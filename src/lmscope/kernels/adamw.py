@@ -33,9 +33,10 @@ Kernels
     bf16 forward would otherwise read 4 and write 2 B for. The step counts live on the device (one
     ``_foreach_add_`` per group), so the whole step can be captured in a CUDA graph; lr, betas,
     eps and weight decay are then baked into the graph (a scheduler's changes do not reach
-    replays). With ``step_in_backward`` the kernels read the count before it is advanced and add
-    one themselves; a CUDA-graph capture of the backward must end with
-    ``wait_for_backward_updates()`` so the side stream joins the capture.
+    replays). The kernels read the count before ``step()`` advances it and add one themselves
+    (in step_in_backward mode the updates run during the backward, before that step()); a
+    CUDA-graph capture of the backward must end with ``wait_for_backward_updates()`` so the
+    side stream joins the capture.
 
 Hardware
     Written for NVIDIA H100 (sm_90); memory bound. Per-parameter launches cost host time when run
@@ -78,12 +79,12 @@ def adamw_reference(
 @triton.jit
 def _adamw_kernel(
     P, G, M, V, SHADOW, STEP, n,
-    step_offset, lr, beta1, beta2, eps, weight_decay,
+    lr, beta1, beta2, eps, weight_decay,
     HAS_SHADOW: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < n
-    step = tl.load(STEP).to(tl.float32) + step_offset
+    step = tl.load(STEP).to(tl.float32) + 1.0  # the count advances after the update (step())
     p = tl.load(P + offsets, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(G + offsets, mask=mask, other=0.0).to(tl.float32)
     m = tl.load(M + offsets, mask=mask, other=0.0).to(tl.float32)
@@ -193,7 +194,7 @@ class FusedAdamW(torch.optim.Optimizer):
             states = [self._state(p) for p in params]
             for param in params:  # before the count advances: the kernels read it and add one
                 if param not in done:
-                    self._update(param, group, 1.0, param.grad)
+                    self._update(param, group, param.grad)
             torch._foreach_add_([s["step"] for s in states], 1.0)
         return loss
 
@@ -240,14 +241,14 @@ class FusedAdamW(torch.optim.Optimizer):
         group = self._group_of[param]
         grad = param.grad if grad is None else grad
         if param.device.type != "cuda":
-            self._update(param, group, 1.0, grad)
+            self._update(param, group, grad)
             return
         side = self._side_streams.get(param.device)
         if side is None:
             side = self._side_streams[param.device] = torch.cuda.Stream(param.device)
         side.wait_stream(torch.cuda.current_stream(param.device))  # the gradient is written
         with torch.cuda.stream(side):
-            self._update(param, group, 1.0, grad)
+            self._update(param, group, grad)
         self._pending.add(side)
         self._in_flight.append(grad)  # read on the side stream: not freed before the join
 
@@ -258,15 +259,15 @@ class FusedAdamW(torch.optim.Optimizer):
         self._pending.clear()
         self._in_flight.clear()
 
-    def _update(self, param: torch.Tensor, group: dict, step_offset: float, grad: torch.Tensor) -> None:
-        """Launch the update of one parameter from `grad` (its count + step_offset is the step
-        number)."""
+    def _update(self, param: torch.Tensor, group: dict, grad: torch.Tensor) -> None:
+        """Launch the update of one parameter from `grad` (step number: its count, not yet
+        advanced, plus one)."""
         if group.get("amsgrad") or group.get("maximize"):
             raise ValueError("FusedAdamW has no amsgrad or maximize (a state dict of "
                              "torch.optim.AdamW with them was loaded?): use torch.optim.AdamW")
         source = self.shadows() if self.shadows is not None else None
         shadow = source.views.get(param) if source is not None else None
-        self._launch(param, grad, self._state(param), group, shadow, step_offset)
+        self._launch(param, grad, self._state(param), group, shadow)
         torch.autograd.graph.increment_version(param)  # written by a raw kernel
         if shadow is not None:
             source.mark_fresh(param)
@@ -288,7 +289,7 @@ class FusedAdamW(torch.optim.Optimizer):
 
     def _launch(
         self, param: torch.Tensor, grad: torch.Tensor, state: dict, group: dict,
-        shadow: torch.Tensor | None, step_offset: float,
+        shadow: torch.Tensor | None,
     ) -> None:  # fmt: skip
         if grad.is_sparse:
             raise ValueError("FusedAdamW does not take sparse gradients")
@@ -305,6 +306,6 @@ class FusedAdamW(torch.optim.Optimizer):
         beta1, beta2 = group["betas"]
         _adamw_kernel[(triton.cdiv(n, _BLOCK),)](
             param, grad, state["exp_avg"], state["exp_avg_sq"], param if shadow is None else shadow,
-            state["step"], n, step_offset, group["lr"], beta1, beta2, group["eps"], group["weight_decay"],
+            state["step"], n, group["lr"], beta1, beta2, group["eps"], group["weight_decay"],
             HAS_SHADOW=shadow is not None, BLOCK=_BLOCK, num_warps=8,
         )  # fmt: skip

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,6 +13,7 @@ import torch
 from lmscope.accounting.flops import parameter_counts
 from lmscope.cli import main
 from lmscope.parallel.commands import ddp_points, ddp_summary, exit_code, overhead_model_line, results_path
+from lmscope.parallel.launch import launch
 from lmscope.report.tables import format_value
 from lmscope.workloads import ddp
 from lmscope.workloads.ddp import Spec
@@ -123,6 +125,22 @@ def test_torch_ddp_point_on_two_ranks(strategy, caps):
     assert row["ddp_settings"].startswith(f"{caps}, gradient_as_bucket_view=True, ")
     # predicted buckets: this model's gradients fit PyTorch's default first bucket of 1 MiB
     assert row["buckets"] > 3 if strategy == "torch-ddp:0.002" else row["buckets"] == 1
+
+
+def _train_with_shrinking_calibration(ctx, point):
+    """`ddp.train` in a rank where the larger calibration all-reduce timed faster (a busy host)."""
+    fit = ddp.fit_latency_bandwidth
+    ddp.fit_latency_bandwidth = lambda sizes, seconds: fit(sizes, sorted(seconds, reverse=True))
+    return ddp.train(ctx, point)
+
+
+def test_a_calibration_without_a_fit_keeps_the_measured_step():
+    point = asdict(Spec(**TINY, strategy="bucketed:0.002", world_size=2))
+    row = launch(_train_with_shrinking_calibration, point, nproc=2, backend="gloo", timeout_s=240)
+    _check_common(row, 2)
+    assert row["calibration_error"] == (
+        "no overhead-model prediction: all-reduce times do not grow with size: cannot fit a bandwidth")
+    assert "predicted_comm_wait_ms" not in row and row["comm_wait_ms"] >= 0
 
 
 def test_single_baseline_runs_here():

@@ -141,6 +141,7 @@ def test_a_calibration_without_a_fit_keeps_the_measured_step():
     assert row["calibration_error"] == (
         "no overhead-model prediction: all-reduce times do not grow with size: cannot fit a bandwidth")
     assert "predicted_comm_wait_ms" not in row and row["comm_wait_ms"] >= 0
+    assert row["buckets"] > 3 and row["grad_mib"] == pytest.approx(row["parameters"] * 4 / 2**20)
 
 
 def test_single_baseline_runs_here():

@@ -57,7 +57,7 @@ from lmscope.workloads.model_spec import ModelPointSpec
 from lmscope.workloads.train_step import autocast_context, device_facts
 
 GIB = 2**30
-CALIBRATION_BYTES = {"cuda": (1e6, 64e6), "cpu": (1e6, 8e6)}
+CALIBRATION_BYTES = {"cuda": (1e6, 64e6), "cpu": (1e6, 32e6)}
 """All-reduce sizes timed in each multi-rank point to fit the overhead model's o and w."""
 
 
@@ -205,13 +205,7 @@ def train(ctx: RankContext, point: dict[str, Any]) -> dict[str, Any]:
         run.wrap()
     synchronize(ctx.device)
     init_gib = torch.cuda.memory_allocated(ctx.device) / GIB if ctx.device.type == "cuda" else None
-    calibration: tuple[float, float] | None = None
-    calibration_error = None
-    if ctx.world_size > 1:
-        try:
-            calibration = _calibrate(ctx)
-        except ValueError as error:  # a busy host: the larger all-reduce timed no slower
-            calibration_error = f"no overhead-model prediction: {error}"
+    calibration = _calibrate(ctx) if ctx.world_size > 1 else None
     after: list[float | None] = []
     measured = time_phased_steps(
         run.step, warmup=spec.warmup, steps=spec.steps, device=ctx.device,
@@ -246,8 +240,6 @@ def train(ctx: RankContext, point: dict[str, Any]) -> dict[str, Any]:
     )
     if calibration is not None:
         metrics.update(_prediction(spec, run, calibration, metrics))
-    if calibration_error is not None:
-        metrics["calibration_error"] = calibration_error
     return metrics
 
 
@@ -264,11 +256,11 @@ def _time_unwrapped(run: _Setup, spec: Spec, ctx: RankContext) -> float | None:
     return statistics.fmean(unwrapped.times_ms)
 
 
-def _calibrate(ctx: RankContext) -> tuple[float, float]:
+def _calibrate(ctx: RankContext) -> tuple[float, float] | str:
     """Fit t = o + S / w to all-reduces of two sizes on these ranks: (o in s, w in GB/s).
 
-    Raises ValueError when the larger all-reduce timed no slower (noise on a busy host); the
-    point then keeps its measured step without the prediction.
+    When the larger all-reduce timed no slower (noise on a busy host) there is no fit: the
+    reason comes back instead, and the point keeps its measured step without the prediction.
     """
     sizes = CALIBRATION_BYTES["cuda" if ctx.device.type == "cuda" else "cpu"]
     medians = {}
@@ -278,7 +270,10 @@ def _calibrate(ctx: RankContext) -> tuple[float, float]:
         medians[f"calibration_{int(nbytes)}_ms"] = statistics.median(times)
         del buffer
     means = across_ranks(medians)
-    return fit_latency_bandwidth(list(sizes), [means[key] / 1e3 for key in medians])
+    try:
+        return fit_latency_bandwidth(list(sizes), [means[key] / 1e3 for key in medians])
+    except ValueError as error:
+        return f"no overhead-model prediction: {error}"
 
 
 def _bucket_bytes(spec: Spec, grads: list[int]) -> tuple[list[float], bool]:
@@ -299,21 +294,24 @@ def _bucket_bytes(spec: Spec, grads: list[int]) -> tuple[list[float], bool]:
     return head + rest, True
 
 
-def _prediction(spec: Spec, run: _Setup, calibration: tuple[float, float],
+def _prediction(spec: Spec, run: _Setup, calibration: tuple[float, float] | str,
                 metrics: dict[str, Any]) -> dict[str, Any]:
-    """The overhead model's exposed communication for this strategy, beside the measurement."""
-    overhead_s, algbw = calibration
+    """This strategy's gradient bytes and all-reduces and, when the calibration fitted, the
+    overhead model's exposed communication beside the measurement (else why not)."""
     grads = [p.numel() * p.element_size() for p in run.model.parameters() if p.requires_grad][::-1]
     buckets, overlap = _bucket_bytes(spec, grads)
+    model_bytes = float(sum(grads))
+    facts = {"grad_mib": model_bytes / MIB, "buckets": len(buckets)}
+    if isinstance(calibration, str):
+        return {**facts, "calibration_error": calibration}
+    overhead_s, algbw = calibration
     predicted_ms = 1e3 * exposed_comm_s(buckets, algbw=algbw, overhead_s=overhead_s, overlap=overlap,
                                         backward_s=metrics["backward_ms"] / 1e3)
     measured = metrics["comm_wait_ms"]
-    model_bytes = float(sum(grads))
     return {
+        **facts,
         "allreduce_overhead_us": overhead_s * 1e6,
         "allreduce_algbw_gbps": algbw,
-        "grad_mib": model_bytes / MIB,
-        "buckets": len(buckets),
         "predicted_comm_wait_ms": predicted_ms,
         "comm_wait_error_pct": (100 * (measured - predicted_ms) / predicted_ms
                                 if measured is not None and predicted_ms > 0 else None),

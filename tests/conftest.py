@@ -1,8 +1,13 @@
-"""Session-wide settings."""
+"""Session-wide settings, and fresh random inputs in every test."""
 
 from __future__ import annotations
 
 import os
+
+import pytest
+import torch
+
+SEED_ENV = "LMSCOPE_TEST_SEED"
 
 
 def pytest_configure(config):
@@ -10,3 +15,13 @@ def pytest_configure(config):
     # preload what the ranks of any of them import (optimizers torch._dynamo, test modules pytest),
     # so that no test's speed depends on the order the tests run in.
     os.environ.setdefault("LMSCOPE_FORKSERVER_PRELOAD", "torch._dynamo,pytest")
+
+
+@pytest.fixture(autouse=True)
+def fresh_torch_seed():
+    """Seed torch from the OS before each test: its generator otherwise starts from the same
+    fixed seed in every process, so each run would draw the same "random" inputs. The seed is
+    printed (pytest shows it with a failure); LMSCOPE_TEST_SEED=<seed> replays it."""
+    seed = int(os.environ.get(SEED_ENV) or int.from_bytes(os.urandom(4), "little"))
+    torch.manual_seed(seed)
+    print(f"torch seed {seed} (replay with {SEED_ENV}={seed})")

@@ -4,10 +4,10 @@
 group and returns what rank 0 returned. Local ranks are forked from a forkserver that has
 imported torch once (CUDA is initialized only in the ranks); each takes this process's
 environment and imports `fn`'s module from the file this process has it from (not what the
-forkserver holds from whichever launch started it). They talk through 127.0.0.1 and a free
-port and are watched by this process: when one raises, dies or is still running at the
-deadline, the others are killed and `RankFailure` names the rank and why. Collectives carry the
-same timeout (`init_process_group(timeout=...)`), and ranks die with their launcher.
+forkserver holds from whichever launch started it). They meet at a store that this process
+serves on 127.0.0.1 and are watched by this process: when one raises, dies or is still running
+at the deadline, the others are killed and `RankFailure` names the rank and why. Collectives
+carry the same timeout (`init_process_group(timeout=...)`), and ranks die with their launcher.
 
 Under torchrun (RANK, WORLD_SIZE and LOCAL_RANK set) this process is one rank: it joins the
 job's group through the torchrun store under a key of its own (`run_id`, so consecutive points
@@ -30,7 +30,6 @@ import multiprocessing.connection
 import os
 import pickle
 import signal
-import socket
 import statistics
 import sys
 import tempfile
@@ -247,12 +246,6 @@ def _run_torchrun_rank(
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _die_with_parent() -> None:
     """Linux: SIGKILL this process when its parent (the forkserver, then the launcher) dies."""
     with contextlib.suppress(OSError, AttributeError):
@@ -285,8 +278,7 @@ def _local_rank_main(
     try:
         _import_origin(origin)
         fn, args = pickle.loads(payload)
-        store = dist.TCPStore("127.0.0.1", port, nproc, is_master=rank == 0,
-                              timeout=dt.timedelta(seconds=timeout_s))
+        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=dt.timedelta(seconds=timeout_s))
         ctx = _init(backend, rank, nproc, rank, timeout_s, store)
         value = fn(ctx, *args)
         if rank == 0:
@@ -367,7 +359,11 @@ def _run_local(fn: Callable[..., Any], args: tuple[Any, ...], nproc: int, backen
                timeout_s: float, preload: Sequence[str]) -> Any:
     context = _context(preload)
     payload, origin = pickle.dumps((fn, args)), _origin(fn)
-    port = _free_port()
+    # The ranks' store is served from here, on the port the OS gives it as it binds: a port picked
+    # free in advance could be taken by another process while the ranks start (seconds).
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                           timeout=dt.timedelta(seconds=timeout_s))
+    port = server.port
     with tempfile.TemporaryDirectory(prefix="lmscope-ranks-") as workdir:
         processes = [
             context.Process(

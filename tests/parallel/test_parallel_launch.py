@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import threading
 import time
 import types
 from pathlib import Path
@@ -16,6 +17,7 @@ from lmscope.parallel.launch import (
     NO_MULTICAST_ENV,
     RankContext,
     RankFailure,
+    _leave_together,
     across_ranks,
     check_world,
     default_world_sizes,
@@ -116,6 +118,17 @@ class Box:
 def unbox(ctx, box):
     return ctx.rank, __file__, box.value + 1
 """
+
+
+def test_no_rank_leaves_before_every_rank_has_returned():
+    store = dist.HashStore()
+    rank0 = threading.Thread(target=_leave_together, args=(store, 0, 2), daemon=True)
+    rank0.start()
+    rank0.join(timeout=0.5)
+    assert rank0.is_alive()  # rank 0 returned first: it waits for rank 1
+    _leave_together(store, 1, 2)
+    rank0.join(timeout=30)
+    assert not rank0.is_alive()
 
 
 def test_fn_from_a_module_imported_by_path(tmp_path, monkeypatch):

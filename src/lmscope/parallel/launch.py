@@ -378,7 +378,8 @@ def _run_local(fn: Callable[..., Any], args: tuple[Any, ...], nproc: int, backen
     context = _context(preload)
     payload, origin = pickle.dumps((fn, args)), _origin(fn)
     # The ranks' store is served from here, on the port the OS gives it as it binds: a port picked
-    # free in advance could be taken by another process while the ranks start (seconds).
+    # free in advance could be taken by another process while the ranks start (seconds). `server`
+    # must live until this function returns: dropping it closes the store.
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                            timeout=dt.timedelta(seconds=timeout_s))
     port = server.port

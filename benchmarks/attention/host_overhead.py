@@ -11,11 +11,17 @@ has chosen a config for the key, then calls the JIT function directly (``_Launch
 lmscope/kernels/flash_attention.py); the row "flash-triton via autotuner" turns that off in the
 same process, and the second table times one forward-kernel launch both ways.
 
+A third column gives the GPU time of the same call: the CUDA kernels' durations in a
+torch.profiler trace of 50 calls, summed per call. Host time above GPU time is what the host
+adds to an eager call; do_bench at such a shape measures roughly the larger of the two.
+
 Usage (GPU machine, repo root): PYTHONPATH=src python3 benchmarks/attention/host_overhead.py
+[--shape B,H,S,D] (default 8,1,256,64: the classic grid's smallest point; xl's layer is 4,25,512,64)
 """
 
 from __future__ import annotations
 
+import argparse
 import cProfile
 import io
 import math
@@ -87,9 +93,26 @@ def _one_forward_launch(q, k, v) -> dict[str, float]:
     }
 
 
+def _gpu_us(fn, calls: int = 50) -> float:
+    """GPU time per call: the CUDA kernels' durations in a profiler trace, summed, over `calls`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return sum(e.device_time for e in kernels) / calls
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="8,1,256,64", help="batch,heads,seq,head_dim")
+    shape = tuple(int(x) for x in parser.parse_args().shape.split(","))
     torch.manual_seed(0)
-    shape = (8, 1, 256, 64)  # batch, heads, sequence, head dim: the classic grid's smallest point
     q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     d_out = torch.randn_like(q)
 
@@ -102,14 +125,16 @@ def main() -> None:
     rows = []
     for name, fwd in (("flash-triton", flash), ("sdpa", sdpa)):
         rows.append((name, _host_us(lambda fwd=fwd: fwd().detach()),
-                     _host_us(lambda fwd=fwd: fwd().backward(d_out))))  # fmt: skip
+                     _host_us(lambda fwd=fwd: fwd().backward(d_out)),
+                     _gpu_us(lambda fwd=fwd: fwd().backward(d_out))))  # fmt: skip
     with _via_autotuner():
         rows.append(("flash-triton via autotuner", _host_us(lambda: flash().detach()),
-                     _host_us(lambda: flash().backward(d_out))))  # fmt: skip
-    print("| impl | fwd host us/call | fwd+bwd host us/call |")
-    print("|---|---|---|")
-    for name, fwd_us, both_us in rows:
-        print(f"| {name} | {fwd_us:.1f} | {both_us:.1f} |")
+                     _host_us(lambda: flash().backward(d_out)), float("nan")))  # fmt: skip
+    print(f"shape (B, H, S, d) = {shape}, bf16, causal")
+    print("| impl | fwd host us/call | fwd+bwd host us/call | fwd+bwd GPU us/call |")
+    print("|---|---|---|---|")
+    for name, fwd_us, both_us, gpu_us in rows:
+        print(f"| {name} | {fwd_us:.1f} | {both_us:.1f} | {gpu_us:.1f} |")
 
     with torch.no_grad():
         launch = _one_forward_launch(q.detach(), k.detach(), v.detach())
@@ -118,15 +143,16 @@ def main() -> None:
     for name, us in launch.items():
         print(f"| {name} | {us:.1f} |")
 
+    outs = [flash() for _ in range(100)]
     profiler = cProfile.Profile()
     profiler.enable()
-    for _ in range(100):
-        flash().backward(d_out)
+    for out in outs:  # the backward alone: the forward's host cost is the table's first column
+        out.backward(d_out)
     torch.cuda.synchronize()
     profiler.disable()
     text = io.StringIO()
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(30)
-    print("\ncProfile of 100 flash-triton fwd+bwd calls, by own time:\n")
+    print("\ncProfile of 100 flash-triton backward calls, by own time:\n")
     print(text.getvalue())
 
 

@@ -1,0 +1,121 @@
+"""Where the host time of one eager FlashAttention forward+backward goes, piece by piece.
+
+host_overhead.py times whole calls; this script times their parts at one shape, each as the
+host time per call of many unsynchronized calls (the GPU keeps up at small shapes, so the host
+is the bottleneck): the forward and backward host functions called directly (no autograd), each
+kernel launch alone, the output allocations, the autograd engine's cost for a Python
+autograd.Function (a Function whose forward and backward do no work), and SDPA's forward and
+backward ops for comparison. The rows name the part; the numbers are microseconds per call.
+
+Usage (GPU machine, repo root): PYTHONPATH=src python3 benchmarks/attention/host_breakdown.py
+[--shape B,H,S,D] [--out rows.jsonl]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from lmscope.kernels import flash_attention as fa
+from lmscope.results import provenance
+
+CALLS = 300
+ROUNDS = 5
+
+
+def host_us(fn, calls: int = CALLS, rounds: int = ROUNDS) -> float:
+    """Median over rounds of the host time per call of `calls` unsynchronized calls."""
+    for _ in range(10):
+        fn()
+    per_call = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        per_call.append((time.perf_counter() - start) / calls * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(per_call)
+
+
+class _Nothing(torch.autograd.Function):
+    """The autograd engine's cost for a Python Function, with no work inside."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        return q.view_as(q)
+
+    @staticmethod
+    def backward(ctx, do):
+        return do, None, None
+
+
+def parts(shape: tuple[int, int, int, int]) -> dict[str, float]:
+    """Host microseconds per call of each part of a causal bf16 forward+backward at `shape`."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    d_out = torch.randn_like(q)
+    qd, kd, vd = q.detach(), k.detach(), v.detach()
+    o, lse = fa.flash_attention_forward(qd, kd, vd, True)
+    fa.flash_attention_backward(d_out, qd, kd, vd, o, lse, True)  # tunes once
+    out = {
+        "flash: forward+backward through autograd": host_us(
+            lambda: fa.flash_attention(q, k, v, causal=True).backward(d_out)),
+        "flash: forward through autograd": host_us(lambda: fa.flash_attention(q, k, v, causal=True)),
+        "flash: flash_attention_forward direct": host_us(
+            lambda: fa.flash_attention_forward(qd, kd, vd, True)),
+        "flash: flash_attention_backward direct": host_us(
+            lambda: fa.flash_attention_backward(d_out, qd, kd, vd, o, lse, True)),
+        "autograd: empty Python Function forward+backward": host_us(
+            lambda: _Nothing.apply(q, k, v).backward(d_out)),
+        "torch.empty x4 (dQ, dK, dV, D)": host_us(
+            lambda: [torch.empty(shape, dtype=q.dtype, device="cuda") for _ in range(4)]),
+        "sdpa: forward+backward through autograd": host_us(
+            lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(d_out)),
+        "sdpa: forward through autograd": host_us(
+            lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)),
+    }
+    for name in ("_FWD_LAUNCH", "_DQ_LAUNCH", "_DKDV_LAUNCH"):
+        launcher, calls = getattr(fa, name), []
+
+        def record(*launch_args, _launcher=launcher, _calls=calls):
+            _calls.append(launch_args)
+            _launcher(*launch_args)
+
+        setattr(fa, name, record)  # the host functions look the launcher up at call time
+        try:
+            fa.flash_attention_forward(qd, kd, vd, True)
+            fa.flash_attention_backward(d_out, qd, kd, vd, o, lse, True)
+        finally:
+            setattr(fa, name, launcher)
+        out[f"launch: {name} alone"] = host_us(lambda launcher=launcher, a=calls[0]: launcher(*a))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="4,25,512,64", help="batch,heads,seq,head_dim")
+    parser.add_argument("--out", default=None, help="append one row per part to this JSONL")
+    args = parser.parse_args()
+    shape = tuple(int(x) for x in args.shape.split(","))
+    measured = parts(shape)  # type: ignore[arg-type]
+    print(f"shape (B, H, S, d) = {shape}, bf16, causal; host us per call")
+    print("| part | host us/call |\n|---|---|")
+    for name, us in measured.items():
+        print(f"| {name} | {us:.1f} |")
+    if args.out:
+        stamp = provenance()
+        with open(args.out, "a", encoding="utf-8") as handle:
+            for name, us in measured.items():
+                row = {**stamp, "workload": "attention-host-breakdown", "shape": list(shape),
+                       "part": name, "host_us": us}
+                handle.write(json.dumps(row, default=str) + "\n")
+
+
+if __name__ == "__main__":
+    main()

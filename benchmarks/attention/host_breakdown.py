@@ -97,6 +97,23 @@ def parts(shape: tuple[int, int, int, int]) -> dict[str, float]:
     return out
 
 
+def op_table(shape: tuple[int, int, int, int], calls: int = 50) -> str:
+    """torch.profiler's CPU ops and CUDA kernels of `calls` eager flash forward+backward calls:
+    which ops (copies, accumulations) the autograd path adds, and the host time each takes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    d_out = torch.randn_like(q)
+    for _ in range(5):
+        fa.flash_attention(q, k, v, causal=True).backward(d_out)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fa.flash_attention(q, k, v, causal=True).backward(d_out)
+        torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="4,25,512,64", help="batch,heads,seq,head_dim")
@@ -108,6 +125,8 @@ def main() -> None:
     print("| part | host us/call |\n|---|---|")
     for name, us in measured.items():
         print(f"| {name} | {us:.1f} |")
+    print(f"\ntorch.profiler of 50 flash forward+backward calls at {shape}:\n")
+    print(op_table(shape))  # type: ignore[arg-type]
     if args.out:
         stamp = provenance()
         with open(args.out, "a", encoding="utf-8") as handle:

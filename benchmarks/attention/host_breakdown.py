@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import threading
 import time
 
 import torch
@@ -43,6 +44,30 @@ def host_us(fn, calls: int = CALLS, rounds: int = ROUNDS) -> float:
     return statistics.median(per_call)
 
 
+class _BackwardOnly(torch.autograd.Function):
+    """A forward that does no work and flash's backward on a fixed (O, L): the backward's host
+    cost when the autograd engine runs it, against calling it directly."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, o, lse):
+        ctx.save_for_backward(q, k, v, o, lse)
+        return o.view_as(o)
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        return (*fa.flash_attention_backward(do, q, k, v, o, lse, True), None, None)
+
+
+def in_thread(fn) -> float:
+    """host_us(fn) measured on a fresh Python thread instead of the main one."""
+    result: list[float] = []
+    worker = threading.Thread(target=lambda: result.append(host_us(fn)))
+    worker.start()
+    worker.join()
+    return result[0]
+
+
 class _Nothing(torch.autograd.Function):
     """The autograd engine's cost for a Python Function, with no work inside."""
 
@@ -53,6 +78,12 @@ class _Nothing(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         return do, None, None
+
+
+def _single_threaded(fn) -> float:
+    """host_us(fn) with the autograd engine running backward on the calling thread."""
+    with torch.autograd.set_multithreading_enabled(False):
+        return host_us(fn)
 
 
 def parts(shape: tuple[int, int, int, int]) -> dict[str, float]:
@@ -71,6 +102,14 @@ def parts(shape: tuple[int, int, int, int]) -> dict[str, float]:
             lambda: fa.flash_attention_forward(qd, kd, vd, True)),
         "flash: flash_attention_backward direct": host_us(
             lambda: fa.flash_attention_backward(d_out, qd, kd, vd, o, lse, True)),
+        "flash: flash_attention_backward direct, on another Python thread": in_thread(
+            lambda: fa.flash_attention_backward(d_out, qd, kd, vd, o, lse, True)),
+        "autograd: flash backward alone (no-op forward)": host_us(
+            lambda: _BackwardOnly.apply(q, k, v, o, lse).backward(d_out)),
+        "autograd: flash backward alone, engine on the calling thread": _single_threaded(
+            lambda: _BackwardOnly.apply(q, k, v, o, lse).backward(d_out)),
+        "autograd: flash forward+backward, engine on the calling thread": _single_threaded(
+            lambda: fa.flash_attention(q, k, v, causal=True).backward(d_out)),
         "autograd: empty Python Function forward+backward": host_us(
             lambda: _Nothing.apply(q, k, v).backward(d_out)),
         "torch.empty x4 (dQ, dK, dV, D)": host_us(

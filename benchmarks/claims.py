@@ -1,0 +1,151 @@
+"""Regenerate (``--write``) or check (``--check``) every generated table of numbers in the docs.
+
+The docs are README.md, docs/**/*.md and benchmarks/results/**/README.md. Each block between
+``<!-- claims: NAME -->`` and ``<!-- /claims -->`` is the output of the claim NAME below, a query
+over the committed JSONL rows under benchmarks/results/. ``--check`` exits 1 naming file and line
+when a block is stale, a claim finds no row, a ratio mixes two commits, or a measured-looking
+number sits outside a block with no link to its rows. Usage, from the repository root:
+
+    uv run python benchmarks/claims.py --check
+    uv run python benchmarks/claims.py --write
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from lmscope.report.claims import ClaimError, Registry, Rows, check_files, fmt, provenance, ratio, same_run, table
+
+ROOT = Path(__file__).resolve().parent.parent
+REGISTRY = Registry(ROOT)
+claim = REGISTRY.claim
+
+FAST = "benchmarks/results/fast"
+ATTENTION = "benchmarks/results/attention"
+LEADERBOARD = dict(batch=1, heads=16, seq_len=16384, head_dim=64, dtype="bf16", causal=True)
+"""The reference attention workload (`lmscope attention --preset leaderboard`)."""
+
+
+def doc_files(root: Path = ROOT) -> list[Path]:
+    """Every doc whose numbers must come from rows."""
+    return sorted([root / "README.md", *root.glob("docs/**/*.md"), *root.glob("benchmarks/results/**/README.md")])
+
+
+def is_results_readme(path: Path) -> bool:
+    """A README beside its rows: one pointer to them covers its section."""
+    return "benchmarks/results/" in path.as_posix()
+
+
+@claim("attention-headline")
+def attention_headline(rows: Rows) -> str:
+    """The reference workload, from the newest run that measured flash-triton with both SDPA peers."""
+    candidates = rows.select(f"{ATTENTION}/*.jsonl", **LEADERBOARD)
+    by_sha: dict[str, list[dict]] = {}
+    for row in sorted(candidates, key=lambda r: r["time"]):
+        by_sha.setdefault(row["git_sha"], []).append(row)
+    runs = [r for r in by_sha.values() if {"flash-triton", "sdpa-flash", "sdpa-cudnn"} <= {x["impl"] for x in r}]
+    if not runs:
+        raise ClaimError("no run measured flash-triton, sdpa-flash and sdpa-cudnn at the leaderboard shape")
+    run = max(runs, key=lambda r: r[-1]["time"])
+    latest = {r["impl"]: r for r in run}
+    ours = latest["flash-triton"]
+    body = []
+    for impl in ("flash-triton", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "naive"):
+        if impl in latest:
+            r = latest[impl]
+            speed = "" if impl == "flash-triton" else f"{r['fwd_bwd_ms'] / ours['fwd_bwd_ms']:.2f}x"
+            body.append([impl, fmt(r["fwd_ms"]), fmt(r["bwd_ms"]), fmt(r["fwd_bwd_ms"]),
+                         fmt(r["fwd_bwd_p20_ms"]), fmt(r["fwd_bwd_p80_ms"]), speed])
+    same_run(*latest.values())
+    return "\n".join([
+        "Batch 1, 16 heads, 16384 tokens, head dim 64, bf16, causal; `do_bench` medians in ms; "
+        "speed = peer fwd+bwd / flash-triton fwd+bwd (above 1: flash-triton faster).",
+        "",
+        table(["impl", "fwd ms", "bwd ms", "fwd+bwd ms", "p20", "p80", "speed"], body),
+        "",
+        f"Measured on {provenance(list(latest.values()))}.",
+    ])
+
+
+@claim("attention-classic-ratios")
+def attention_classic_ratios(rows: Rows) -> str:
+    """bf16 classic grid: fwd+bwd of each SDPA peer over flash-triton, only where both rows share a run."""
+    grid = rows.select(f"{ATTENTION}/classic.jsonl", dtype="bf16")
+    index = {(r["impl"], r["head_dim"], r["seq_len"]): r for r in grid}
+    body = []
+    mixed = 0
+    for d in sorted({r["head_dim"] for r in grid}):
+        for n in sorted({r["seq_len"] for r in grid}):
+            ours = index.get(("flash-triton", d, n))
+            if ours is None:
+                continue
+            cells = [str(d), str(n), fmt(ours["fwd_bwd_ms"])]
+            for peer in ("sdpa-flash", "sdpa-cudnn"):
+                other = index.get((peer, d, n))
+                if other is None:
+                    cells.append("-")
+                elif other["git_sha"] != ours["git_sha"]:
+                    cells.append("other run")
+                    mixed += 1
+                else:
+                    cells.append(ratio(other, ours, key="fwd_bwd_ms", times="-"))
+            body.append(cells)
+    return "\n".join([
+        "bf16, batch 8, causal off; fwd+bwd ms of flash-triton and the ratio peer / flash-triton "
+        "(above 1: flash-triton faster). A ratio is shown only where both rows come from one run "
+        f"(one git sha); {mixed} cells are `other run`.",
+        "",
+        table(["head dim", "seq", "flash-triton ms", "sdpa-flash / ours", "sdpa-cudnn / ours"], body),
+        "",
+        f"Rows: `{ATTENTION}/classic.jsonl`.",
+    ])
+
+
+XL_RUNS = ("5-all-sizes", "7-in-backward-peers", "14-xl-targets", "21-xl-targets-final")
+
+
+@claim("fast-xl-runs")
+def fast_xl_runs(rows: Rows) -> str:
+    """Per run: the fast xl step (best mode) against HF and torch.compile of the same run."""
+    body = []
+    for run in XL_RUNS:
+        pattern = f"{FAST}/{run}/bench.jsonl"
+        point = dict(size="xl", context_length=512, precision="bf16", mode="train-step")
+        fast = min(rows.select(pattern, fast=True, cuda_graph="auto", **point), key=lambda r: r["median_ms"])
+        hf = rows.one(pattern, peer="hf", **point)
+        compiled = rows.one(pattern, compile=True, fast=False, **point)
+        body.append([run.split("-")[0], fmt(fast["median_ms"]), fmt(hf["median_ms"]), ratio(hf, fast),
+                     fmt(compiled["median_ms"]), ratio(compiled, fast), fast["git_sha"]])
+    return "\n".join([
+        "xl, bf16, batch 4, context 512, train step; median ms; ratio = peer / fast with its 95 % "
+        "bootstrap interval over the steps (`~`: inside the noise). Targets: 2.5x against HF, 1.3x "
+        "against torch.compile.",
+        "",
+        table(["run", "fast ms", "HF ms", "vs HF", "compile ms", "vs compile", "git"], body),
+        "",
+        f"Rows: `{FAST}/<run>/bench.jsonl`.",
+    ])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--check", action="store_true", help="fail when a block is stale or a claim has no row")
+    mode.add_argument("--write", action="store_true", help="rewrite every generated block from the rows")
+    parser.add_argument("files", nargs="*", type=Path, help="docs to process (default: all)")
+    args = parser.parse_args(argv)
+    files = [f.resolve() for f in args.files] or doc_files()
+    problems = check_files(files, REGISTRY, write=args.write, by_section=is_results_readme)
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    if problems:
+        print(f"{len(problems)} problem(s)", file=sys.stderr)
+        return 1
+    print(f"claims: {len(files)} files, every number from rows")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

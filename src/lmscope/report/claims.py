@@ -25,19 +25,19 @@ OPEN = re.compile(r"^<!-- claims: ([A-Za-z0-9_.-]+) -->\s*$")
 CLOSE = "<!-- /claims -->"
 
 MEASURED = re.compile(
-    r"(?<![\w.^/])(\d+(?:\.\d+)?)\s?"
-    r"(ms|us|µs|μs|x|%|GiB|MiB|GB/s|TFLOP/s)(?![\w^/])"
+    r"(?<![\w.^/])\d+(?:\.\d+)?(?:x|\s?(?:ms|us|µs|μs|%|GiB|MiB|GB/s|TFLOP/s))(?![\w^/])"
 )
 """A number with a unit that a measurement gives; `2^27` or `x/y` formula text does not match."""
 
-POINTER = re.compile(r"benchmarks/results/|\]\([^)]*\.jsonl\)|`[^`]*\.jsonl`|\]\((?:\.\./)*(?:\./)?[\w-]+/\)")
-"""A link or path to committed rows: a results folder, a JSONL file."""
+POINTER = re.compile(r"benchmarks/results/|lmscope plan |\]\([^)]*\.jsonl\)|`[^`]*\.jsonl`|\]\((?:\.\./)*(?:\./)?[\w-]+/\)")
+"""A link or path to committed rows (a results folder, a JSONL file), or the `lmscope plan` command
+that computes the number (a prediction, not a measurement)."""
 
 SIBLING = re.compile(r"`\d+[\w-]*/|\]\(\d+[\w-]*/|`[\w.-]+\.(?:jsonl|txt|csv|json)`")
 """In a results README: a run folder (`14-xl-targets/`) or a row file beside it."""
 
-CONSTANT = re.compile(r"\b(?:target|targets|goal|must|at most|at least|>=|<=|tolerance|slack|budget)\b",
-                      re.IGNORECASE)
+CONSTANT = re.compile(r"\b(?:targets?|goal|must|at most|at least|tolerance|slack|budget|bound|default|e\.g\.)\b"
+                      r"|>=|<=|[≥≤<>]", re.IGNORECASE)
 """Words that make a number on the same clause a requirement or a setting, not a measurement."""
 
 
@@ -253,7 +253,7 @@ def unpointed(text: str, found: Sequence[tuple[str, int, int]], shown: Path,
 
 def _measured(line: str) -> str | None:
     code_free = re.sub(r"`[^`]*`", "", line)
-    for clause in re.split(r"[;:,(]", code_free):
+    for clause in re.split(r"[;,(]", code_free):
         match = MEASURED.search(clause)
         if match and not CONSTANT.search(clause):
             return match.group(0)

@@ -77,7 +77,10 @@ class Registry:
 
     def render(self, name: str) -> str:
         """The block text of claim NAME, ending in a newline."""
-        text = self.claims[name](Rows(self.root)).rstrip("\n")
+        try:
+            text = self.claims[name](Rows(self.root)).rstrip("\n")
+        except KeyError as exc:
+            raise ClaimError(f"a row it reads has no field {exc}") from exc
         return text + "\n"
 
 
@@ -140,7 +143,7 @@ def fmt(value: float | None, digits: int = 3) -> str:
         return "-"
     if value == 0:
         return "0"
-    text = f"{value:.{digits}g}"
+    text = f"{value:#.{digits}g}".rstrip(".")
     if "e" in text:
         text = f"{value:.0f}" if abs(value) >= 1 else f"{value:.{digits + 3}f}".rstrip("0")
     return text

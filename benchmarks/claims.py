@@ -69,35 +69,40 @@ def attention_headline(rows: Rows) -> str:
     ])
 
 
+CLASSIC_PEERS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "naive", "naive-compiled",
+                 "flash-torch")
+
+
 @claim("attention-classic-ratios")
 def attention_classic_ratios(rows: Rows) -> str:
-    """bf16 classic grid: fwd+bwd of each SDPA peer over flash-triton, only where both rows share a run."""
-    grid = rows.select(f"{ATTENTION}/classic.jsonl", dtype="bf16")
-    index = {(r["impl"], r["head_dim"], r["seq_len"]): r for r in grid}
+    """Classic grid: fwd+bwd of each peer over flash-triton, only where both rows share a commit."""
+    grid = rows.select(f"{ATTENTION}/classic.jsonl")
+    index = {(r["impl"], r["dtype"], r["head_dim"], r["seq_len"]): r for r in grid}
     body = []
     mixed = 0
-    for d in sorted({r["head_dim"] for r in grid}):
-        for n in sorted({r["seq_len"] for r in grid}):
-            ours = index.get(("flash-triton", d, n))
-            if ours is None:
-                continue
-            cells = [str(d), str(n), fmt(ours["fwd_bwd_ms"])]
-            for peer in ("sdpa-flash", "sdpa-cudnn"):
-                other = index.get((peer, d, n))
-                if other is None:
-                    cells.append("-")
-                elif other["git_sha"] != ours["git_sha"]:
-                    cells.append("other run")
-                    mixed += 1
-                else:
-                    cells.append(ratio(other, ours, key="fwd_bwd_ms", times="-"))
-            body.append(cells)
+    for dtype in ("bf16", "fp32"):
+        for d in sorted({r["head_dim"] for r in grid}):
+            for n in sorted({r["seq_len"] for r in grid}):
+                ours = index.get(("flash-triton", dtype, d, n))
+                if ours is None:
+                    continue
+                cells = [dtype, str(d), str(n), fmt(ours["fwd_bwd_ms"])]
+                for peer in CLASSIC_PEERS:
+                    other = index.get((peer, dtype, d, n))
+                    if other is None:
+                        cells.append("-")
+                    elif other["git_sha"] != ours["git_sha"]:
+                        cells.append("other run")
+                        mixed += 1
+                    else:
+                        cells.append(f"{ratio(other, ours, key='fwd_bwd_ms', times='-'):s}")
+                body.append(cells)
     return "\n".join([
-        "bf16, batch 8, causal off; fwd+bwd ms of flash-triton and the ratio peer / flash-triton "
-        "(above 1: flash-triton faster). A ratio is shown only where both rows come from one run "
-        f"(one git sha); {mixed} cells are `other run`.",
+        "Batch 8, one head, causal; fwd+bwd ms of flash-triton and, per peer, peer / flash-triton "
+        "(above 1: flash-triton faster; `-`: not measured or unavailable). A ratio is shown only "
+        f"where both rows come from one commit; {mixed} cells are `other run`.",
         "",
-        table(["head dim", "seq", "flash-triton ms", "sdpa-flash / ours", "sdpa-cudnn / ours"], body),
+        table(["dtype", "d", "seq", "flash-triton ms", *CLASSIC_PEERS], body),
         "",
         f"Rows: `{ATTENTION}/classic.jsonl`.",
     ])

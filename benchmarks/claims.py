@@ -134,6 +134,50 @@ def fast_xl_runs(rows: Rows) -> str:
     ])
 
 
+ATTENTION_KERNELS = {
+    "ours": ("16-long-sdpa-inbwd-profile", ("_attn_fwd", "_attn_bwd_dkdv", "_attn_bwd_dq", "_bwd_preprocess")),
+    "sdpa": ("17-attention-at-512", ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop",
+                                     "cudnn_generated_fort_native_sdpa_sm90_flash_bprop",
+                                     "compute_dot_do_o_specialized", "convert_dq_to_16bits",
+                                     "elementwise_kernel (direct_copy_kernel_cuda)")),
+}
+"""Per attention backend: the run whose xl fast-step profile holds it, and its kernels (prefixes of
+short names). SDPA's last one is the copy that merges heads from its (B, H, T, d) output."""
+
+
+@claim("fast-attention-kernels-xl")
+def fast_attention_kernels_xl(rows: Rows) -> str:
+    """Per-layer and per-step attention kernel time in the xl fast step, ours against SDPA (cuDNN)."""
+    body, totals, backward, runs = [], {}, {}, []
+    for backend, (run, prefixes) in ATTENTION_KERNELS.items():
+        point = rows.one(f"{FAST}/{run}/profile.jsonl", size="xl", context_length=512, fast=True)
+        kernels = [r for r in rows.load(f"{FAST}/{run}/profile_kernels.csv")
+                   if r["phase"] in ("forward", "backward") and float(r["instances_per_step"]) == 48
+                   and r["short_name"].startswith(prefixes)]
+        for prefix in prefixes:
+            hits = [r for r in kernels if r["short_name"].startswith(prefix)]
+            if len(hits) != 1:
+                raise ClaimError(f"{len(hits)} kernels named {prefix}* at 48 per step in run {run}")
+        for r in kernels:
+            body.append([backend, r["phase"], f"`{r['short_name'][:48]}`", fmt(float(r["avg_us"]))])
+        totals[backend] = sum(float(r["avg_us"]) for r in kernels)
+        backward[backend] = sum(float(r["avg_us"]) for r in kernels if r["phase"] == "backward")
+        runs.append(f"{backend}: run {run}, git {point['git_sha']}, attention={point['attention']}")
+    return "\n".join([
+        "xl fast step (batch 4, context 512, bf16, optimizer in the backward), kernels that run once "
+        "per layer (48 per step), mean us per call from the profiles:",
+        "",
+        table(["backend", "phase", "kernel", "us per layer"], body),
+        "",
+        f"Per layer: ours {fmt(totals['ours'])} us, SDPA {fmt(totals['sdpa'])} us; per step "
+        f"(x 48): ours {fmt(totals['ours'] * 48 / 1000)} ms, SDPA {fmt(totals['sdpa'] * 48 / 1000)} ms. "
+        "Backward alone: ours "
+        f"{fmt(backward['ours'])} us, SDPA {fmt(backward['sdpa'])} us per layer. "
+        "The two profiles come from two commits, so no ratio is drawn: "
+        + "; ".join(runs) + f". Rows: `{FAST}/<run>/profile_kernels.csv`.",
+    ])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     mode = parser.add_mutually_exclusive_group(required=True)

@@ -10,6 +10,7 @@ in a paragraph, list item or table that does not point to a results file.
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -25,7 +26,7 @@ OPEN = re.compile(r"^<!-- claims: ([A-Za-z0-9_.-]+) -->\s*$")
 CLOSE = "<!-- /claims -->"
 
 MEASURED = re.compile(
-    r"(?<![\w.^/])\d+(?:\.\d+)?(?:x|\s?(?:ms|us|µs|μs|%|GiB|MiB|GB/s|TFLOP/s))(?![\w^/])"
+    r"(?<![\w.^/])\d+(?:\.\d+)?(?:x|\s?(?:ms|us|µs|μs|%|GiB|GB/s|TFLOP/s))(?![\w^/])"
 )
 """A number with a unit that a measurement gives; `2^27` or `x/y` formula text does not match."""
 
@@ -33,8 +34,9 @@ POINTER = re.compile(r"benchmarks/results/|lmscope plan |\]\([^)]*\.jsonl\)|`[^`
 """A link or path to committed rows (a results folder, a JSONL file), or the `lmscope plan` command
 that computes the number (a prediction, not a measurement)."""
 
-SIBLING = re.compile(r"`\d+[\w-]*/|\]\(\d+[\w-]*/|`[\w.-]+\.(?:jsonl|txt|csv|json)`")
-"""In a results README: a run folder (`14-xl-targets/`) or a row file beside it."""
+SIBLING = re.compile(r"`[\w.-]+/|\]\([\w.-]+/|`[\w./-]+\.(?:jsonl|txt|csv|json|md)`")
+"""In a results README: a run folder (`14-xl-targets/`) or a file beside it (rows, a log, the
+summary its script wrote from the rows)."""
 
 CONSTANT = re.compile(r"\b(?:targets?|goal|must|at most|at least|tolerance|slack|budget|bound|default|e\.g\.)\b"
                       r"|>=|<=|[≥≤<>]", re.IGNORECASE)
@@ -92,7 +94,8 @@ class Rows:
         self._cache: dict[Path, list[Row]] = {}
 
     def load(self, pattern: str) -> list[Row]:
-        """Rows of every file matching the glob `pattern` (relative to root), each with `_file`."""
+        """Rows of every JSONL (or CSV) file matching the glob `pattern` (relative to root), each
+        with `_file`; CSV values stay strings."""
         paths = sorted(self.root.glob(pattern))
         if not paths:
             raise ClaimError(f"no file matches {pattern}")
@@ -101,7 +104,10 @@ class Rows:
             if path not in self._cache:
                 rel = path.relative_to(self.root).as_posix()
                 with path.open() as f:
-                    self._cache[path] = [dict(json.loads(line), _file=rel) for line in f if line.strip()]
+                    if path.suffix == ".csv":
+                        self._cache[path] = [dict(row, _file=rel) for row in csv.DictReader(f)]
+                    else:
+                        self._cache[path] = [dict(json.loads(line), _file=rel) for line in f if line.strip()]
             out.extend(self._cache[path])
         return out
 

@@ -38,7 +38,8 @@ SIBLING = re.compile(r"`[\w.-]+/|\]\([\w.-]+/|`[\w./-]+\.(?:jsonl|txt|csv|json|m
 """In a results README: a run folder (`14-xl-targets/`) or a file beside it (rows, a log, the
 summary its script wrote from the rows)."""
 
-CONSTANT = re.compile(r"\b(?:targets?|goal|must|at most|at least|tolerance|slack|budget|bound|default|e\.g\.)\b"
+CONSTANT = re.compile(r"\b(?:targets?|goal|must|at most|at least|tolerance|slack|budget|bound|default|e\.g\."
+                      r"|interval|confidence|catalog|datasheet)\b"
                       r"|>=|<=|[≥≤<>]", re.IGNORECASE)
 """Words that make a number on the same clause a requirement or a setting, not a measurement."""
 
@@ -251,6 +252,9 @@ def unpointed(text: str, found: Sequence[tuple[str, int, int]], shown: Path,
     for unit in (_sections if by_section else _units)(lines, inside):
         body = " ".join(lines[i] for i in unit)
         if POINTER.search(body) or (by_section and SIBLING.search(body)):
+            continue
+        header = next((lines[i] for i in unit if lines[i].lstrip().startswith("|")), "")
+        if CONSTANT.search(header):  # a table of targets or settings
             continue
         for i in unit:
             hit = _measured(lines[i])

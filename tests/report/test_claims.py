@@ -42,7 +42,7 @@ def _doc(root: Path, body: str) -> Path:
     return path
 
 
-GOOD = "Intro.\n\n<!-- claims: speed -->\n| ours ms | peer / ours |\n|---|---|\n| 2.5 | 1.60x |\n<!-- /claims -->\n"
+GOOD = "Intro.\n\n<!-- claims: speed -->\n| ours ms | peer / ours |\n|---|---|\n| 2.50 | 1.60x |\n<!-- /claims -->\n"
 
 
 def test_a_block_matching_its_rows_passes_and_write_fills_an_empty_one(tmp_path: Path) -> None:

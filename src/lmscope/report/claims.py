@@ -39,7 +39,7 @@ SIBLING = re.compile(r"`[\w.-]+/|\]\([\w.-]+/|`[\w./-]+\.(?:jsonl|txt|csv|json|m
 summary its script wrote from the rows)."""
 
 CONSTANT = re.compile(r"\b(?:targets?|goal|must|at most|at least|tolerance|slack|budget|bound|default|e\.g\."
-                      r"|interval|confidence|catalog|datasheet)\b"
+                      r"|interval|confidence|catalog|datasheet|example)\b"
                       r"|>=|<=|[≥≤<>]", re.IGNORECASE)
 """Words that make a number on the same clause a requirement or a setting, not a measurement."""
 
@@ -256,21 +256,26 @@ def unpointed(text: str, found: Sequence[tuple[str, int, int]], shown: Path,
         header = next((lines[i] for i in unit if lines[i].lstrip().startswith("|")), "")
         if CONSTANT.search(header):  # a table of targets or settings
             continue
-        for i in unit:
-            hit = _measured(lines[i])
-            if hit:
-                problems.append(Problem(shown, i + 1, f"measured-looking {hit!r} outside a generated block, "
-                                                      "with no link to its rows"))
+        flagged: dict[int, str] = {}
+        for offset, hit in _measured("\n".join(lines[i] for i in unit)):
+            flagged.setdefault(unit[offset], hit)
+        problems += [Problem(shown, i + 1, f"measured-looking {hit!r} outside a generated block, "
+                                           "with no link to its rows") for i, hit in sorted(flagged.items())]
     return problems
 
 
-def _measured(line: str) -> str | None:
-    code_free = re.sub(r"`[^`]*`", "", line)
-    for clause in re.split(r"[;,(]", code_free):
-        match = MEASURED.search(clause)
-        if match and not CONSTANT.search(clause):
-            return match.group(0)
-    return None
+def _measured(text: str) -> list[tuple[int, str]]:
+    """(line offset, number) of each measured-looking number in `text` whose sentence, clause (up to
+    a semicolon) or table cell holds no word of a requirement or setting; code spans are skipped."""
+    code_free = re.sub(r"`[^`\n]*`", lambda m: " " * len(m.group(0)), text)
+    hits = []
+    start = 0
+    for end in [m.start() for m in re.finditer(r"[;|]|\.\s", code_free)] + [len(code_free)]:
+        clause = code_free[start:end]
+        if not CONSTANT.search(clause):
+            hits += [(code_free.count("\n", 0, start + m.start()), m.group(0)) for m in MEASURED.finditer(clause)]
+        start = end + 1
+    return hits
 
 
 def _units(lines: Sequence[str], skip: set[int]) -> list[list[int]]:

@@ -16,7 +16,17 @@ import argparse
 import sys
 from pathlib import Path
 
-from lmscope.report.claims import ClaimError, Registry, Rows, check_files, fmt, provenance, ratio, same_run, table
+from lmscope.report.claims import (
+    ClaimError,
+    Registry,
+    Rows,
+    check_files,
+    fmt,
+    provenance,
+    ratio,
+    same_run,
+    table,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 REGISTRY = Registry(ROOT)
@@ -30,7 +40,8 @@ LEADERBOARD = dict(batch=1, heads=16, seq_len=16384, head_dim=64, dtype="bf16", 
 
 def doc_files(root: Path = ROOT) -> list[Path]:
     """Every doc whose numbers must come from rows."""
-    return sorted([root / "README.md", *root.glob("docs/**/*.md"), *root.glob("benchmarks/results/**/README.md")])
+    docs = [*root.glob("docs/**/*.md"), *root.glob("benchmarks/results/**/README.md")]
+    return sorted([root / "README.md", *docs])
 
 
 def is_results_readme(path: Path) -> bool:
@@ -45,7 +56,8 @@ def attention_headline(rows: Rows) -> str:
     by_sha: dict[str, list[dict]] = {}
     for row in sorted(candidates, key=lambda r: r["time"]):
         by_sha.setdefault(row["git_sha"], []).append(row)
-    runs = [r for r in by_sha.values() if {"flash-triton", "sdpa-flash", "sdpa-cudnn"} <= {x["impl"] for x in r}]
+    needed = {"flash-triton", "sdpa-flash", "sdpa-cudnn"}
+    runs = [r for r in by_sha.values() if needed <= {x["impl"] for x in r}]
     if not runs:
         raise ClaimError("no run measured flash-triton, sdpa-flash and sdpa-cudnn at the leaderboard shape")
     run = max(runs, key=lambda r: r[-1]["time"])
@@ -135,7 +147,8 @@ def fast_xl_runs(rows: Rows) -> str:
 
 
 ATTENTION_KERNELS = {
-    "ours": ("16-long-sdpa-inbwd-profile", ("_attn_fwd", "_attn_bwd_dkdv", "_attn_bwd_dq", "_bwd_preprocess")),
+    "ours": ("16-long-sdpa-inbwd-profile",
+             ("_attn_fwd", "_attn_bwd_dkdv", "_attn_bwd_dq", "_bwd_preprocess")),
     "sdpa": ("17-attention-at-512", ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop",
                                      "cudnn_generated_fort_native_sdpa_sm90_flash_bprop",
                                      "compute_dot_do_o_specialized", "convert_dq_to_16bits",
@@ -181,7 +194,8 @@ def fast_attention_kernels_xl(rows: Rows) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     mode = parser.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--check", action="store_true", help="fail when a block is stale or a claim has no row")
+    mode.add_argument("--check", action="store_true",
+                      help="fail when a block is stale or a claim has no row")
     mode.add_argument("--write", action="store_true", help="rewrite every generated block from the rows")
     parser.add_argument("files", nargs="*", type=Path, help="docs to process (default: all)")
     args = parser.parse_args(argv)

@@ -42,7 +42,8 @@ def _doc(root: Path, body: str) -> Path:
     return path
 
 
-GOOD = "Intro.\n\n<!-- claims: speed -->\n| ours ms | peer / ours |\n|---|---|\n| 2.50 | 1.60x |\n<!-- /claims -->\n"
+GOOD = ("Intro.\n\n<!-- claims: speed -->\n| ours ms | peer / ours |\n|---|---|\n| 2.50 | 1.60x |\n"
+        "<!-- /claims -->\n")
 
 
 def test_a_block_matching_its_rows_passes_and_write_fills_an_empty_one(tmp_path: Path) -> None:
@@ -82,7 +83,8 @@ def test_a_ratio_of_two_commits_fails(tmp_path: Path) -> None:
 
 
 def test_a_ratio_with_step_times_carries_its_interval() -> None:
-    fast, slow = _row("a", 1.0, times_ms=[1.0, 1.01, 0.99] * 5), _row("b", 2.0, times_ms=[2.0, 2.02, 1.98] * 5)
+    fast = _row("a", 1.0, times_ms=[1.0, 1.01, 0.99] * 5)
+    slow = _row("b", 2.0, times_ms=[2.0, 2.02, 1.98] * 5)
     text = ratio(slow, fast)
     assert text.startswith("2.00x [") and not text.startswith("~")
 

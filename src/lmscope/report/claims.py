@@ -30,7 +30,7 @@ MEASURED = re.compile(
 )
 """A number with a unit that a measurement gives; `2^27` or `x/y` formula text does not match."""
 
-POINTER = re.compile(r"benchmarks/results/|lmscope plan |\]\([^)]*\.jsonl\)|`[^`]*\.jsonl`|\]\((?:\.\./)*(?:\./)?[\w-]+/\)")
+POINTER = re.compile(r"benchmarks/results/|lmscope plan |\]\([^)]*\.jsonl\)|`[^`]*\.jsonl`")
 """A link or path to committed rows (a results folder, a JSONL file), or the `lmscope plan` command
 that computes the number (a prediction, not a measurement)."""
 
@@ -273,7 +273,8 @@ def _measured(text: str) -> list[tuple[int, str]]:
     for end in [m.start() for m in re.finditer(r"[;|]|\.\s", code_free)] + [len(code_free)]:
         clause = code_free[start:end]
         if not CONSTANT.search(clause):
-            hits += [(code_free.count("\n", 0, start + m.start()), m.group(0)) for m in MEASURED.finditer(clause)]
+            hits += [(code_free.count("\n", 0, start + m.start()), m.group(0))
+                     for m in MEASURED.finditer(clause)]
         start = end + 1
     return hits
 

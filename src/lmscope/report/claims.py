@@ -1,11 +1,11 @@
 """Claims generated from committed result rows, and the check that docs quote no other numbers.
 
-A doc holds a generated block between ``<!-- claims: NAME -->`` and ``<!-- /claims -->``; NAME is
-a function registered in a `Registry` that reads JSONL rows and returns the block's markdown.
-`check` re-renders every block and reports, by file and line, a block whose text differs from
-what its rows give (stale), a name with no claim, a claim whose query finds no row, a ratio of
-rows from two runs, and a measured-looking number (ms, us, x, %, GiB, TFLOP/s) outside any block
-in a paragraph, list item or table that does not point to a results file.
+A doc holds a generated block between ``<!-- claims: NAME -->`` and ``<!-- /claims -->``; NAME
+is a function registered in a `Registry` that reads JSONL rows and returns the block's markdown.
+`check_files` re-renders every block and reports, by file and line, a block whose text differs
+from what its rows give (stale), a name with no claim, a claim whose query finds no row, a ratio
+of rows from two commits, and a measured-looking number (ms, us, x, %, GiB, GB/s, TFLOP/s)
+outside any block in a paragraph, list item or table that does not point to a results file.
 """
 
 from __future__ import annotations

@@ -136,10 +136,11 @@ def same_run(*rows: Row) -> str:
     return shas.pop()
 
 
-def ratio(base: Row, other: Row, key: str = "median_ms", times: str = "times_ms") -> str:
-    """base[key] / other[key] of two rows of one run, with its interval when both carry `times`."""
+def ratio(base: Row, other: Row, key: str = "median_ms", times: str | None = "times_ms") -> str:
+    """base[key] / other[key] of two rows of one commit, with its bootstrap interval when both
+    carry the per-step `times` (None: rows without them, e.g. do_bench medians)."""
     same_run(base, other)
-    if times in base and times in other:
+    if times is not None and times in base and times in other:
         return ratio_interval(base[times], other[times]).as_text()
     return f"{base[key] / other[key]:.2f}x"
 

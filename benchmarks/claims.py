@@ -131,8 +131,8 @@ def fast_xl_runs(rows: Rows) -> str:
         fast = min(rows.select(pattern, fast=True, cuda_graph="auto", **point), key=lambda r: r["median_ms"])
         hf = rows.one(pattern, peer="hf", **point)
         compiled = rows.one(pattern, compile=True, fast=False, **point)
-        body.append([run.split("-")[0], fmt(fast["median_ms"]), fmt(hf["median_ms"]), ratio(hf, fast),
-                     fmt(compiled["median_ms"]), ratio(compiled, fast), fast["git_sha"]])
+        body.append([run.split("-")[0], fmt(fast["median_ms"], 4), fmt(hf["median_ms"], 4), ratio(hf, fast),
+                     fmt(compiled["median_ms"], 4), ratio(compiled, fast), fast["git_sha"]])
     return "\n".join([
         "xl, bf16, batch 4, context 512, train step; median ms; ratio = peer / fast with its 95 % "
         "bootstrap interval over the steps (`~`: inside the noise). Targets: 2.5x against HF, 1.3x "
@@ -186,6 +186,27 @@ def fast_attention_kernels_xl(rows: Rows) -> str:
         f"{fmt(backward['ours'])} us, SDPA {fmt(backward['sdpa'])} us per layer. "
         "The two profiles come from two commits, so no ratio is drawn: "
         + "; ".join(runs) + f". Rows: `{FAST}/<run>/profile_kernels.csv`.",
+    ])
+
+
+@claim("fast-attention-backend-sizes")
+def fast_attention_backend_sizes(rows: Rows) -> str:
+    """Run 17: the fast step (optimizer in the backward) on our FlashAttention against PyTorch's SDPA."""
+    pattern = f"{FAST}/17-attention-at-512/bench.jsonl"
+    point = dict(context_length=512, precision="bf16", mode="train-step", fast=True,
+                 optimizer_in_backward=True)
+    body = []
+    for size in ("small", "medium", "large", "xl", "2.7B"):
+        ours = rows.one(pattern, size=size, attention="flash", **point)
+        sdpa = rows.one(pattern, size=size, attention="sdpa", **point)
+        body.append([size, fmt(ours["median_ms"], 4), fmt(sdpa["median_ms"], 4), ratio(sdpa, ours)])
+    return "\n".join([
+        "Fast step, bf16, batch 4, context 512, optimizer in the backward; median ms; SDPA / ours "
+        "with its 95 % bootstrap interval over the steps (`~`: inside the noise).",
+        "",
+        table(["size", "our FlashAttention", "PyTorch SDPA", "SDPA / ours"], body),
+        "",
+        f"Rows: `{pattern}`.",
     ])
 
 

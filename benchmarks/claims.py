@@ -13,6 +13,9 @@ number sits outside a block with no link to its rows. Usage, from the repository
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import os
 import sys
 from pathlib import Path
 
@@ -208,6 +211,30 @@ def fast_attention_backend_sizes(rows: Rows) -> str:
         "",
         f"Rows: `{pattern}`.",
     ])
+
+
+@claim("fast-progression")
+def fast_progression(rows: Rows) -> str:
+    """The fast step per size and run: `benchmarks/fast/progression.py` over each run's bench.jsonl."""
+    rows.load(f"{FAST}/*/bench.jsonl")  # no rows: a ClaimError before the script runs
+    loaded = set(sys.modules)
+    sys.path.insert(0, str(ROOT / "benchmarks" / "fast"))
+    try:
+        import progression
+
+        out = io.StringIO()
+        cwd = Path.cwd()
+        os.chdir(ROOT)
+        try:
+            with contextlib.redirect_stdout(out):
+                progression.main()
+        finally:
+            os.chdir(cwd)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks" / "fast"))
+        for name in set(sys.modules) - loaded:  # the script's `summarize` is not the only one
+            del sys.modules[name]
+    return out.getvalue()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -232,8 +232,10 @@ def fast_progression(rows: Rows) -> str:
             os.chdir(cwd)
     finally:
         sys.path.remove(str(ROOT / "benchmarks" / "fast"))
+        scripts = ROOT / "benchmarks" / "fast"
         for name in set(sys.modules) - loaded:  # the script's `summarize` is not the only one
-            del sys.modules[name]
+            if Path(getattr(sys.modules[name], "__file__", None) or "/").parent == scripts:
+                del sys.modules[name]
     return out.getvalue()
 
 

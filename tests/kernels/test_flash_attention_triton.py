@@ -87,6 +87,8 @@ CPU_CASES = [  # (leading dims, n_queries, n_keys, head dim, causal, dtype)
     ((3,), 29, 33, 16, False, "fp16"),
     ((), 33, 17, 32, False, "fp32"),
     ((2,), 21, 21, 24, True, "bf16"),  # head dim padded to 32 inside the kernel
+    ((2,), 19, 19, 80, True, "bf16"),  # 2.7B's head dim, padded to 128
+    ((), 17, 22, 96, False, "fp32"),  # padded to 128
 ]
 
 
@@ -229,6 +231,8 @@ GPU_CASES = [  # (batch, heads, n_queries, n_keys, head dim, causal, dtype)
     (1, 2, 4096, 4096, 128, True, "fp32"),
     (1, 3, 517, 333, 128, True, "bf16"),
     (2, 2, 77, 1029, 32, True, "fp16"),
+    (2, 4, 1000, 1000, 80, True, "bf16"),  # 2.7B's head dim
+    (1, 3, 517, 777, 96, False, "bf16"),
 ]
 
 

@@ -55,11 +55,11 @@ Kernels
     (host cost per call: docs).
 
 Hardware
-    Tuned on an NVIDIA H100 80GB HBM3 (sm_90) with Triton 3.6 and PyTorch 2.11: batch 1, 16
-    heads, seq 16384, d 64, bf16, causal, fwd+bwd in 5.20 ms against 7.00 ms for SDPA's
-    FlashAttention-2 backend and 4.42 ms for its cuDNN backend (same run; numbers and method in
-    docs/kernels/flash_attention.md). Runs on any GPU Triton supports; other GPUs get the same
-    config lists (the autotuner skips configs that do not fit).
+    Tuned on an NVIDIA H100 80GB HBM3 (sm_90) with Triton 3.6 and PyTorch 2.11 at batch 1, 16
+    heads, seq 16384, d 64, bf16, causal. Its times against SDPA's FlashAttention-2 and cuDNN
+    backends are measured rows, not quoted here: benchmarks/results/attention/ (README.md there
+    holds the table generated from the rows, with their git sha). Runs on any GPU Triton
+    supports; other GPUs get the same config lists (the autotuner skips configs that do not fit).
 
 Caveats
     No dropout, no attention bias, no sliding window, no GQA head broadcasting; softmax scale is
@@ -68,8 +68,8 @@ Caveats
     is imported (Triton reads it when the kernels are decorated); there dots are upcast to fp32
     and fp32 -> bf16 is rounded by hand (the interpreter's bf16 dot and rounding are wrong).
     The first call at a new (head dim, causal, dtype, length bucket) spends a few seconds
-    autotuning. At ~1k tokens the backward measured no faster than SDPA's FlashAttention-2 and
-    varied between runs (see the docs); from 2k tokens on it is 1.1-1.5x faster.
+    autotuning. Where it is faster or slower than SDPA's backends by sequence length and head
+    dim: the rows in benchmarks/results/attention/ (tflops.jsonl, classic.jsonl).
 """
 
 from __future__ import annotations

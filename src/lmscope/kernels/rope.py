@@ -17,8 +17,9 @@ Shapes and dtypes
 Kernels
     forward: one launch per q|k|v, one program per (32 tokens, head, batch) loading and storing
     whole head_dim rows, the (even, odd) pairs split and joined in registers; v is copied.
-    Earlier layouts on the H100 (xl fast step, 288 calls): one program per token with stride-2
-    even/odd loads took 20.4 ms per step; whole rows plus a gathered pair-partner load, 9.0 ms.
+    Earlier layouts (one program per token with stride-2 even/odd loads; whole rows plus a
+    gathered pair-partner load) were slower in the xl fast step: benchmarks/results/fast/
+    README.md, "Where the time went" (profiles of runs 2-graphs and 3-fused-optimizer).
     backward: the same launches; rotate dq and dk back by -angle and copy dv into one packed
     d(qkv) buffer, so autograd never adds up three sliced gradients. Nothing is saved but the
     tables.

@@ -1,7 +1,7 @@
 """Persistent low-precision copies of fp32 master weights, stacked the way the matmuls read them.
 
 A bf16 forward over fp32 master weights otherwise casts every weight on every step (for xl about
-12 GB of traffic, ~4 ms on an H100). `ShadowWeights` keeps the bf16 copies between steps and
+12 GB of traffic per step). `ShadowWeights` keeps the bf16 copies between steps and
 re-copies a weight when it may have changed since it was mirrored:
 
 * `lmscope.kernels.adamw.FusedAdamW` writes the copies itself in its update and calls

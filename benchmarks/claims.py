@@ -1,0 +1,262 @@
+"""Regenerate (``--write``) or check (``--check``) every generated table of numbers in the docs.
+
+The docs are README.md, docs/**/*.md and benchmarks/results/**/README.md. Each block between
+``<!-- claims: NAME -->`` and ``<!-- /claims -->`` is the output of the claim NAME below, a query
+over the committed JSONL rows under benchmarks/results/. ``--check`` exits 1 naming file and line
+when a block is stale, a claim finds no row, a ratio mixes two commits, or a measured-looking
+number sits outside a block with no link to its rows. Usage, from the repository root:
+
+    uv run python benchmarks/claims.py --check
+    uv run python benchmarks/claims.py --write
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import sys
+from pathlib import Path
+
+from lmscope.report.claims import (
+    ClaimError,
+    Registry,
+    Rows,
+    check_files,
+    fmt,
+    provenance,
+    ratio,
+    table,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+REGISTRY = Registry(ROOT)
+claim = REGISTRY.claim
+
+FAST = "benchmarks/results/fast"
+ATTENTION = "benchmarks/results/attention"
+LEADERBOARD = dict(batch=1, heads=16, seq_len=16384, head_dim=64, dtype="bf16", causal=True)
+"""The reference attention workload (`lmscope attention --preset leaderboard`)."""
+
+
+def doc_files(root: Path = ROOT) -> list[Path]:
+    """Every doc whose numbers must come from rows."""
+    docs = [*root.glob("docs/**/*.md"), *root.glob("benchmarks/results/**/README.md")]
+    return sorted([root / "README.md", *docs])
+
+
+def is_results_readme(path: Path) -> bool:
+    """A README beside its rows: one pointer to them covers its section."""
+    return "benchmarks/results/" in path.as_posix()
+
+
+@claim("attention-headline")
+def attention_headline(rows: Rows) -> str:
+    """The reference workload, from the newest run that measured flash-triton with both SDPA peers."""
+    candidates = [r for r in rows.select(f"{ATTENTION}/*.jsonl", **LEADERBOARD) if "fwd_bwd_ms" in r]
+    by_sha: dict[str, list[dict]] = {}
+    for row in sorted(candidates, key=lambda r: r["time"]):
+        by_sha.setdefault(row["git_sha"], []).append(row)
+    needed = {"flash-triton", "sdpa-flash", "sdpa-cudnn"}
+    runs = [r for r in by_sha.values() if needed <= {x["impl"] for x in r}]
+    if not runs:
+        raise ClaimError("no run measured flash-triton, sdpa-flash and sdpa-cudnn at the leaderboard shape")
+    run = max(runs, key=lambda r: r[-1]["time"])
+    latest = {r["impl"]: r for r in run}
+    ours = latest["flash-triton"]
+    body = []
+    for impl in ("flash-triton", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "naive"):
+        if impl in latest:
+            r = latest[impl]
+            speed = "" if impl == "flash-triton" else ratio(r, ours, key="fwd_bwd_ms", times=None)
+            body.append([impl, fmt(r["fwd_ms"]), fmt(r["bwd_ms"]), fmt(r["fwd_bwd_ms"]),
+                         fmt(r["fwd_bwd_p20_ms"]), fmt(r["fwd_bwd_p80_ms"]), speed])
+    return "\n".join([
+        "Batch 1, 16 heads, 16384 tokens, head dim 64, bf16, causal; `do_bench` medians in ms; "
+        "speed = peer fwd+bwd / flash-triton fwd+bwd (above 1: flash-triton faster).",
+        "",
+        table(["impl", "fwd ms", "bwd ms", "fwd+bwd ms", "p20", "p80", "speed"], body),
+        "",
+        f"Measured on {provenance(list(latest.values()))}.",
+    ])
+
+
+CLASSIC_PEERS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "naive", "naive-compiled",
+                 "flash-torch")
+
+
+@claim("attention-classic-ratios")
+def attention_classic_ratios(rows: Rows) -> str:
+    """Classic grid: fwd+bwd of each peer over flash-triton, only where both rows share a commit."""
+    grid = rows.select(f"{ATTENTION}/classic.jsonl")
+    index = {(r["impl"], r["dtype"], r["head_dim"], r["seq_len"]): r for r in grid}
+    body = []
+    mixed = 0
+    for dtype in ("bf16", "fp32"):
+        for d in sorted({r["head_dim"] for r in grid}):
+            for n in sorted({r["seq_len"] for r in grid}):
+                ours = index.get(("flash-triton", dtype, d, n))
+                if ours is None:
+                    continue
+                cells = [dtype, str(d), str(n), fmt(ours["fwd_bwd_ms"])]
+                for peer in CLASSIC_PEERS:
+                    other = index.get((peer, dtype, d, n))
+                    if other is None:
+                        cells.append("-")
+                    elif other["git_sha"] != ours["git_sha"]:
+                        cells.append("other run")
+                        mixed += 1
+                    else:
+                        cells.append(ratio(other, ours, key="fwd_bwd_ms", times=None))
+                body.append(cells)
+    return "\n".join([
+        "Batch 8, one head, causal; fwd+bwd ms of flash-triton and, per peer, peer / flash-triton "
+        "(above 1: flash-triton faster; `-`: not measured or unavailable). A ratio is shown only "
+        f"where both rows come from one commit; {mixed} cells are `other run`.",
+        "",
+        table(["dtype", "d", "seq", "flash-triton ms", *CLASSIC_PEERS], body),
+        "",
+        f"Rows: `{ATTENTION}/classic.jsonl`.",
+    ])
+
+
+XL_RUNS = ("5-all-sizes", "7-in-backward-peers", "14-xl-targets", "21-xl-targets-final")
+
+
+@claim("fast-xl-runs")
+def fast_xl_runs(rows: Rows) -> str:
+    """Per run: the fast xl step (best mode) against HF and torch.compile of the same run."""
+    body = []
+    for run in XL_RUNS:
+        pattern = f"{FAST}/{run}/bench.jsonl"
+        point = dict(size="xl", context_length=512, precision="bf16", mode="train-step")
+        fast = min(rows.select(pattern, fast=True, cuda_graph="auto", **point), key=lambda r: r["median_ms"])
+        hf = rows.one(pattern, peer="hf", **point)
+        compiled = rows.one(pattern, compile=True, fast=False, **point)
+        body.append([run.split("-")[0], fmt(fast["median_ms"], 4), fmt(hf["median_ms"], 4), ratio(hf, fast),
+                     fmt(compiled["median_ms"], 4), ratio(compiled, fast), fast["git_sha"]])
+    return "\n".join([
+        "xl, bf16, batch 4, context 512, train step; median ms; ratio = peer / fast with its 95 % "
+        "bootstrap interval over the steps (`~`: inside the noise). Targets: 2.5x against HF, 1.3x "
+        "against torch.compile.",
+        "",
+        table(["run", "fast ms", "HF ms", "vs HF", "compile ms", "vs compile", "git"], body),
+        "",
+        f"Rows: `{FAST}/<run>/bench.jsonl`.",
+    ])
+
+
+ATTENTION_KERNELS = {
+    "ours": ("16-long-sdpa-inbwd-profile",
+             ("_attn_fwd", "_attn_bwd_dkdv", "_attn_bwd_dq", "_bwd_preprocess")),
+    "sdpa": ("17-attention-at-512", ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop",
+                                     "cudnn_generated_fort_native_sdpa_sm90_flash_bprop",
+                                     "compute_dot_do_o_specialized", "convert_dq_to_16bits",
+                                     "elementwise_kernel (direct_copy_kernel_cuda)")),
+}
+"""Per attention backend: the run whose xl fast-step profile holds it, and its kernels (prefixes of
+short names). SDPA's last one is the copy that merges heads from its (B, H, T, d) output."""
+
+
+@claim("fast-attention-kernels-xl")
+def fast_attention_kernels_xl(rows: Rows) -> str:
+    """Per-layer and per-step attention kernel time in the xl fast step, ours against SDPA (cuDNN)."""
+    body, totals, backward, runs = [], {}, {}, []
+    for backend, (run, prefixes) in ATTENTION_KERNELS.items():
+        point = rows.one(f"{FAST}/{run}/profile.jsonl", size="xl", context_length=512, fast=True)
+        kernels = [r for r in rows.load(f"{FAST}/{run}/profile_kernels.csv")
+                   if r["phase"] in ("forward", "backward") and float(r["instances_per_step"]) == 48
+                   and r["short_name"].startswith(prefixes)]
+        for prefix in prefixes:
+            hits = [r for r in kernels if r["short_name"].startswith(prefix)]
+            if len(hits) != 1:
+                raise ClaimError(f"{len(hits)} kernels named {prefix}* at 48 per step in run {run}")
+        for r in kernels:
+            body.append([backend, r["phase"], f"`{r['short_name'][:48]}`", fmt(float(r["avg_us"]))])
+        totals[backend] = sum(float(r["avg_us"]) for r in kernels)
+        backward[backend] = sum(float(r["avg_us"]) for r in kernels if r["phase"] == "backward")
+        runs.append(f"{backend}: run {run}, git {point['git_sha']}, attention={point['attention']}")
+    return "\n".join([
+        "xl fast step (batch 4, context 512, bf16, optimizer in the backward), kernels that run once "
+        "per layer (48 per step), mean us per call from the profiles:",
+        "",
+        table(["backend", "phase", "kernel", "us per layer"], body),
+        "",
+        f"Per layer: ours {fmt(totals['ours'])} us, SDPA {fmt(totals['sdpa'])} us; per step "
+        f"(x 48): ours {fmt(totals['ours'] * 48 / 1000)} ms, SDPA {fmt(totals['sdpa'] * 48 / 1000)} ms. "
+        "Backward alone: ours "
+        f"{fmt(backward['ours'])} us, SDPA {fmt(backward['sdpa'])} us per layer. "
+        "The two profiles come from two commits, so no ratio is drawn: "
+        + "; ".join(runs) + f". Rows: `{FAST}/<run>/profile_kernels.csv`.",
+    ])
+
+
+@claim("fast-attention-backend-sizes")
+def fast_attention_backend_sizes(rows: Rows) -> str:
+    """Run 17: the fast step (optimizer in the backward) on our FlashAttention against PyTorch's SDPA."""
+    pattern = f"{FAST}/17-attention-at-512/bench.jsonl"
+    point = dict(context_length=512, precision="bf16", mode="train-step", fast=True,
+                 optimizer_in_backward=True)
+    body = []
+    for size in ("small", "medium", "large", "xl", "2.7B"):
+        ours = rows.one(pattern, size=size, attention="flash", **point)
+        sdpa = rows.one(pattern, size=size, attention="sdpa", **point)
+        body.append([size, fmt(ours["median_ms"], 4), fmt(sdpa["median_ms"], 4), ratio(sdpa, ours)])
+    return "\n".join([
+        "Fast step, bf16, batch 4, context 512, optimizer in the backward; median ms; SDPA / ours "
+        "with its 95 % bootstrap interval over the steps (`~`: inside the noise).",
+        "",
+        table(["size", "our FlashAttention", "PyTorch SDPA", "SDPA / ours"], body),
+        "",
+        f"Rows: `{pattern}`.",
+    ])
+
+
+@claim("fast-progression")
+def fast_progression(rows: Rows) -> str:
+    """The fast step per size and run: `benchmarks/fast/progression.py` over each run's bench.jsonl."""
+    rows.load(f"{FAST}/*/bench.jsonl")  # no rows: a ClaimError before the script runs
+    loaded = set(sys.modules)
+    sys.path.insert(0, str(ROOT / "benchmarks" / "fast"))
+    try:
+        import progression
+
+        out = io.StringIO()
+        cwd = Path.cwd()
+        os.chdir(ROOT)
+        try:
+            with contextlib.redirect_stdout(out):
+                progression.main()
+        finally:
+            os.chdir(cwd)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks" / "fast"))
+        scripts = ROOT / "benchmarks" / "fast"
+        for name in set(sys.modules) - loaded:  # the script's `summarize` is not the only one
+            if Path(getattr(sys.modules[name], "__file__", None) or "/").parent == scripts:
+                del sys.modules[name]
+    return out.getvalue()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--check", action="store_true",
+                      help="fail when a block is stale or a claim has no row")
+    mode.add_argument("--write", action="store_true", help="rewrite every generated block from the rows")
+    parser.add_argument("files", nargs="*", type=Path, help="docs to process (default: all)")
+    args = parser.parse_args(argv)
+    files = [f.resolve() for f in args.files] or doc_files()
+    problems = check_files(files, REGISTRY, write=args.write, by_section=is_results_readme)
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    if problems:
+        print(f"{len(problems)} problem(s)", file=sys.stderr)
+        return 1
+    print(f"claims: {len(files)} files, every number from rows")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,337 @@
+"""Claims generated from committed result rows, and the check that docs quote no other numbers.
+
+A doc holds a generated block between ``<!-- claims: NAME -->`` and ``<!-- /claims -->``; NAME
+is a function registered in a `Registry` that reads JSONL rows and returns the block's markdown.
+`check_files` re-renders every block and reports, by file and line, a block whose text differs
+from what its rows give (stale), a name with no claim, a claim whose query finds no row, a ratio
+of rows from two commits, and a measured-looking number (ms, us, x, %, GiB, GB/s, TFLOP/s)
+outside any block in a paragraph, list item or table that does not point to a results file.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lmscope.stats import ratio_interval
+
+Row = dict[str, Any]
+
+OPEN = re.compile(r"^<!-- claims: ([A-Za-z0-9_.-]+) -->\s*$")
+CLOSE = "<!-- /claims -->"
+
+MEASURED = re.compile(
+    r"(?<![\w.^/])\d+(?:\.\d+)?(?:x|\s?(?:ms|us|µs|μs|%|GiB|GB/s|TFLOP/s))(?![\w^/])"
+)
+"""A number with a unit that a measurement gives; `2^27` or `x/y` formula text does not match."""
+
+POINTER = re.compile(r"benchmarks/results/|lmscope plan |\]\([^)]*\.jsonl\)|`[^`]*\.jsonl`")
+"""A link or path to committed rows (a results folder, a JSONL file), or the `lmscope plan` command
+that computes the number (a prediction, not a measurement)."""
+
+SIBLING = re.compile(r"`[\w.-]+/|\]\([\w.-]+/|`[\w./-]+\.(?:jsonl|txt|csv|json|md)`")
+"""In a results README: a run folder (`14-xl-targets/`) or a file beside it (rows, a log, the
+summary its script wrote from the rows)."""
+
+CONSTANT = re.compile(r"\b(?:targets?|goal|must|at most|at least|tolerance|slack|budget|bound|default|e\.g\."
+                      r"|interval|confidence|catalog|datasheet|example)\b"
+                      r"|>=|<=|[≥≤<>]", re.IGNORECASE)
+"""Words that make a number on the same clause a requirement or a setting, not a measurement."""
+
+
+class ClaimError(Exception):
+    """A claim's query found no row, more than one where one was asked, or mixed two runs."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One finding of the check: where, and what is wrong."""
+
+    path: Path
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.message}"
+
+
+@dataclass
+class Registry:
+    """Claims by name; each renders its block from the rows under `root`."""
+
+    root: Path
+    claims: dict[str, Callable[[Rows], str]] = field(default_factory=dict)
+
+    def claim(self, name: str) -> Callable[[Callable[[Rows], str]], Callable[[Rows], str]]:
+        """Decorator registering `fn(rows) -> markdown` as the claim NAME."""
+
+        def register(fn: Callable[[Rows], str]) -> Callable[[Rows], str]:
+            if name in self.claims:
+                raise ValueError(f"claim {name!r} is defined twice: give each claim its own name")
+            self.claims[name] = fn
+            return fn
+
+        return register
+
+    def render(self, name: str) -> str:
+        """The block text of claim NAME, ending in a newline."""
+        try:
+            text = self.claims[name](Rows(self.root)).rstrip("\n")
+        except KeyError as exc:
+            raise ClaimError(f"a row it reads has no field {exc}") from exc
+        return text + "\n"
+
+
+class Rows:
+    """Committed JSONL rows under a repository root, read once per file."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._cache: dict[Path, list[Row]] = {}
+
+    def load(self, pattern: str) -> list[Row]:
+        """Rows of every JSONL (or CSV) file matching the glob `pattern` (relative to root), each
+        with `_file`; CSV values stay strings."""
+        paths = sorted(self.root.glob(pattern))
+        if not paths:
+            raise ClaimError(f"no file matches {pattern}")
+        out: list[Row] = []
+        for path in paths:
+            if path not in self._cache:
+                rel = path.relative_to(self.root).as_posix()
+                with path.open() as f:
+                    if path.suffix == ".csv":
+                        self._cache[path] = [dict(row, _file=rel) for row in csv.DictReader(f)]
+                    else:
+                        self._cache[path] = [dict(json.loads(line), _file=rel) for line in f if line.strip()]
+            out.extend(self._cache[path])
+        return out
+
+    def select(self, pattern: str, **filters: Any) -> list[Row]:
+        """Rows of `pattern` whose fields equal `filters` (status ok unless given); none is an error."""
+        filters.setdefault("status", "ok")
+        rows = [r for r in self.load(pattern) if all(r.get(k) == v for k, v in filters.items())]
+        if not rows:
+            raise ClaimError(f"no row in {pattern} with {_describe(filters)}")
+        return rows
+
+    def one(self, pattern: str, **filters: Any) -> Row:
+        """The single row of `pattern` matching `filters`."""
+        rows = self.select(pattern, **filters)
+        if len(rows) > 1:
+            raise ClaimError(f"{len(rows)} rows in {pattern} with {_describe(filters)}; add a filter")
+        return rows[0]
+
+
+def same_run(*rows: Row) -> str:
+    """The git sha shared by `rows`; a ClaimError when they come from different commits."""
+    shas = {r.get("git_sha") for r in rows}
+    if len(shas) != 1 or None in shas:
+        raise ClaimError(f"rows from different commits compared: {sorted(map(str, shas))}")
+    return shas.pop()
+
+
+def ratio(base: Row, other: Row, key: str = "median_ms", times: str | None = "times_ms") -> str:
+    """base[key] / other[key] of two rows of one commit, with its bootstrap interval when both
+    carry the per-step `times` (None: rows without them, e.g. do_bench medians)."""
+    same_run(base, other)
+    if times is not None and times in base and times in other:
+        return ratio_interval(base[times], other[times]).as_text()
+    return f"{base[key] / other[key]:.2f}x"
+
+
+def fmt(value: float | None, digits: int = 3) -> str:
+    """A number to `digits` significant figures (no exponent below 1e6); '-' for None."""
+    if value is None:
+        return "-"
+    if value == 0:
+        return "0"
+    text = f"{value:#.{digits}g}".rstrip(".")
+    if "e" in text:
+        text = f"{value:.0f}" if abs(value) >= 1 else f"{value:.{digits + 3}f}".rstrip("0")
+    return text
+
+
+def table(headers: Sequence[str], body: Iterable[Sequence[str]]) -> str:
+    """A markdown table."""
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in body]
+    return "\n".join(lines)
+
+
+def provenance(rows: Sequence[Row]) -> str:
+    """'device, git sha, date(s)' of rows that share one commit."""
+    sha = same_run(*rows)
+    devices = sorted({str(r.get("device_name")) for r in rows})
+    days = sorted({str(r.get("time", ""))[:10] for r in rows})
+    when = days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}"
+    links = ", ".join(f"`{f}`" for f in sorted({r["_file"] for r in rows}))
+    return f"{', '.join(devices)}, git {sha}, {when}; rows: {links}"
+
+
+def blocks(text: str) -> list[tuple[str, int, int]]:
+    """(name, open line index, close line index) of each generated block; errors as ValueError."""
+    lines = text.split("\n")
+    found: list[tuple[str, int, int]] = []
+    start: tuple[str, int] | None = None
+    for i, line in enumerate(lines):
+        match = OPEN.match(line.strip())
+        if match:
+            if start is not None:
+                raise ValueError(f"{i + 1}: block opened inside block {start[0]!r} (line {start[1] + 1})")
+            start = (match.group(1), i)
+        elif line.strip() == CLOSE:
+            if start is None:
+                raise ValueError(f"{i + 1}: {CLOSE} without an opening marker")
+            found.append((start[0], start[1], i))
+            start = None
+    if start is not None:
+        raise ValueError(f"{start[1] + 1}: block {start[0]!r} is never closed with {CLOSE}")
+    return found
+
+
+def process(path: Path, registry: Registry, write: bool, display: Path | None = None,
+            by_section: bool = False) -> list[Problem]:
+    """Check (or rewrite) the generated blocks of one file, then scan its prose.
+
+    `by_section`: a pointer to rows anywhere under a heading covers the whole section (for a
+    results README, whose sections each describe the rows beside it).
+    """
+    shown = display or path
+    text = path.read_text()
+    try:
+        found = blocks(text)
+    except ValueError as exc:
+        line, message = str(exc).split(": ", 1)
+        return [Problem(shown, int(line), message)]
+    lines = text.split("\n")
+    problems: list[Problem] = []
+    out: list[str] = []
+    last = 0
+    for name, begin, end in found:
+        out += lines[last : begin + 1]
+        current = "\n".join(lines[begin + 1 : end]) + ("\n" if end > begin + 1 else "")
+        new = current
+        if name not in registry.claims:
+            problems.append(Problem(shown, begin + 1, f"no claim named {name!r} in the claims script"))
+        else:
+            try:
+                new = registry.render(name)
+            except ClaimError as exc:
+                problems.append(Problem(shown, begin + 1, f"claim {name!r}: {exc}"))
+            else:
+                if new != current and not write:
+                    problems.append(Problem(shown, begin + 1,
+                                            f"claim {name!r} is stale: its rows give other text "
+                                            "(run python benchmarks/claims.py --write)"))
+        kept = new if write else current
+        if kept:
+            out += kept.rstrip("\n").split("\n")
+        last = end
+    out += lines[last:]
+    if write:
+        new_text = "\n".join(out)
+        if new_text != text:
+            path.write_text(new_text)
+    problems += unpointed(text, found, shown, by_section)
+    return problems
+
+
+def unpointed(text: str, found: Sequence[tuple[str, int, int]], shown: Path,
+              by_section: bool = False) -> list[Problem]:
+    """Measured-looking numbers outside blocks, in a unit of text that names no results file."""
+    lines = text.split("\n")
+    inside = set()
+    for _, begin, end in found:
+        inside.update(range(begin, end + 1))
+    problems = []
+    for unit in (_sections if by_section else _units)(lines, inside):
+        body = " ".join(lines[i] for i in unit)
+        if POINTER.search(body) or (by_section and SIBLING.search(body)):
+            continue
+        header = next((lines[i] for i in unit if lines[i].lstrip().startswith("|")), "")
+        if CONSTANT.search(header):  # a table of targets or settings
+            continue
+        flagged: dict[int, str] = {}
+        for offset, hit in _measured("\n".join(lines[i] for i in unit)):
+            flagged.setdefault(unit[offset], hit)
+        problems += [Problem(shown, i + 1, f"measured-looking {hit!r} outside a generated block, "
+                                           "with no link to its rows") for i, hit in sorted(flagged.items())]
+    return problems
+
+
+def _measured(text: str) -> list[tuple[int, str]]:
+    """(line offset, number) of each measured-looking number in `text` whose sentence, clause (up to
+    a semicolon) or table cell holds no word of a requirement or setting; code spans are skipped."""
+    code_free = re.sub(r"`[^`\n]*`", lambda m: " " * len(m.group(0)), text)
+    hits = []
+    start = 0
+    for end in [m.start() for m in re.finditer(r"[;|]|\.\s", code_free)] + [len(code_free)]:
+        clause = code_free[start:end]
+        if not CONSTANT.search(clause):
+            hits += [(code_free.count("\n", 0, start + m.start()), m.group(0))
+                     for m in MEASURED.finditer(clause)]
+        start = end + 1
+    return hits
+
+
+def _units(lines: Sequence[str], skip: set[int]) -> list[list[int]]:
+    """Paragraphs, list items and tables (a table with the paragraph above it), outside code fences."""
+    units: list[list[int]] = []
+    current: list[int] = []
+    fence = False
+    for i, line in enumerate(lines):
+        stripped = line.strip()
+        if stripped.startswith("```"):
+            fence = not fence
+            if current:
+                units.append(current)
+                current = []
+            continue
+        if fence or i in skip or not stripped or stripped.startswith("#"):
+            if current:
+                units.append(current)
+                current = []
+            continue
+        new_item = re.match(r"^\s*(?:[-*+]|\d+\.)\s", line) is not None
+        starts_table = stripped.startswith("|") and current and not lines[current[-1]].strip().startswith("|")
+        if new_item and current and not starts_table:
+            units.append(current)
+            current = []
+        current.append(i)
+    if current:
+        units.append(current)
+    return units
+
+
+def _sections(lines: Sequence[str], skip: set[int]) -> list[list[int]]:
+    """Lines under each heading, outside generated blocks."""
+    units: list[list[int]] = [[]]
+    for i, line in enumerate(lines):
+        if line.startswith("#"):
+            units.append([])
+        if i not in skip:
+            units[-1].append(i)
+    return [u for u in units if u]
+
+
+def _describe(filters: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in filters.items())
+
+
+def check_files(paths: Iterable[Path], registry: Registry, write: bool = False,
+                by_section: Callable[[Path], bool] = lambda path: False) -> list[Problem]:
+    """Problems of every file in `paths` (shown relative to the registry's root)."""
+    problems: list[Problem] = []
+    for path in paths:
+        try:
+            shown = path.relative_to(registry.root)
+        except ValueError:
+            shown = path
+        problems += process(path, registry, write, shown, by_section(path))
+    return problems

@@ -49,7 +49,8 @@ def nvml_energy_counter(device: torch.device) -> tuple[EnergyCounter | None, str
     try:
         pynvml.nvmlInit()
         uuid = str(torch.cuda.get_device_properties(device).uuid)
-        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}")
+        name = uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+        handle = pynvml.nvmlDeviceGetHandleByUUID(name)
         pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)
     except pynvml.NVMLError as error:
         return None, f"NVML has no energy counter for this GPU: {error}"
@@ -139,6 +140,7 @@ def measure_energy(
     window_s = last.at - first.at
     joules = (last.millijoules - first.millijoules) / 1e3
     watts = joules / window_s
+    periods = [b.at - a.at for a, b in zip(inside, inside[1:], strict=False)]
     error = (first.half_width + last.half_width) / window_s + 1e-3 / max(joules, 1e-3)
     per_step = watts * (end - begin) / steps
     reasons = []
@@ -153,7 +155,7 @@ def measure_energy(
         "joules_per_token": per_step / tokens_per_step,
         "energy_window_s": window_s,
         "energy_updates": len(inside) - 1,
-        "energy_update_ms": 1e3 * statistics.median(b.at - a.at for a, b in zip(inside, inside[1:])),
+        "energy_update_ms": 1e3 * statistics.median(periods),
         "energy_error": error,
         "energy_exact": not reasons,
         "energy_reason": "; ".join(reasons) or None,

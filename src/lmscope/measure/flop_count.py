@@ -21,8 +21,8 @@ Convention (the one of `lmscope.accounting.flops`, so a preset's count equals th
 Known gaps: attention written as plain matmuls plus a mask (lmscope's `naive` backend) is
 counted as matmuls, the full square in both conventions; SDPA given an explicit mask instead of
 is_causal counts the full square in both; nested/varlen attention keeps torch's formulas; Triton
-or CUDA kernels other than lmscope's FlashAttention count 0. Count on an eager model: compiled graphs and CUDA-graph replays do not
-dispatch their ops to the counter.
+or CUDA kernels other than lmscope's FlashAttention count 0. Count on an eager model: compiled
+graphs and CUDA-graph replays do not dispatch their ops to the counter.
 """
 
 from __future__ import annotations

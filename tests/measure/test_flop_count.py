@@ -103,3 +103,25 @@ def test_hf_llama_within_one_percent_of_accounting() -> None:
     spec = step.spec
     analytic = step_flops(spec.model_config(), spec.batch_size, spec.context_length, spec.mode)
     assert abs(count_step(step).total / analytic - 1) < 0.01
+
+
+def test_hf_llama_with_grouped_query_heads_by_hand() -> None:
+    transformers = pytest.importorskip("transformers")
+    d, ff, layers, heads, kv_heads, vocab, b, t = 48, 80, 2, 6, 2, 71, 2, 29
+    config = transformers.LlamaConfig(hidden_size=d, intermediate_size=ff, num_hidden_layers=layers,
+                                      num_attention_heads=heads, num_key_value_heads=kv_heads,
+                                      vocab_size=vocab, attn_implementation="sdpa", use_cache=False)
+    model = transformers.LlamaForCausalLM(config)
+    ids = torch.randint(0, vocab, (b, t))
+    state = {}
+    counts = count_phases([
+        ("forward", lambda: state.update(loss=model(input_ids=ids, labels=ids).loss)),
+        ("backward", lambda: state["loss"].backward()),
+    ])
+    kv = d // heads * kv_heads
+    dense = 2 * b * t * (layers * (2 * d * d + 2 * d * kv + 3 * d * ff) + d * vocab)
+    attention = layers * b * 4 * t * t * d
+    forward = dense + attention
+    assert abs(counts.phases["forward"].flops / forward - 1) < 0.01
+    assert abs(counts.total / (3 * forward) - 1) < 0.01
+    assert counts.phases["forward"].attention_flops == attention

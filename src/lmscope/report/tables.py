@@ -17,7 +17,8 @@ from lmscope.results import Record, point_key
 METRIC_COLUMNS: dict[str, list[str]] = {
     "bench": [
         "mean_ms", "std_ms", "median_ms", "forward_ms", "backward_ms", "optimizer_ms",
-        "tokens_per_s", "tflops", "mfu", "peak_allocated_gib", "compile_s",
+        "tokens_per_s", "tflops", "mfu", "tflops_counted", "mfu_counted", "peak_allocated_gib",
+        "avg_watts", "joules_per_token", "compile_s",
     ],
     "attention": [
         "fwd_ms", "bwd_ms", "fwd_bwd_ms", "fwd_tflops", "bwd_tflops", "fwd_bwd_tflops",

@@ -31,6 +31,7 @@ WORKLOADS: dict[str, str] = {
     "attention": "lmscope.workloads.attention",
     "comm": "lmscope.workloads.collectives",
     "ddp": "lmscope.workloads.ddp",
+    "probe": "lmscope.probe",
 }
 """Workload name -> module. A workload module defines `Spec` (a frozen dataclass) and
 `run_point(spec_dict) -> metrics`. Any importable module path works as a workload too."""

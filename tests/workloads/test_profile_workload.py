@@ -209,3 +209,10 @@ def test_a_failing_nsys_becomes_a_note(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     capture = nsys_capture(Spec(**{**POINT, "artifacts_dir": str(tmp_path)}))
     assert not capture["ran"] and "no CUDA device to profile" in capture["note"]
+
+
+def test_profile_row_counts_flops_per_phase(profiled: tuple[dict, dict]) -> None:
+    metrics, _ = profiled
+    assert metrics["flops_per_step_counted"] > 0 and metrics["flops_counted_error"] == 0
+    assert metrics["backward_flops"] == 2 * metrics["forward_flops"]
+    assert metrics["forward_tflops"] > 0 and metrics["backward_tflops"] > 0

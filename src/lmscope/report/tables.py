@@ -17,7 +17,8 @@ from lmscope.results import Record, point_key
 METRIC_COLUMNS: dict[str, list[str]] = {
     "bench": [
         "mean_ms", "std_ms", "median_ms", "forward_ms", "backward_ms", "optimizer_ms",
-        "tokens_per_s", "tflops", "mfu", "peak_allocated_gib", "compile_s",
+        "tokens_per_s", "tflops", "mfu", "tflops_counted", "mfu_counted", "peak_allocated_gib",
+        "avg_watts", "joules_per_token", "compile_s",
     ],
     "attention": [
         "fwd_ms", "bwd_ms", "fwd_bwd_ms", "fwd_tflops", "bwd_tflops", "fwd_bwd_tflops",
@@ -39,11 +40,16 @@ METRIC_COLUMNS: dict[str, list[str]] = {
         "predicted_backward_peak_gib", "optimizer_peak_gib", "step_peak_gib", "predicted_step_peak_gib",
         "step_peak_error_pct", "step_reserved_gib", "median_ms", "top_alloc_mib",
     ],
+    "probe": [
+        "median_ms", "mean_ms", "std_ms", "forward_ms", "backward_ms", "optimizer_ms", "tokens_per_s",
+        "peak_allocated_gib",
+    ],
 }
 """Per workload, the metric columns a table shows (those present in the records)."""
 
 PRIMARY_METRIC: dict[str, str] = {"bench": "mean_ms", "attention": "fwd_bwd_ms", "profile": "matmul_frac",
-                                  "comm": "busbw_gbps", "ddp": "step_ms", "memory": "step_peak_gib"}
+                                  "comm": "busbw_gbps", "ddp": "step_ms", "memory": "step_peak_gib",
+                                  "probe": "median_ms"}
 """Per workload, the metric that `--compare` pivots (lower is better for *_ms)."""
 
 IDENTITY_SKIP = {"workload"}

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from lmscope.accounting.flops import step_flops
 from lmscope.config import ModelConfig
 from lmscope.measure import nsys
 from lmscope.measure.kernel_categories import CATEGORIES, short_name
@@ -46,6 +47,7 @@ from lmscope.measure.kernels import (
 from lmscope.measure.ranges import phase
 from lmscope.measure.timer import synchronize, time_steps
 from lmscope.report import profile_report
+from lmscope.workloads.counted_flops import count_step_flops, flop_metrics
 from lmscope.workloads.model_spec import ModelPointSpec
 from lmscope.workloads.train_step import TrainStep, device_facts
 
@@ -159,6 +161,7 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
         return _capture_steps(spec)
     step = TrainStep(spec)
     device = step.device
+    counted = count_step_flops(step)  # one extra eager step, before warm-up and timing
     compile_s = step.compile_warmup()
     times = time_steps(step, warmup=spec.warmup, steps=spec.steps, device=device)
     folder = point_folder(spec)
@@ -197,7 +200,11 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
         },
     }
     _write_artifacts(profile)
-    return {**facts, **summary_metrics(profile), "compile_s": compile_s}
+    phase_wall_ms = {name: stats["wall_ms_per_step"] for name, stats in phases.items() if name in PHASES}
+    analytic = step_flops(spec.model_config(), spec.batch_size, spec.context_length, spec.mode)
+    flops = flop_metrics(counted, step_ms, phase_wall_ms, device_name=facts.get("device_name"),
+                         precision=spec.precision, analytic_flops=analytic)
+    return {**facts, **summary_metrics(profile), "compile_s": compile_s, **flops}
 
 
 def _write_artifacts(profile: dict[str, Any]) -> None:

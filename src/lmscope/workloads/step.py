@@ -10,7 +10,9 @@ import torch
 
 from lmscope.accounting.devices import peak_tflops
 from lmscope.accounting.flops import step_flops
+from lmscope.measure.energy import step_energy
 from lmscope.measure.timer import summarize, time_phased_steps
+from lmscope.workloads.counted_flops import count_step_flops, flop_metrics
 from lmscope.workloads.cuda_graph_step import GraphedStep, check_cuda_graph_choice, uses_cuda_graph
 from lmscope.workloads.model_spec import ModelPointSpec
 from lmscope.workloads.train_step import TrainStep, check_model_choice, device_facts, resolve_device
@@ -64,6 +66,7 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
     device = resolve_device(spec.device)
     graphed = uses_cuda_graph(spec, spec.cuda_graph, device)
     eager = TrainStep(spec, capturable=graphed)
+    counted = count_step_flops(eager)  # one extra eager step, before warm-up and timing
     compile_s = eager.compile_warmup()
     step: TrainStep | GraphedStep = GraphedStep(eager) if graphed else eager
 
@@ -76,14 +79,18 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
     times, phases = measured.times_ms, measured.phases_ms
     stats = summarize(times)
     facts = device_facts(device)
+    phase_ms = {name: statistics.median(ms) for name, ms in phases.items()}
+    throughput = throughput_metrics(spec, stats.median_ms, facts.get("device_name"), eager.parameter_count())
     metrics: dict[str, Any] = {
         **facts,
         **stats.as_record(),
         "times_ms": [round(t, 4) for t in times],
-        **{f"{name}_ms": statistics.median(ms) for name, ms in phases.items()},
+        **{f"{name}_ms": ms for name, ms in phase_ms.items()},
         "compile_s": compile_s,
         "cuda_graph_used": graphed,
-        **throughput_metrics(spec, stats.median_ms, facts.get("device_name"), eager.parameter_count()),
+        **throughput,
+        **flop_metrics(counted, stats.median_ms, phase_ms, device_name=facts.get("device_name"),
+                       precision=spec.precision, analytic_flops=throughput["flops_per_step"]),
     }
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(device)
@@ -91,4 +98,6 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
             peak = max(peak, step.capture_peak_allocated_bytes)
         metrics["peak_allocated_gib"] = peak / GIB
         metrics["peak_reserved_gib"] = torch.cuda.max_memory_reserved(device) / GIB
+    # extra untimed steps after the timed ones, as many as the energy counter's window needs
+    metrics.update(step_energy(step, device=device, tokens_per_step=spec.batch_size * spec.context_length))
     return metrics

@@ -1,0 +1,127 @@
+"""The FLOP counter against hand counts and against lmscope.accounting.flops on the presets."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lmscope.accounting.flops import step_flops
+from lmscope.measure.flop_count import attention_flops, causal_pairs, count_phases, count_step
+from lmscope.workloads.step import Spec
+from lmscope.workloads.train_step import TrainStep
+
+
+def tiny_train_step(**fields: object) -> TrainStep:
+    """lmscope's tiny preset (vocabulary cut to 97) on the CPU."""
+    return TrainStep(Spec(size="tiny", vocab_size=97, device="cpu", **fields))
+
+
+def test_causal_pairs_match_a_mask_count() -> None:
+    for n_q, n_k in [(1, 1), (7, 7), (5, 9), (9, 5), (13, 1)]:
+        mask = torch.ones(n_q, n_k, dtype=torch.bool).tril()
+        assert causal_pairs(n_q, n_k) == int(mask.sum())
+
+
+def test_linear_and_matmul_by_hand() -> None:
+    x = torch.randn(3, 5, 7, requires_grad=True)
+    linear = torch.nn.Linear(7, 11)
+    b = torch.randn(3, 7, 13)
+    state = {}
+    counts = count_phases([
+        ("forward", lambda: state.update(y=linear(x).sum() + (x @ b).sum())),
+        ("backward", lambda: state["y"].backward()),
+    ])
+    linear_fwd = 2 * 15 * 7 * 11
+    matmul_fwd = 2 * 3 * 5 * 7 * 13
+    assert counts.phases["forward"].flops == linear_fwd + matmul_fwd
+    # backward: grad input and grad weight of the linear, grad x of the matmul (b needs none)
+    assert counts.phases["backward"].flops == 2 * linear_fwd + matmul_fwd
+    assert counts.phases["forward"].attention_flops == 0
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("n_q", "n_k"), [(11, 11), (7, 13), (13, 7)])
+def test_sdpa_by_hand(causal: bool, n_q: int, n_k: int) -> None:
+    b, h, d, dv = 2, 3, 5, 5
+    q = torch.randn(b, h, n_q, d, requires_grad=True)
+    k = torch.randn(b, h, n_k, d, requires_grad=True)
+    v = torch.randn(b, h, n_k, dv, requires_grad=True)
+    state = {}
+    counts = count_phases([
+        ("forward", lambda: state.update(y=F.scaled_dot_product_attention(q, k, v, is_causal=causal))),
+        ("backward", lambda: state["y"].sum().backward()),
+    ])
+    square = 2 * b * h * n_q * n_k * (d + dv)
+    pairs = int(torch.ones(n_q, n_k).tril().sum()) if causal else n_q * n_k
+    half = 2 * b * h * pairs * (d + dv)
+    fwd, bwd = counts.phases["forward"], counts.phases["backward"]
+    assert (fwd.flops, bwd.flops) == (square, 2 * square)
+    assert (fwd.flops_causal, bwd.flops_causal) == (half, 2 * half)
+    assert fwd.attention_flops == square
+    assert counts.total == 3 * square and counts.total_causal == 3 * half
+
+
+def test_attention_formula_with_grouped_query_heads() -> None:
+    # 8 query heads over 2 key/value heads: the work is per query head
+    flops = attention_flops((2, 8, 9, 4), (2, 2, 9, 4), (2, 2, 9, 4), causal=True, backward=False,
+                            causal_half=True)
+    assert flops == 2 * 2 * 8 * causal_pairs(9, 9) * 8
+
+
+@pytest.mark.parametrize("attention", ["naive", "sdpa", "flash-torch"])
+@pytest.mark.parametrize("mode", ["forward", "forward-backward", "train-step"])
+def test_preset_count_equals_accounting(attention: str, mode: str) -> None:
+    step = tiny_train_step(attention=attention, mode=mode, batch_size=2, context_length=37)
+    counts = count_step(step)
+    spec = step.spec
+    assert counts.total == step_flops(spec.model_config(), spec.batch_size, spec.context_length, mode)
+    expected_phases = ["forward"] if mode == "forward" else ["forward", "backward"]
+    if mode == "train-step":
+        expected_phases.append("optimizer")
+        assert counts.phases["optimizer"].flops == 0
+    assert list(counts.phases) == expected_phases
+    if mode != "forward":
+        assert counts.phases["backward"].flops == 2 * counts.phases["forward"].flops
+    if attention != "naive":  # naive's masked matmuls are plain matmuls: the square either way
+        assert counts.total_causal < counts.total
+
+
+def test_flash_functions_are_restored_after_counting() -> None:
+    from lmscope.kernels.flash_attention_torch import FlashAttentionTorch
+
+    forward = FlashAttentionTorch.forward
+    count_step(tiny_train_step(attention="flash-torch", mode="forward-backward", batch_size=1,
+                               context_length=9))
+    assert FlashAttentionTorch.forward is forward
+
+
+def test_hf_llama_within_one_percent_of_accounting() -> None:
+    pytest.importorskip("transformers")
+    step = tiny_train_step(attention="sdpa", mode="forward-backward", batch_size=2, context_length=33,
+                           peer="hf")
+    spec = step.spec
+    analytic = step_flops(spec.model_config(), spec.batch_size, spec.context_length, spec.mode)
+    assert abs(count_step(step).total / analytic - 1) < 0.01
+
+
+def test_hf_llama_with_grouped_query_heads_by_hand() -> None:
+    transformers = pytest.importorskip("transformers")
+    d, ff, layers, heads, kv_heads, vocab, b, t = 48, 80, 2, 6, 2, 71, 2, 29
+    config = transformers.LlamaConfig(hidden_size=d, intermediate_size=ff, num_hidden_layers=layers,
+                                      num_attention_heads=heads, num_key_value_heads=kv_heads,
+                                      vocab_size=vocab, attn_implementation="sdpa", use_cache=False)
+    model = transformers.LlamaForCausalLM(config)
+    ids = torch.randint(0, vocab, (b, t))
+    state = {}
+    counts = count_phases([
+        ("forward", lambda: state.update(loss=model(input_ids=ids, labels=ids).loss)),
+        ("backward", lambda: state["loss"].backward()),
+    ])
+    kv = d // heads * kv_heads
+    dense = 2 * b * t * (layers * (2 * d * d + 2 * d * kv + 3 * d * ff) + d * vocab)
+    attention = layers * b * 4 * t * t * d
+    forward = dense + attention
+    assert abs(counts.phases["forward"].flops / forward - 1) < 0.01
+    assert abs(counts.total / (3 * forward) - 1) < 0.01
+    assert counts.phases["forward"].attention_flops == attention

@@ -1,0 +1,32 @@
+"""Probe on a CUDA GPU: CUDA-event phases inside the step, allocated peaks per phase, kernels."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from lmscope.probe import Probe
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def test_phase_peaks_and_kernels_on_cuda(tmp_path: Path) -> None:
+    a = torch.randn(2048, 2048, device="cuda")
+    with Probe(device="cuda", warmup=1, kernels=True, trace_path=tmp_path / "t.json") as probe:
+        for _ in range(4):
+            with probe.phase("forward"):
+                big = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")  # 256 MiB
+                (a @ a).relu_()
+                del big
+            with probe.phase("backward"):
+                a @ a
+            probe.step()
+    row = probe.record
+    assert row["n"] == 3
+    assert row["forward_peak_allocated_gib"] >= 0.25 > row["backward_peak_allocated_gib"]
+    assert row["peak_allocated_gib"] == row["forward_peak_allocated_gib"]
+    assert row["forward_ms"] + row["backward_ms"] <= row["median_ms"]
+    assert row["forward_launches_per_step"] >= 2 and row["backward_busy_ms"] > 0

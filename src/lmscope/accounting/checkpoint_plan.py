@@ -1,0 +1,155 @@
+"""Which blocks to checkpoint under a memory budget: candidate plans, their peak and recompute cost.
+
+A plan is a checkpoint policy of `lmscope.model.checkpointing` (none, every:K, blocks:0-N, block).
+The candidates are: no checkpointing; every K-th block for every K (K = ceil(sqrt(L)) is the
+classic sqrt(L) schedule); the first N blocks for every N (the finest dial: one more block at a
+time, recomputed late in the backward when little else is alive); all blocks. For each, the peak
+of the step comes from `predict_memory` (the allocator replay), or, with measured saved
+activations, from a measured peak without checkpointing plus the predicted change scaled by the
+measured/predicted bytes a block saves. The recompute cost is the forward FLOPs of the checkpointed
+blocks as a share of the step's FLOPs (`lmscope.accounting.flops`). The chosen plan is the one with
+the least recompute whose peak fits the budget (ties: the lower peak).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from lmscope.accounting.flops import forward_flops_by_component, step_flops
+from lmscope.accounting.memory import GIB, checkpointed_blocks, predict_memory, saved_activations_by_group
+from lmscope.config import ModelConfig
+
+_UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+          "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+PLAN_PREFIX = "plan:"
+
+
+def parse_bytes(text: str) -> int:
+    """'40GiB', '40 GB', '512MiB', '1.5TiB' -> bytes (GiB/MiB binary, GB/MB decimal)."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    unit = match.group(2).lower() if match else None
+    if not match or unit not in _UNITS:
+        raise ValueError(f"cannot read the memory size {text!r}: write a number and a unit, "
+                         "e.g. 40GiB, 40GB or 512MiB")
+    value = float(match.group(1)) * _UNITS[unit]
+    if value <= 0:
+        raise ValueError(f"memory size {text!r} must be positive")
+    return int(value)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasuredSaved:
+    """Measured facts a plan can start from (a `memory --activations` row without checkpointing)."""
+
+    step_peak: int
+    """Measured peak bytes of the step without checkpointing."""
+    block_saved: int
+    """Measured bytes one block saves for backward (median over the blocks)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """One checkpointing plan with its predicted peak and recompute cost."""
+
+    policy: str
+    schedule: str
+    checkpointed: int
+    peak: int
+    recompute_share_pct: float
+    fits: bool
+
+    def as_record(self) -> dict[str, object]:
+        return {"policy": self.policy, "schedule": self.schedule, "checkpointed_blocks": self.checkpointed,
+                "predicted_peak_gib": self.peak / GIB, "recompute_share_pct": self.recompute_share_pct,
+                "fits": self.fits}
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointPlan:
+    """The candidates (no checkpointing first, all blocks last) and the one chosen."""
+
+    budget: int
+    candidates: tuple[Candidate, ...]
+    chosen: Candidate
+    source: str
+    """'model' (predict_memory) or 'measured' (a measured peak and block size)."""
+
+
+def candidate_policies(num_layers: int) -> list[tuple[str, str]]:
+    """(policy, schedule) pairs, each distinct set of blocks once."""
+    sqrt_k = math.ceil(math.sqrt(num_layers))
+    out: list[tuple[str, str]] = [("none", "none")]
+    seen: set[tuple[int, ...]] = {()}
+
+    def add(policy: str, schedule: str) -> None:
+        blocks = checkpointed_blocks(policy, num_layers)
+        if blocks not in seen:
+            seen.add(blocks)
+            out.append((policy, schedule))
+
+    add(f"every:{sqrt_k}", "sqrt(L)")
+    for k in range(num_layers, 1, -1):
+        add(f"every:{k}", "every k-th")
+    for n in range(1, num_layers):
+        add(f"blocks:0-{n - 1}", "first n")
+    add("block", "all")
+    return out
+
+
+def plan_checkpointing(config: ModelConfig, *, batch_size: int, seq_len: int, budget: int,
+                       mode: str = "train-step", precision: str = "bf16", attention: str = "sdpa",
+                       measured: MeasuredSaved | None = None) -> CheckpointPlan:
+    """Every candidate's peak and recompute share, and the cheapest that fits `budget` bytes.
+
+    Raises ValueError naming the smallest predicted peak when no candidate fits.
+    """
+    if mode == "forward":
+        raise ValueError("checkpointing saves memory kept for backward: plan it for "
+                         "--mode train-step or forward-backward")
+    config = config.replace(context_length=max(config.context_length, seq_len))
+    components = forward_flops_by_component(config, batch_size, seq_len)
+    block_flops = (sum(components.values()) - components["lm_head"]) / config.num_layers
+    step = step_flops(config, batch_size, seq_len, mode)
+
+    def predicted(policy: str) -> int:
+        return predict_memory(config, batch_size=batch_size, seq_len=seq_len, mode=mode,
+                              precision=precision, attention=attention, checkpoint=policy).step_peak
+
+    without = predicted("none")
+    scale = 1.0
+    if measured is not None:
+        block = saved_activations_by_group(config, batch_size=batch_size, seq_len=seq_len,
+                                           precision=precision, attention=attention)["block"]
+        scale = measured.block_saved / block
+    candidates = []
+    for policy, schedule in candidate_policies(config.num_layers):
+        count = len(checkpointed_blocks(policy, config.num_layers))
+        if measured is None:
+            peak = predicted(policy)
+        else:
+            peak = round(measured.step_peak + scale * (predicted(policy) - without))
+        candidates.append(Candidate(policy=policy, schedule=schedule, checkpointed=count, peak=peak,
+                                    recompute_share_pct=100.0 * count * block_flops / step,
+                                    fits=peak <= budget))
+    fitting = [c for c in candidates if c.fits]
+    if not fitting:
+        least = min(candidates, key=lambda c: c.peak)
+        raise ValueError(f"no checkpointing plan fits {budget / GIB:.2f} GiB: the smallest predicted "
+                         f"peak is {least.peak / GIB:.2f} GiB ({least.policy}); raise --budget to at "
+                         "least that, or lower the batch size or context length")
+    chosen = min(fitting, key=lambda c: (c.recompute_share_pct, c.peak))
+    return CheckpointPlan(budget=budget, candidates=tuple(candidates), chosen=chosen,
+                          source="measured" if measured else "model")
+
+
+def resolve_checkpoint(policy: str, config: ModelConfig, *, batch_size: int, seq_len: int, mode: str,
+                       precision: str, attention: str) -> str:
+    """A concrete policy: `plan:BUDGET` becomes the planner's choice, anything else is checked as is."""
+    if policy.startswith(PLAN_PREFIX):
+        budget = parse_bytes(policy.removeprefix(PLAN_PREFIX))
+        return plan_checkpointing(config, batch_size=batch_size, seq_len=seq_len, budget=budget,
+                                  mode=mode, precision=precision, attention=attention).chosen.policy
+    checkpointed_blocks(policy, config.num_layers)
+    return policy

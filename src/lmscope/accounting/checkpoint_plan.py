@@ -1,9 +1,10 @@
 """Which blocks to checkpoint under a memory budget: candidate plans, their peak and recompute cost.
 
 A plan is a checkpoint policy of `lmscope.model.checkpointing` (none, every:K, blocks:0-N, block).
-The candidates are: no checkpointing; every K-th block for every K (K = ceil(sqrt(L)) is the
-classic sqrt(L) schedule); the first N blocks for every N (the finest dial: one more block at a
-time, recomputed late in the backward when little else is alive); all blocks. For each, the peak
+The candidates are: no checkpointing; every K-th block (one K per number of blocks it
+checkpoints; K = ceil(sqrt(L)) is the classic sqrt(L) schedule); the first N blocks for every N
+(the finest dial: one more block at a time, recomputed late in the backward when little else is
+alive); all blocks. For each, the peak
 of the step comes from `predict_memory` (the allocator replay), or, with measured saved
 activations, from a measured peak without checkpointing plus the predicted change scaled by the
 measured/predicted bytes a block saves. The recompute cost is the forward FLOPs of the checkpointed
@@ -90,8 +91,8 @@ def candidate_policies(num_layers: int) -> list[tuple[str, str]]:
             out.append((policy, schedule))
 
     add(f"every:{sqrt_k}", "sqrt(L)")
-    for k in range(num_layers, 1, -1):
-        add(f"every:{k}", "every k-th")
+    for count in range(1, num_layers):  # one every:K per number of blocks it checkpoints
+        add(f"every:{math.ceil(num_layers / count)}", "every k-th")
     for n in range(1, num_layers):
         add(f"blocks:0-{n - 1}", "first n")
     add("block", "all")

@@ -96,6 +96,20 @@ class Spec(ModelPointSpec):
                                   attention=self.attention)
 
 
+def checkpoint_values(text: str) -> list[str]:
+    """The --checkpoint list: split on ';' when given, else on ',' unless it is one blocks:LIST."""
+    if ";" in text:
+        parts = text.split(";")
+    elif text.strip().startswith("blocks:"):
+        parts = [text]
+    else:
+        parts = text.split(",")
+    values = [p.strip() for p in parts if p.strip()]
+    if not values:
+        raise ValueError("--checkpoint needs at least one policy, e.g. none or every:2")
+    return list(dict.fromkeys(values))
+
+
 def point_slug(spec: Spec) -> str:
     """Readable, unique folder name of a point: its main fields and a hash of all of them."""
     fields = dataclasses.asdict(spec)

@@ -39,7 +39,8 @@ ReuseWorker = Annotated[
 ]
 
 # Options shared by the commands that run the Transformer LM (bench, profile, memory, ddp).
-Size = Annotated[str | None, typer.Option(help="preset(s): tiny,small,medium,large,xl,2.7B")]
+Size = Annotated[str | None, typer.Option(help="preset(s): tiny,small,medium,large,xl,2.7B, "
+                                                "xl-2025,10b-2025,8b-long (lmscope plan presets)")]
 DModel = Annotated[int | None, typer.Option(help="override d_model")]
 DFf = Annotated[int | None, typer.Option(help="override d_ff")]
 NumLayers = Annotated[int | None, typer.Option(help="override num_layers")]

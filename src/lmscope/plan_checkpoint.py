@@ -15,6 +15,7 @@ from lmscope.accounting.checkpoint_plan import MeasuredSaved, plan_checkpointing
 from lmscope.accounting.flops import parameter_counts
 from lmscope.accounting.memory import GIB
 from lmscope.config import PRESETS, ModelConfig, preset
+from lmscope.report.tables import render
 from lmscope.results import Record, read_records
 
 Sections = dict[str, list[Record]]
@@ -24,6 +25,13 @@ OVERRIDES = ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size")
 def presets_sections() -> Sections:
     """Every preset's shape and parameter count (the table in README.md is this, rendered as md)."""
     return {"presets": [preset_record(name, config) for name, config in PRESETS.items()]}
+
+
+def presets_markdown() -> str:
+    """The presets table as markdown: what README.md shows between its `presets` markers."""
+    records = presets_sections()["presets"]
+    header = list(records[0])
+    return render((header, [[r[k] for k in header] for r in records]), "md")
 
 
 def preset_record(name: str, config: ModelConfig) -> Record:

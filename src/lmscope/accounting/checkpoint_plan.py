@@ -22,13 +22,16 @@ from lmscope.accounting.flops import forward_flops_by_component, step_flops
 from lmscope.accounting.memory import GIB, checkpointed_blocks, predict_memory, saved_activations_by_group
 from lmscope.config import ModelConfig
 
-_UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+_UNITS = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
           "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 PLAN_PREFIX = "plan:"
 
 
 def parse_bytes(text: str) -> int:
-    """'40GiB', '40 GB', '512MiB', '1.5TiB' -> bytes (GiB/MiB binary, GB/MB decimal)."""
+    """'40GiB', '40 GB', '512MiB', '1.5TiB', '4096B' -> bytes (GiB/MiB binary, GB/MB decimal).
+
+    A unit is required: a bare number is refused rather than read as bytes.
+    """
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
     unit = match.group(2).lower() if match else None
     if not match or unit not in _UNITS:

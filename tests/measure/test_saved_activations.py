@@ -90,6 +90,10 @@ def test_bf16_weight_copies_are_told_apart_from_activations():
             F.cross_entropy(logits.float().flatten(0, 1), tokens.flatten())
     assert saved.weight_copy_bytes == 2 * matmul_parameters(ODD)  # every linear's bf16 weight, once
     assert saved.total_bytes == saved_activations(ODD, batch_size=b, seq_len=t, precision="bf16")["total"]
+    # the one RoPE module all blocks share: its bf16 cos/sin casts belong to the block that called it
+    block = saved_activations_by_group(ODD, batch_size=b, seq_len=t, precision="bf16")["block"]
+    assert [saved.by("block")[f"layers.{i}"] for i in range(ODD.num_layers)] == [block] * ODD.num_layers
+    assert saved.by("module")["layers.2.attn.rope"] == saved.by("module")["layers.0.attn.rope"] > 0
 
 
 class _Twice(nn.Module):

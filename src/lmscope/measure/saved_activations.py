@@ -4,7 +4,8 @@
 modules running) and, inside `recording()`, a `torch.autograd.graph.saved_tensors_hooks` pair:
 
 * pack (forward): each saved tensor is attributed to the innermost module running when it is
-  saved and counted once per storage (a view of a storage already saved adds nothing; the whole
+  saved (a module shared by several parents, such as one RoPE for all blocks, under the parent
+  that called it) and counted once per storage (a view of a storage already saved adds nothing; the whole
   storage counts, as the allocator holds it). Storages of the model's parameters and buffers, and
   of autocast's low-precision weight copies (a cast or view of a parameter), are not activations:
   they are counted apart (`weight_copy_bytes`). Integer tensors (token ids, targets, indices) and
@@ -70,10 +71,12 @@ class SavedActivations:
     @contextlib.contextmanager
     def recording(self) -> Iterator[SavedActivations]:
         """Attribute what the forward inside saves; the backward may run after leaving it."""
-        names = {module: name for name, module in self.model.named_modules()}
+        names: dict[nn.Module, list[str]] = {}
+        for name, module in self.model.named_modules(remove_duplicate=False):
+            names.setdefault(module, []).append(name)
         handles = []
-        for module, name in names.items():
-            handles.append(module.register_forward_pre_hook(lambda m, a, name=name: self._stack.append(name)))
+        for module, paths in names.items():
+            handles.append(module.register_forward_pre_hook(lambda m, a, paths=paths: self._push(paths)))
             handles.append(module.register_forward_hook(lambda m, a, o: self._pop(), always_call=True))
         try:
             with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
@@ -82,6 +85,11 @@ class SavedActivations:
             for handle in handles:
                 handle.remove()
             self._stack.clear()
+
+    def _push(self, paths: list[str]) -> None:
+        """Enter a module; a shared one (e.g. one RoPE in every block) takes the path under its caller."""
+        parent = self._stack[-1] + "." if self._stack and self._stack[-1] else ""
+        self._stack.append(next((p for p in paths if p.startswith(parent)), paths[0]))
 
     def _pop(self) -> None:
         if self._stack:

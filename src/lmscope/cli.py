@@ -448,6 +448,8 @@ def plan_checkpoint(
     d_model: PlanInt = None, d_ff: PlanInt = None, num_layers: PlanInt = None,
     num_heads: PlanInt = None, vocab_size: PlanInt = None,
     budget: Annotated[str, typer.Option(help="memory per device, e.g. 40GiB, 80GB, 512MiB")] = "40GiB",
+    margin: Annotated[float, typer.Option(help="percent of the budget left free for what the model "
+                                               "leaves out (workspaces, rounding)")] = 5.0,
     batch_size: Annotated[int | None, typer.Option(help="sequences per batch (default 4)")] = None,
     context_length: Annotated[int | None, typer.Option(help="tokens per sequence (default 2048)")] = None,
     mode: Annotated[str | None, typer.Option(help="forward-backward | train-step")] = None,
@@ -478,7 +480,7 @@ def plan_checkpoint(
     sections = checkpoint_sections(model, config, batch_size=point["batch_size"],
                                    seq_len=point["context_length"], budget=parse_bytes(budget),
                                    mode=point["mode"], precision=point["precision"],
-                                   attention=point["attention"], measured=measured)
+                                   attention=point["attention"], measured=measured, margin_pct=margin)
     plan.show(sections, fmt, title=f"lmscope plan checkpoint: {model}", command=_command_line())
 
 

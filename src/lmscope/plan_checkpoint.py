@@ -11,7 +11,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from lmscope.accounting.checkpoint_plan import MeasuredSaved, plan_checkpointing
+from lmscope.accounting.checkpoint_plan import MARGIN_PCT, MeasuredSaved, plan_checkpointing
 from lmscope.accounting.flops import parameter_counts
 from lmscope.accounting.memory import GIB
 from lmscope.config import PRESETS, ModelConfig, preset
@@ -42,13 +42,15 @@ def preset_record(name: str, config: ModelConfig) -> Record:
 
 def checkpoint_sections(name: str, config: ModelConfig, *, batch_size: int, seq_len: int, budget: int,
                         mode: str, precision: str, attention: str,
-                        measured: MeasuredSaved | None = None) -> Sections:
+                        measured: MeasuredSaved | None = None, margin_pct: float = MARGIN_PCT) -> Sections:
     """Setup, the chosen plan and every candidate (policy, blocks, predicted peak, recompute share)."""
     plan = plan_checkpointing(config, batch_size=batch_size, seq_len=seq_len, budget=budget, mode=mode,
-                              precision=precision, attention=attention, measured=measured)
+                              precision=precision, attention=attention, measured=measured,
+                              margin_pct=margin_pct)
     setup = {"model": name, "num_layers": config.num_layers, "batch_size": batch_size,
              "context_length": seq_len, "mode": mode, "precision": precision, "attention": attention,
-             "budget_gib": budget / GIB, "source": plan.source}
+             "budget_gib": budget / GIB, "margin_pct": margin_pct,
+             "usable_gib": budget * (1 - margin_pct / 100) / GIB, "source": plan.source}
     if measured is not None:
         setup.update(measured_step_peak_gib=measured.step_peak / GIB,
                      measured_block_saved_mib=measured.block_saved / 2**20)

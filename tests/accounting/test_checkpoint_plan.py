@@ -18,6 +18,7 @@ from lmscope.config import ModelConfig
 
 CONFIG = ModelConfig(d_model=48, d_ff=136, num_layers=5, num_heads=4, vocab_size=97, context_length=512)
 POINT = dict(batch_size=2, seq_len=300, mode="forward-backward", precision="fp32", attention="sdpa")
+EXACT = dict(POINT, margin_pct=0)
 
 
 def _peak(policy: str) -> int:
@@ -48,7 +49,7 @@ def test_candidates_are_distinct_sets_from_none_to_all_with_the_sqrt_schedule():
 
 
 def test_a_budget_that_fits_without_checkpointing_chooses_none():
-    plan = plan_checkpointing(CONFIG, budget=_peak("none"), **POINT)
+    plan = plan_checkpointing(CONFIG, budget=_peak("none"), **EXACT)
     assert plan.chosen.policy == "none" and plan.chosen.recompute_share_pct == 0
     assert plan.chosen.peak == _peak("none")
 
@@ -56,7 +57,7 @@ def test_a_budget_that_fits_without_checkpointing_chooses_none():
 def test_a_tight_budget_checkpoints_every_block():
     peaks = {p: _peak(p) for p, _ in candidate_policies(CONFIG.num_layers)}
     assert min(peaks, key=peaks.get) == "block" and sorted(peaks.values())[1] > peaks["block"]
-    plan = plan_checkpointing(CONFIG, budget=peaks["block"], **POINT)
+    plan = plan_checkpointing(CONFIG, budget=peaks["block"], **EXACT)
     assert plan.chosen.policy == "block" and plan.chosen.checkpointed == CONFIG.num_layers
     assert [c.fits for c in plan.candidates].count(True) == 1
     # every block recomputed: one more forward of the blocks, a third of a forward+backward's FLOPs
@@ -65,7 +66,7 @@ def test_a_tight_budget_checkpoints_every_block():
 
 def test_between_the_two_the_least_recompute_that_fits_wins():
     budget = (_peak("none") + _peak("block")) // 2
-    plan = plan_checkpointing(CONFIG, budget=budget, **POINT)
+    plan = plan_checkpointing(CONFIG, budget=budget, **EXACT)
     fitting = [c for c in plan.candidates if c.peak <= budget]
     assert plan.chosen.peak <= budget and plan.chosen.fits
     assert plan.chosen.recompute_share_pct == min(c.recompute_share_pct for c in fitting)
@@ -74,8 +75,18 @@ def test_between_the_two_the_least_recompute_that_fits_wins():
 
 def test_an_impossible_budget_names_the_minimum():
     least = min(_peak(p) for p, _ in candidate_policies(CONFIG.num_layers))
-    with pytest.raises(ValueError, match=rf"smallest predicted peak is {least / 2**30:.2f} GiB"):
-        plan_checkpointing(CONFIG, budget=least - 1, **POINT)
+    with pytest.raises(ValueError, match=rf"smallest predicted peak is {least / 2**30:.2f} GiB .*"
+                                         rf"at least {least / 2**30:.2f} GiB"):
+        plan_checkpointing(CONFIG, budget=least - 1, **EXACT)
+
+
+def test_the_margin_keeps_a_share_of_the_budget_free():
+    budget = _peak("none")
+    assert plan_checkpointing(CONFIG, budget=budget, **POINT).chosen.policy != "none"  # 5 % by default
+    plan = plan_checkpointing(CONFIG, budget=math.ceil(budget / 0.9) + 1, margin_pct=10, **POINT)
+    assert plan.chosen.policy == "none"
+    with pytest.raises(ValueError, match="margin"):
+        plan_checkpointing(CONFIG, budget=budget, margin_pct=100, **POINT)
 
 
 def test_a_forward_only_step_has_nothing_to_checkpoint():
@@ -96,7 +107,7 @@ def test_measured_rows_shift_and_scale_the_predicted_changes():
 
 def test_plan_policies_resolve_to_the_chosen_blocks():
     budget = (_peak("none") + _peak("block")) // 2
-    chosen = plan_checkpointing(CONFIG, budget=budget, **POINT).chosen.policy
+    chosen = plan_checkpointing(CONFIG, budget=budget, **POINT).chosen.policy  # the default margin
     assert resolve_checkpoint(f"plan:{budget}B", CONFIG, **POINT) == chosen
     assert resolve_checkpoint("every:2", CONFIG, **POINT) == "every:2"
     with pytest.raises(ValueError, match="plan:BUDGET"):

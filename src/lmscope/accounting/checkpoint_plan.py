@@ -7,7 +7,10 @@ checkpoints; K = ceil(sqrt(L)) is the classic sqrt(L) schedule); the first N blo
 alive); all blocks. For each, the peak
 of the step comes from `predict_memory` (the allocator replay), or, with measured saved
 activations, from a measured peak without checkpointing plus the predicted change scaled by the
-measured/predicted bytes a block saves. The recompute cost is the forward FLOPs of the checkpointed
+measured/predicted bytes a block saves. A plan fits when its peak is at most the budget less a
+margin (default 5 %, a choice: the memory model leaves out cuBLAS workspaces and the allocator's
+rounding, and on GPUs it has predicted a little under the measured peaks; see docs/memory.md).
+The recompute cost is the forward FLOPs of the checkpointed
 blocks as a share of the step's FLOPs (`lmscope.accounting.flops`). The chosen plan is the one with
 the least recompute whose peak fits the budget (ties: the lower peak).
 """
@@ -25,6 +28,8 @@ from lmscope.config import ModelConfig
 _UNITS = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
           "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 PLAN_PREFIX = "plan:"
+MARGIN_PCT = 5.0
+"""Default share of the budget a plan leaves free for what the memory model does not hold."""
 
 
 def parse_bytes(text: str) -> int:
@@ -75,6 +80,7 @@ class CheckpointPlan:
     """The candidates (no checkpointing first, all blocks last) and the one chosen."""
 
     budget: int
+    margin_pct: float
     candidates: tuple[Candidate, ...]
     chosen: Candidate
     source: str
@@ -104,11 +110,16 @@ def candidate_policies(num_layers: int) -> list[tuple[str, str]]:
 
 def plan_checkpointing(config: ModelConfig, *, batch_size: int, seq_len: int, budget: int,
                        mode: str = "train-step", precision: str = "bf16", attention: str = "sdpa",
-                       measured: MeasuredSaved | None = None) -> CheckpointPlan:
-    """Every candidate's peak and recompute share, and the cheapest that fits `budget` bytes.
+                       measured: MeasuredSaved | None = None,
+                       margin_pct: float = MARGIN_PCT) -> CheckpointPlan:
+    """Every candidate's peak and recompute share, and the cheapest whose peak fits `budget` bytes
+    less `margin_pct` percent of it.
 
     Raises ValueError naming the smallest predicted peak when no candidate fits.
     """
+    if not 0 <= margin_pct < 100:
+        raise ValueError(f"margin must be a percentage in [0, 100), got {margin_pct!r}: e.g. --margin 5")
+    usable = budget * (1 - margin_pct / 100)
     if mode == "forward":
         raise ValueError("checkpointing saves memory kept for backward: plan it for "
                          "--mode train-step or forward-backward")
@@ -136,15 +147,17 @@ def plan_checkpointing(config: ModelConfig, *, batch_size: int, seq_len: int, bu
             peak = round(measured.step_peak + scale * (predicted(policy) - without))
         candidates.append(Candidate(policy=policy, schedule=schedule, checkpointed=count, peak=peak,
                                     recompute_share_pct=100.0 * count * block_flops / step,
-                                    fits=peak <= budget))
+                                    fits=peak <= usable))
     fitting = [c for c in candidates if c.fits]
     if not fitting:
         least = min(candidates, key=lambda c: c.peak)
-        raise ValueError(f"no checkpointing plan fits {budget / GIB:.2f} GiB: the smallest predicted "
-                         f"peak is {least.peak / GIB:.2f} GiB ({least.policy}); raise --budget to at "
-                         "least that, or lower the batch size or context length")
+        need = least.peak / (1 - margin_pct / 100)
+        raise ValueError(f"no checkpointing plan fits {budget / GIB:.2f} GiB with a {margin_pct:g} % margin: "
+                         f"the smallest predicted peak is {least.peak / GIB:.2f} GiB ({least.policy}); "
+                         f"raise --budget to at least {need / GIB:.2f} GiB, or lower the batch size or "
+                         "context length")
     chosen = min(fitting, key=lambda c: (c.recompute_share_pct, c.peak))
-    return CheckpointPlan(budget=budget, candidates=tuple(candidates), chosen=chosen,
+    return CheckpointPlan(budget=budget, margin_pct=margin_pct, candidates=tuple(candidates), chosen=chosen,
                           source="measured" if measured else "model")
 
 

@@ -5,8 +5,8 @@
 #   plan         plan checkpoint for xl-2025 (the newer edition's xl), batch 4, context 2048, bf16,
 #                SDPA, forward-backward, 40 GiB (JSON to $OUT), then memory --checkpoint
 #                "none;plan:40GiB": the chosen plan's peak and step time beside no checkpointing
-#                (targets: fits 40 GiB, within 10 % of its prediction). A train-step fits 40 GiB with
-#                no plan: fp32 weights, gradients and AdamW state of 3.4 B parameters are 16 bytes
+#                (targets: fits 40 GiB, within 10 % of its prediction). No plan fits a train-step in
+#                40 GiB: fp32 weights, gradients and AdamW state of 3.4 B parameters are 16 bytes
 #                each before any activation (plan checkpoint says so and exits 2).
 #   blocks-sdpa  memory --activations on: small..2.7B at context 512 and 2048, bf16, SDPA (flash),
 #                batch 4, forward-backward: bytes per block vs the formula (target: within 5 %)

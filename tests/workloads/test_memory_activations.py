@@ -65,6 +65,7 @@ def test_a_planned_checkpoint_runs_the_chosen_blocks_and_measures_the_predicted_
     assert record["checkpoint_policy"] == chosen.policy
     assert record["checkpoint_budget_gib"] == budget / GIB
     assert record["predicted_step_peak_gib"] == chosen.peak / GIB
+    assert record["predicted_recompute_share_pct"] == chosen.recompute_share_pct > 0
     assert record["step_peak_gib"] <= budget / GIB
     assert abs(record["step_peak_error_pct"]) < 1
 

@@ -124,9 +124,6 @@ def plan_checkpointing(config: ModelConfig, *, batch_size: int, seq_len: int, bu
         raise ValueError("checkpointing saves memory kept for backward: plan it for "
                          "--mode train-step or forward-backward")
     config = config.replace(context_length=max(config.context_length, seq_len))
-    components = forward_flops_by_component(config, batch_size, seq_len)
-    block_flops = (sum(components.values()) - components["lm_head"]) / config.num_layers
-    step = step_flops(config, batch_size, seq_len, mode)
 
     def predicted(policy: str) -> int:
         return predict_memory(config, batch_size=batch_size, seq_len=seq_len, mode=mode,
@@ -146,7 +143,8 @@ def plan_checkpointing(config: ModelConfig, *, batch_size: int, seq_len: int, bu
         else:
             peak = round(measured.step_peak + scale * (predicted(policy) - without))
         candidates.append(Candidate(policy=policy, schedule=schedule, checkpointed=count, peak=peak,
-                                    recompute_share_pct=100.0 * count * block_flops / step,
+                                    recompute_share_pct=recompute_share_pct(config, batch_size, seq_len,
+                                                                            mode, count),
                                     fits=peak <= usable))
     fitting = [c for c in candidates if c.fits]
     if not fitting:
@@ -159,6 +157,13 @@ def plan_checkpointing(config: ModelConfig, *, batch_size: int, seq_len: int, bu
     chosen = min(fitting, key=lambda c: (c.recompute_share_pct, c.peak))
     return CheckpointPlan(budget=budget, margin_pct=margin_pct, candidates=tuple(candidates), chosen=chosen,
                           source="measured" if measured else "model")
+
+
+def recompute_share_pct(config: ModelConfig, batch_size: int, seq_len: int, mode: str, blocks: int) -> float:
+    """The forward FLOPs of `blocks` recomputed blocks as a percentage of the step's FLOPs."""
+    components = forward_flops_by_component(config, batch_size, seq_len)
+    block = (sum(components.values()) - components["lm_head"]) / config.num_layers
+    return 100.0 * blocks * block / step_flops(config, batch_size, seq_len, mode)
 
 
 def resolve_checkpoint(policy: str, config: ModelConfig, *, batch_size: int, seq_len: int, mode: str,

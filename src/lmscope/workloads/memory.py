@@ -26,7 +26,12 @@ from typing import Any, ClassVar
 
 import torch
 
-from lmscope.accounting.checkpoint_plan import PLAN_PREFIX, parse_bytes, resolve_checkpoint
+from lmscope.accounting.checkpoint_plan import (
+    PLAN_PREFIX,
+    parse_bytes,
+    recompute_share_pct,
+    resolve_checkpoint,
+)
 from lmscope.accounting.memory import GIB, checkpointed_blocks, predict_memory
 from lmscope.measure.memory import MemoryMeter, PhasePeaks, build_timeline, load_snapshot, top_allocations
 from lmscope.measure.timer import synchronize
@@ -141,6 +146,7 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
         measured.update(peaks)
         saved = activations_step(step, meter, spec) if spec.activations else {}
         artifacts = _snapshot_or_error(step, meter, spec) if spec.snapshot else {}
+    blocks = len(checkpointed_blocks(policy, spec.model_config().num_layers))
     prediction = predict_memory(
         spec.model_config(), batch_size=spec.batch_size, seq_len=spec.context_length, mode=spec.mode,
         precision=spec.precision, attention=spec.attention, checkpoint=policy,
@@ -162,7 +168,10 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
         "checkpoint_policy": policy,
         "checkpoint_budget_gib": (parse_bytes(spec.checkpoint.removeprefix(PLAN_PREFIX)) / GIB
                                   if spec.checkpoint.startswith(PLAN_PREFIX) else None),
-        "checkpointed_blocks": len(checkpointed_blocks(policy, spec.model_config().num_layers)),
+        "checkpointed_blocks": blocks,
+        "predicted_recompute_share_pct": (recompute_share_pct(spec.model_config(), spec.batch_size,
+                                                              spec.context_length, spec.mode, blocks)
+                                          if spec.mode != "forward" else None),
         **saved,
         **artifacts,
     }

@@ -56,3 +56,37 @@ def test_preset_names_are_case_insensitive():
 def test_invalid_configs_say_what_to_fix(fields, message):
     with pytest.raises(ValueError, match=message):
         ModelConfig(**fields)
+
+
+NEWER_EDITION = {  # (d_model, d_ff, layers, heads, vocab) as the newer edition of the study gives them
+    "xl-2025": (2560, 10240, 32, 32, 10_000),
+    "10b-2025": (4608, 12288, 50, 36, 10_000),
+    "8b-long": (4096, 11008, 34, 32, 151_936),
+}
+
+
+@pytest.mark.parametrize("name", list(NEWER_EDITION))
+def test_newer_edition_presets_have_their_shapes_and_counted_parameters(name):
+    config = preset(name)
+    assert (config.d_model, config.d_ff, config.num_layers, config.num_heads,
+            config.vocab_size) == NEWER_EDITION[name]
+    with torch.device("meta"):
+        model = TransformerLM(config.replace(context_length=16))
+    d, f, layers, _, vocab = NEWER_EDITION[name]
+    by_hand = 2 * vocab * d + layers * (4 * d * d + 3 * d * f + 2 * d) + d
+    assert sum(p.numel() for p in model.parameters()) == parameter_counts(config)["total"] == by_hand
+
+
+def test_old_names_keep_their_meaning_beside_the_new_ones():
+    assert preset("xl") != preset("xl-2025") and preset("XL-2025") == preset("xl-2025")
+    assert preset("8b-long").context_length == 32_768
+
+
+def test_readme_presets_table_is_generated():
+    from pathlib import Path
+
+    from lmscope.plan_checkpoint import presets_markdown
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    table = readme.split("<!-- presets:start -->\n")[1].split("<!-- presets:end -->")[0]
+    assert table == presets_markdown(), "regenerate it: lmscope plan presets --format md"

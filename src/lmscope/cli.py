@@ -39,7 +39,8 @@ ReuseWorker = Annotated[
 ]
 
 # Options shared by the commands that run the Transformer LM (bench, profile, memory, ddp).
-Size = Annotated[str | None, typer.Option(help="preset(s): tiny,small,medium,large,xl,2.7B")]
+Size = Annotated[str | None, typer.Option(help="preset(s): tiny,small,medium,large,xl,2.7B, "
+                                                "xl-2025,10b-2025,8b-long (lmscope plan presets)")]
 DModel = Annotated[int | None, typer.Option(help="override d_model")]
 DFf = Annotated[int | None, typer.Option(help="override d_ff")]
 NumLayers = Annotated[int | None, typer.Option(help="override num_layers")]
@@ -317,8 +318,9 @@ def memory(
     mode: Mode = "train-step",
     precision: Precision = "fp32",
     attention: Attention = "naive",
-    checkpoint: Annotated[str, typer.Option(help="activation checkpointing: none | block | every:K, "
-                                                 "list ok")] = "none",
+    checkpoint: Annotated[str, typer.Option(help="activation checkpointing: none | block | every:K | "
+                                                 "blocks:0-3,7 | plan:40GiB, list ok (';' between "
+                                                 "block lists)")] = "none",
     compile: Compile = "off",
     warmup: Annotated[int, typer.Option(help="steps before measuring")] = 2,
     steps: Annotated[int, typer.Option(help="measured steps")] = 2,
@@ -326,6 +328,9 @@ def memory(
                                                "top allocations: on | off")] = "on",
     top: Annotated[int, typer.Option(help="largest allocation groups to show")] = 10,
     max_entries: Annotated[int, typer.Option(help="alloc/free events the snapshot keeps")] = 200_000,
+    activations: Annotated[str, typer.Option(
+        help="one more step: bytes saved for backward per block and op, gradients, the peak's "
+             "breakdown: on | off")] = "off",
     device: Device = "auto",
     out: Out = None,
     resume: Resume = False,
@@ -335,23 +340,25 @@ def memory(
 ) -> None:
     """Peak memory of each phase (measured and predicted), snapshots, timelines, largest allocations."""
     from lmscope.commands import default_out
-    from lmscope.report.memory_plots import show_top_allocations
-    from lmscope.workloads.memory import Spec
+    from lmscope.report.memory_plots import show_saved_activations, show_top_allocations
+    from lmscope.workloads.memory import Spec, checkpoint_values
 
     out = out or default_out()
     fixed = dict(d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
                  vocab_size=vocab_size, model_context_length=model_context_length, warmup=warmup,
                  steps=steps, snapshot=split_list(snapshot, bool, "--snapshot")[0], top=top,
-                 max_entries=max_entries, device=device, artifacts_dir=str(out.parent / "memory"))
+                 max_entries=max_entries, device=device, artifacts_dir=str(out.parent / "memory"),
+                 activations=split_list(activations, bool, "--activations")[0])
     swept = {
         **model_axes(size=size or _default_size(), context_length=context_length, batch_size=batch_size,
                      mode=mode, precision=precision, compile=compile, attention=attention),
-        "checkpoint": split_list(checkpoint, str, "--checkpoint"),
+        "checkpoint": checkpoint_values(checkpoint),
     }
     specs = [Spec(**point) for point in expand_grid(fixed, swept)]
     records = run_and_report("memory", specs, out=out, resume=resume, timeout_s=timeout, fmt=fmt,
                              compare=compare, title="lmscope memory")
     show_top_allocations(records)
+    show_saved_activations(records)
 
 
 @app.command()
@@ -432,6 +439,58 @@ def plan_memory(
     sections = plan.memory_plan(model, config, batch_size=batch_size, seq_len=context_length, mode=mode,
                                 precision=precision, attention=attention, checkpoint=checkpoint)
     plan.show(sections, fmt, title=f"lmscope plan memory: {model}", command=_command_line())
+
+
+@plan_app.command("checkpoint")
+def plan_checkpoint(
+    model: Annotated[str | None, typer.Option(help="preset (default small; with --from: picks the row)")]
+    = None,
+    d_model: PlanInt = None, d_ff: PlanInt = None, num_layers: PlanInt = None,
+    num_heads: PlanInt = None, vocab_size: PlanInt = None,
+    budget: Annotated[str, typer.Option(help="memory per device, e.g. 40GiB, 80GB, 512MiB")] = "40GiB",
+    margin: Annotated[float, typer.Option(help="percent of the budget left free for what the model "
+                                               "leaves out (workspaces, rounding)")] = 5.0,
+    batch_size: Annotated[int | None, typer.Option(help="sequences per batch (default 4)")] = None,
+    context_length: Annotated[int | None, typer.Option(help="tokens per sequence (default 2048)")] = None,
+    mode: Annotated[str | None, typer.Option(help="forward-backward | train-step")] = None,
+    precision: Annotated[str | None, typer.Option(help="fp32 | bf16 | fp16 (autocast), default bf16")] = None,
+    attention: Annotated[str | None, typer.Option(help="naive | sdpa | flash | flash-torch")] = None,
+    from_results: Annotated[Path | None, typer.Option(
+        "--from", help="a results.jsonl with a `memory --activations on` row without checkpointing: "
+                       "plan from its measured peak and bytes per block")] = None,
+    fmt: PlanFormat = "table",
+) -> None:
+    """Which blocks to checkpoint under a memory budget: candidates, predicted peak, recompute cost."""
+    from lmscope import plan
+    from lmscope.accounting.checkpoint_plan import parse_bytes
+    from lmscope.plan_checkpoint import checkpoint_sections, measured_from
+
+    measured = None
+    point = dict(batch_size=batch_size, context_length=context_length, mode=mode, precision=precision,
+                 attention=attention)
+    if from_results is not None:
+        model, config, point, measured = measured_from(from_results, size=model, **point)
+    else:
+        model = model or "small"
+        config = plan.transformer_config(model, d_model=d_model, d_ff=d_ff, num_layers=num_layers,
+                                         num_heads=num_heads, vocab_size=vocab_size)
+        defaults = dict(batch_size=4, context_length=2048, mode="train-step", precision="bf16",
+                        attention="sdpa")
+        point = {k: defaults[k] if v is None else v for k, v in point.items()}
+    sections = checkpoint_sections(model, config, batch_size=point["batch_size"],
+                                   seq_len=point["context_length"], budget=parse_bytes(budget),
+                                   mode=point["mode"], precision=point["precision"],
+                                   attention=point["attention"], measured=measured, margin_pct=margin)
+    plan.show(sections, fmt, title=f"lmscope plan checkpoint: {model}", command=_command_line())
+
+
+@plan_app.command("presets")
+def plan_presets(fmt: PlanFormat = "table") -> None:
+    """Every model preset with its shape and parameter count."""
+    from lmscope import plan
+    from lmscope.plan_checkpoint import presets_sections
+
+    plan.show(presets_sections(), fmt, title="lmscope plan presets", command=_command_line())
 
 
 @plan_app.command("comm")

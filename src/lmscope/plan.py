@@ -105,7 +105,7 @@ def flops_plan(
         for key, fwd in components.items()
     ]
     sections: Sections = {
-        "model": [spec_record(name, config, batch_size, seq_len, mode)],
+        "model": [{**spec_record(name, config, batch_size, seq_len, mode), "parameters": counts["total"]}],
         "parameters": parameters,
         "flops": flops,
         "context": [_context_row(config, batch_size, length, factor)

@@ -54,17 +54,39 @@ LSE_ALIGN = 32
 
 
 def checkpointed_blocks(policy: str, num_layers: int) -> tuple[int, ...]:
-    """Indices of the blocks a policy checkpoints: none, block (all), every:K (0, K, 2K, ...)."""
+    """Indices of the blocks a policy checkpoints.
+
+    none; block (all); every:K (0, K, 2K, ...); blocks:LIST (explicit indices and ranges, e.g.
+    blocks:0-3,7). `plan:BUDGET` is resolved to one of these by `lmscope.accounting.checkpoint_plan`.
+    """
     if policy == "none":
         return ()
     if policy == "block":
         return tuple(range(num_layers))
-    prefix, _, every = policy.partition(":")
-    if prefix == "every" and every.isdigit() and int(every) >= 1:
-        return tuple(range(0, num_layers, int(every)))
+    prefix, _, rest = policy.partition(":")
+    if prefix == "every" and rest.isdigit() and int(rest) >= 1:
+        return tuple(range(0, num_layers, int(rest)))
+    if prefix == "blocks" and rest:
+        return _block_list(rest, num_layers)
     raise ValueError(
-        f"unknown checkpoint policy {policy!r}: use none, block, or every:K (K >= 1, e.g. every:2)"
+        f"unknown checkpoint policy {policy!r}: use none, block, every:K (K >= 1, e.g. every:2), "
+        "blocks:LIST (e.g. blocks:0-3,7) or plan:BUDGET (e.g. plan:40GiB)"
     )
+
+
+def _block_list(text: str, num_layers: int) -> tuple[int, ...]:
+    chosen: set[int] = set()
+    for part in text.split(","):
+        low, dash, high = part.strip().partition("-")
+        if not low.isdigit() or (dash and not high.isdigit()):
+            raise ValueError(f"bad checkpoint policy blocks:{text}: give indices and ranges, "
+                             "e.g. blocks:0-3,7")
+        first, last = int(low), int(high) if dash else int(low)
+        if first > last or last >= num_layers:
+            raise ValueError(f"checkpoint policy blocks:{text} names blocks outside 0..{num_layers - 1}: "
+                             "the model has that many blocks")
+        chosen.update(range(first, last + 1))
+    return tuple(sorted(chosen))
 
 
 @dataclass(frozen=True)
@@ -663,6 +685,28 @@ def saved_activations(config: ModelConfig, *, batch_size: int, seq_len: int, pre
     kept = {k: v for k, v in led.kept.items() if k != "autocast_copies"}
     kept["total"] = sum(kept.values())
     return kept
+
+
+def saved_activations_by_group(config: ModelConfig, *, batch_size: int, seq_len: int, precision: str,
+                               attention: str = "naive", kernel: str | None = None) -> dict[str, int]:
+    """What autograd keeps, by where it is first saved: per block, ln_final, lm_head and the loss.
+
+    'block' is one Transformer block, its input residual included (its first RMSNorm saves it);
+    the values add up to `saved_activations(...)["total"]` as block * num_layers + the rest.
+    'checkpointed_block' is what a checkpointed block keeps: its fp32 input. Weight copies are left
+    out, as in `saved_activations`.
+    """
+    s = _dims(config, batch_size, seq_len, precision, attention, kernel)
+    led = _Ledger(0)
+    _block_forward(led, s, save=True, input_kept=True)
+    block = sum(v for k, v in led.kept.items() if k != "autocast_copies")
+    return {
+        "block": block,
+        "checkpointed_block": s.res,
+        "ln_final": s.res + s.rows + s.res,  # its input, 1/rms, the normalized x
+        "lm_head": s.cast if s.autocast else s.res,  # the linear's input
+        "loss": s.logits32,  # cross-entropy's fp32 log-softmax
+    }
 
 
 def predict_memory(

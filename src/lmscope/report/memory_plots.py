@@ -124,3 +124,26 @@ def show_top_allocations(records: Sequence[Record]) -> None:
                           ("timeline_png", "timeline")):
             if record.get(key):
                 console.say(f"  {what}: {record[key]}")
+
+
+def show_saved_activations(records: Sequence[Record]) -> None:
+    """Print each `--activations` point's saved bytes per block and per op, and its peak's breakdown."""
+    for record in records:
+        blocks = record.get("saved_by_block") or []
+        if not blocks:
+            continue
+        point = (f"{record.get('size')} ctx {record.get('context_length')} {record.get('mode')} "
+                 f"{record.get('precision')} {record.get('attention')} checkpoint={record.get('checkpoint')}")
+        grads = {g["block"]: g["grad_mib"] for g in record.get("gradients_by_block") or []}
+        header = ["block", "saved_mib", "predicted_mib", "error_pct", "grad_mib"]
+        rows = [[b["block"], b["saved_mib"], b.get("predicted_mib"), b.get("error_pct"),
+                 grads.get(b["block"])] for b in blocks]
+        console.show_table((header, rows), title=f"saved for backward, by block: {point}")
+        ops = record.get("saved_by_op") or []
+        console.show_table((["op (autograd node reading it)", "saved_mib", "share_pct"],
+                            [[o["op"], o["saved_mib"], o["share_pct"]] for o in ops]),
+                           title="saved for backward, top ops")
+        parts = [k for k in record if k.startswith("breakdown_") and k != "breakdown_peak_gib"]
+        rows = [[k.removeprefix("breakdown_").removesuffix("_gib"), record[k]] for k in parts]
+        rows.append(["= step peak", record.get("breakdown_peak_gib")])
+        console.show_table((["part", "gib"], rows), title="the step's peak, by part")

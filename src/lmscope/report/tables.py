@@ -38,7 +38,8 @@ METRIC_COLUMNS: dict[str, list[str]] = {
     "memory": [
         "after_init_gib", "forward_peak_gib", "predicted_forward_peak_gib", "backward_peak_gib",
         "predicted_backward_peak_gib", "optimizer_peak_gib", "step_peak_gib", "predicted_step_peak_gib",
-        "step_peak_error_pct", "step_reserved_gib", "median_ms", "top_alloc_mib",
+        "step_peak_error_pct", "step_reserved_gib", "median_ms", "top_alloc_mib", "checkpoint_policy",
+        "saved_activations_gib", "saved_block_error_pct",
     ],
     "probe": [
         "median_ms", "mean_ms", "std_ms", "forward_ms", "backward_ms", "optimizer_ms", "tokens_per_s",

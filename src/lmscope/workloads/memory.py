@@ -26,11 +26,18 @@ from typing import Any, ClassVar
 
 import torch
 
+from lmscope.accounting.checkpoint_plan import (
+    PLAN_PREFIX,
+    parse_bytes,
+    recompute_share_pct,
+    resolve_checkpoint,
+)
 from lmscope.accounting.memory import GIB, checkpointed_blocks, predict_memory
 from lmscope.measure.memory import MemoryMeter, PhasePeaks, build_timeline, load_snapshot, top_allocations
 from lmscope.measure.timer import synchronize
 from lmscope.model.checkpointing import apply_checkpointing
 from lmscope.report.memory_plots import plot_timeline
+from lmscope.workloads.activations import activations_step
 from lmscope.workloads.model_spec import ModelPointSpec
 from lmscope.workloads.train_step import TrainStep, device_facts, resolve_device
 
@@ -48,7 +55,11 @@ class Spec(ModelPointSpec):
     """Fields that change how the point runs, not what it measures (left out of its identity)."""
 
     checkpoint: str = "none"
-    """Activation checkpointing of blocks: none | block | every:K (blocks 0, K, 2K, ...)."""
+    """Activation checkpointing of blocks: none | block | every:K (blocks 0, K, 2K, ...) |
+    blocks:LIST (e.g. blocks:0-3,7) | plan:BUDGET (the planner's choice under e.g. 40GiB)."""
+    activations: bool = False
+    """Run one more step measuring what each block and op saves for backward, the gradients, and
+    the breakdown of the step's peak (parameters, gradients, optimizer state, activations, rest)."""
     warmup: int = 2
     """Steps before measuring (they create the optimizer state and warm the allocator)."""
     steps: int = 2
@@ -64,7 +75,13 @@ class Spec(ModelPointSpec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        checkpointed_blocks(self.checkpoint, self.model_config().num_layers)
+        self.checkpoint_policy()
+        if self.activations and self.mode == "forward":
+            raise ValueError("--activations measures what the forward saves for backward: "
+                             "use --mode forward-backward or train-step")
+        if self.activations and self.compile:
+            raise ValueError("--activations hooks eager autograd; torch.compile decides what to save "
+                             "by itself: drop --compile on")
         if self.fast and self.checkpoint != "none":
             raise ValueError("activation checkpointing wraps the eager blocks; the fast model's "
                              "forward does not run them: drop --checkpoint or --fast")
@@ -77,12 +94,34 @@ class Spec(ModelPointSpec):
             raise ValueError("artifacts_dir is empty: give a folder for snapshots and timelines")
 
 
+    def checkpoint_policy(self) -> str:
+        """The concrete checkpoint policy (plan:BUDGET resolved by the planner)."""
+        return resolve_checkpoint(self.checkpoint, self.model_config(), batch_size=self.batch_size,
+                                  seq_len=self.context_length, mode=self.mode, precision=self.precision,
+                                  attention=self.attention)
+
+
+def checkpoint_values(text: str) -> list[str]:
+    """The --checkpoint list: split on ';' when given, else on ',' unless it is one blocks:LIST."""
+    if ";" in text:
+        parts = text.split(";")
+    elif text.strip().startswith("blocks:"):
+        parts = [text]
+    else:
+        parts = text.split(",")
+    values = [p.strip() for p in parts if p.strip()]
+    if not values:
+        raise ValueError("--checkpoint needs at least one policy, e.g. none or every:2")
+    return list(dict.fromkeys(values))
+
+
 def point_slug(spec: Spec) -> str:
     """Readable, unique folder name of a point: its main fields and a hash of all of them."""
     fields = dataclasses.asdict(spec)
     fields.pop("artifacts_dir")
     digest = hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:8]
-    checkpoint = "" if spec.checkpoint == "none" else "-ckpt-" + spec.checkpoint.replace(":", "")
+    policy = spec.checkpoint.replace(":", "").replace(",", "_")
+    checkpoint = "" if spec.checkpoint == "none" else "-ckpt-" + policy
     return (f"{spec.size}-ctx{spec.context_length}-b{spec.batch_size}-{spec.mode}-{spec.precision}"
             f"-{spec.attention}{checkpoint}-{digest}")
 
@@ -91,9 +130,10 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
     """Measure the point's phase peaks (and snapshot); return them beside the prediction."""
     spec = Spec(**point)
     device = resolve_device(spec.device)
+    policy = spec.checkpoint_policy()
     with MemoryMeter(device) as meter:
         step = TrainStep(spec)
-        apply_checkpointing(step.model, spec.checkpoint)
+        apply_checkpointing(step.model, policy)
         synchronize(device)
         measured: dict[str, float | None] = {
             "after_init_gib": meter.current() / GIB, "after_init_reserved_gib": _gib(meter.reserved()),
@@ -104,10 +144,12 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
             synchronize(device)
         peaks, times, start = _measured_steps(step, meter, spec.steps)
         measured.update(peaks)
+        saved = activations_step(step, meter, spec) if spec.activations else {}
         artifacts = _snapshot_or_error(step, meter, spec) if spec.snapshot else {}
+    blocks = len(checkpointed_blocks(policy, spec.model_config().num_layers))
     prediction = predict_memory(
         spec.model_config(), batch_size=spec.batch_size, seq_len=spec.context_length, mode=spec.mode,
-        precision=spec.precision, attention=spec.attention, checkpoint=spec.checkpoint,
+        precision=spec.precision, attention=spec.attention, checkpoint=policy,
     )
     predicted = prediction.as_record()
     errors = {
@@ -123,7 +165,14 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
         "median_ms": statistics.median(times),
         "times_ms": [round(t, 4) for t in times],
         "compile_s": compile_s,
-        "checkpointed_blocks": len(checkpointed_blocks(spec.checkpoint, spec.model_config().num_layers)),
+        "checkpoint_policy": policy,
+        "checkpoint_budget_gib": (parse_bytes(spec.checkpoint.removeprefix(PLAN_PREFIX)) / GIB
+                                  if spec.checkpoint.startswith(PLAN_PREFIX) else None),
+        "checkpointed_blocks": blocks,
+        "predicted_recompute_share_pct": (recompute_share_pct(spec.model_config(), spec.batch_size,
+                                                              spec.context_length, spec.mode, blocks)
+                                          if spec.mode != "forward" else None),
+        **saved,
         **artifacts,
     }
 

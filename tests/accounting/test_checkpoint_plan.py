@@ -1,0 +1,126 @@
+"""The checkpointing planner on hand-made cases: budgets that fit without it, only with all, never."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from lmscope.accounting.checkpoint_plan import (
+    MeasuredSaved,
+    candidate_policies,
+    parse_bytes,
+    plan_checkpointing,
+    resolve_checkpoint,
+)
+from lmscope.accounting.memory import checkpointed_blocks, predict_memory, saved_activations_by_group
+from lmscope.config import ModelConfig
+
+CONFIG = ModelConfig(d_model=48, d_ff=136, num_layers=5, num_heads=4, vocab_size=97, context_length=512)
+POINT = dict(batch_size=2, seq_len=300, mode="forward-backward", precision="fp32", attention="sdpa")
+EXACT = dict(POINT, margin_pct=0)
+
+
+def _peak(policy: str) -> int:
+    return predict_memory(CONFIG, checkpoint=policy, **POINT).step_peak
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("40GiB", 40 * 2**30), ("40 GB", 40 * 10**9), ("512MiB", 512 * 2**20), ("1.5gib", 3 * 2**29),
+    ("2048B", 2048), ("3 kb", 3000),
+])
+def test_budgets_parse_in_binary_and_decimal_units(text, expected):
+    assert parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize("text", ["40 GiBs", "GiB", "-3GiB", "0MiB", "forty", "40"])
+def test_bad_budgets_say_how_to_write_one(text):
+    with pytest.raises(ValueError, match="memory size"):
+        parse_bytes(text)
+
+
+def test_candidates_are_distinct_sets_from_none_to_all_with_the_sqrt_schedule():
+    policies = candidate_policies(9)
+    sets = [checkpointed_blocks(p, 9) for p, _ in policies]
+    assert len(set(sets)) == len(sets)
+    assert policies[0] == ("none", "none") and policies[-1] == ("block", "all")
+    assert (f"every:{math.ceil(math.sqrt(9))}", "sqrt(L)") in policies
+    assert {len(s) for s in sets} == set(range(10))  # every count of blocks from 0 to 9
+
+
+def test_a_budget_that_fits_without_checkpointing_chooses_none():
+    plan = plan_checkpointing(CONFIG, budget=_peak("none"), **EXACT)
+    assert plan.chosen.policy == "none" and plan.chosen.recompute_share_pct == 0
+    assert plan.chosen.peak == _peak("none")
+
+
+def test_a_tight_budget_checkpoints_every_block():
+    peaks = {p: _peak(p) for p, _ in candidate_policies(CONFIG.num_layers)}
+    assert min(peaks, key=peaks.get) == "block" and sorted(peaks.values())[1] > peaks["block"]
+    plan = plan_checkpointing(CONFIG, budget=peaks["block"], **EXACT)
+    assert plan.chosen.policy == "block" and plan.chosen.checkpointed == CONFIG.num_layers
+    assert [c.fits for c in plan.candidates].count(True) == 1
+    # every block recomputed: one more forward of the blocks, a third of a forward+backward's FLOPs
+    assert 25 < plan.chosen.recompute_share_pct < 100 / 3
+
+
+def test_between_the_two_the_least_recompute_that_fits_wins():
+    budget = (_peak("none") + _peak("block")) // 2
+    plan = plan_checkpointing(CONFIG, budget=budget, **EXACT)
+    fitting = [c for c in plan.candidates if c.peak <= budget]
+    assert plan.chosen.peak <= budget and plan.chosen.fits
+    assert plan.chosen.recompute_share_pct == min(c.recompute_share_pct for c in fitting)
+    assert 0 < plan.chosen.checkpointed < CONFIG.num_layers
+
+
+def test_an_impossible_budget_names_the_minimum():
+    least = min(_peak(p) for p, _ in candidate_policies(CONFIG.num_layers))
+    with pytest.raises(ValueError, match=rf"smallest predicted peak is {least / 2**30:.2f} GiB .*"
+                                         rf"at least {least / 2**30:.2f} GiB"):
+        plan_checkpointing(CONFIG, budget=least - 1, **EXACT)
+
+
+def test_the_margin_keeps_a_share_of_the_budget_free():
+    budget = _peak("none")
+    assert plan_checkpointing(CONFIG, budget=budget, **POINT).chosen.policy != "none"  # 5 % by default
+    plan = plan_checkpointing(CONFIG, budget=math.ceil(budget / 0.9) + 1, margin_pct=10, **POINT)
+    assert plan.chosen.policy == "none"
+    with pytest.raises(ValueError, match="margin"):
+        plan_checkpointing(CONFIG, budget=budget, margin_pct=100, **POINT)
+
+
+def test_a_forward_only_step_has_nothing_to_checkpoint():
+    with pytest.raises(ValueError, match="forward-backward"):
+        plan_checkpointing(CONFIG, budget=2**40, **{**POINT, "mode": "forward"})
+
+
+def test_measured_rows_shift_and_scale_the_predicted_changes():
+    block = saved_activations_by_group(CONFIG, batch_size=2, seq_len=300, precision="fp32",
+                                       attention="sdpa")["block"]
+    measured = MeasuredSaved(step_peak=_peak("none") + 1000, block_saved=2 * block)
+    plan = plan_checkpointing(CONFIG, budget=2**40, measured=measured, **POINT)
+    assert plan.source == "measured"
+    by_policy = {c.policy: c.peak for c in plan.candidates}
+    assert by_policy["none"] == _peak("none") + 1000
+    assert by_policy["block"] == _peak("none") + 1000 + 2 * (_peak("block") - _peak("none"))
+
+
+def test_plan_policies_resolve_to_the_chosen_blocks():
+    budget = (_peak("none") + _peak("block")) // 2
+    chosen = plan_checkpointing(CONFIG, budget=budget, **POINT).chosen.policy  # the default margin
+    assert resolve_checkpoint(f"plan:{budget}B", CONFIG, **POINT) == chosen
+    assert resolve_checkpoint("every:2", CONFIG, **POINT) == "every:2"
+    with pytest.raises(ValueError, match="plan:BUDGET"):
+        resolve_checkpoint("sqrt", CONFIG, **POINT)
+
+
+@pytest.mark.parametrize(("policy", "blocks"), [("blocks:0-2", (0, 1, 2)), ("blocks:4,1", (1, 4)),
+                                                ("blocks:0-1,3-4", (0, 1, 3, 4))])
+def test_explicit_block_lists(policy, blocks):
+    assert checkpointed_blocks(policy, 5) == blocks
+
+
+@pytest.mark.parametrize("policy", ["blocks:5", "blocks:3-1", "blocks:a", "blocks:"])
+def test_bad_block_lists_are_refused(policy):
+    with pytest.raises(ValueError, match="blocks"):
+        checkpointed_blocks(policy, 5)

@@ -81,11 +81,13 @@ def test_rounds_are_pooled_for_the_median_and_the_interval():
     b_rounds = [[5.0, 5.1], [5.2, 5.3], [5.4, 5.5]]
     rows = []
     for r in range(3):  # interleaved, as the runner writes them
-        rows.append(step_row("a", a_rounds[r], round=r, rounds=3, tokens_per_s=1000.0 / np.median(a_rounds[r])))
+        speed = 1000.0 / np.median(a_rounds[r])
+        rows.append(step_row("a", a_rounds[r], round=r, rounds=3, tokens_per_s=speed))
         rows.append(step_row("b", b_rounds[r], round=r, rounds=3))
     a_all, b_all = sum(a_rounds, []), sum(b_rounds, [])
     header, table = build_table(rows, KEYS, compare="impl")
-    assert table == [[float(np.median(a_all)), float(np.median(b_all)), ratio_interval(a_all, b_all).as_text()]]
+    expected = ratio_interval(a_all, b_all).as_text()
+    assert table == [[float(np.median(a_all)), float(np.median(b_all)), expected]]
     _, plain = build_table(rows, KEYS)
     assert len(plain) == 2
     pooled = dict(zip(_header(rows), plain[0], strict=True))
@@ -102,7 +104,8 @@ def test_a_later_single_run_of_a_point_replaces_its_rounds():
 
 
 def test_a_failed_round_is_left_out_of_the_pool():
-    rows = [step_row("a", [10.0, 10.0], round=0, rounds=3), step_row("a", [], status="error", round=1, rounds=3),
+    rows = [step_row("a", [10.0, 10.0], round=0, rounds=3),
+            step_row("a", [], status="error", round=1, rounds=3),
             step_row("a", [14.0, 14.0], round=2, rounds=3), step_row("b", [6.0, 6.0])]
     _, table = build_table(rows, KEYS, compare="impl")
     assert table[0][0] == 12.0

@@ -12,10 +12,12 @@ lmscope/kernels/flash_attention.py); the row "flash-triton via autotuner" turns 
 same process, and the second table times one forward-kernel launch both ways.
 
 Usage (GPU machine, repo root): PYTHONPATH=src python3 benchmarks/attention/host_overhead.py
+[--out X.jsonl] (appends one row per measurement, with lmscope's provenance)
 """
 
 from __future__ import annotations
 
+import argparse
 import cProfile
 import io
 import math
@@ -23,12 +25,14 @@ import pstats
 import statistics
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 import triton
 
 from lmscope.kernels import flash_attention as fa
+from lmscope.results import append_record, stamp
 
 CALLS = 300
 ROUNDS = 5  # single rounds of 300 calls moved by up to 1.6x between runs on the H100 machine
@@ -88,6 +92,9 @@ def _one_forward_launch(q, k, v) -> dict[str, float]:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=None, help="append the rows to this JSONL")
+    args = parser.parse_args()
     torch.manual_seed(0)
     shape = (8, 1, 256, 64)  # batch, heads, sequence, head dim: the classic grid's smallest point
     q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
@@ -110,6 +117,10 @@ def main() -> None:
     print("|---|---|---|")
     for name, fwd_us, both_us in rows:
         print(f"| {name} | {fwd_us:.1f} | {both_us:.1f} |")
+        if args.out:
+            append_record(args.out, stamp({"table": "host_per_call", "shape": list(shape), "impl": name,
+                                           "fwd_host_us": fwd_us, "fwd_bwd_host_us": both_us,
+                                           "calls": CALLS, "rounds": ROUNDS}))
 
     with torch.no_grad():
         launch = _one_forward_launch(q.detach(), k.detach(), v.detach())
@@ -117,6 +128,9 @@ def main() -> None:
     print("|---|---|")
     for name, us in launch.items():
         print(f"| {name} | {us:.1f} |")
+        if args.out:
+            append_record(args.out, stamp({"table": "one_launch", "shape": list(shape), "launch": name,
+                                           "host_us": us, "calls": CALLS, "rounds": ROUNDS}))
 
     profiler = cProfile.Profile()
     profiler.enable()

@@ -236,7 +236,8 @@ def bench(fn, rep_ms):
         return [(time.perf_counter() - t) * 1e3]
     import triton
 
-    return list(triton.testing.do_bench(fn, warmup=max(10, rep_ms // 4), rep=rep_ms, return_mode="all"))
+    times = triton.testing.do_bench(fn, warmup=max(10, rep_ms // 4), rep=rep_ms, return_mode="all")
+    return [float(t) for t in times]  # a list or a tensor, by triton version
 
 
 def quantiles(times):

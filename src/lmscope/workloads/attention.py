@@ -255,7 +255,8 @@ def _bench(fn: Callable[[], Any], spec: Spec, device: torch.device) -> list[floa
     if device.type == "cuda":
         from triton.testing import do_bench
 
-        return list(do_bench(fn, warmup=spec.warmup_ms, rep=spec.rep_ms, return_mode="all"))
+        times = do_bench(fn, warmup=spec.warmup_ms, rep=spec.rep_ms, return_mode="all")
+        return [float(t) for t in times]  # a list or a tensor, by triton version
     # The first forward+backward of the point already warmed everything up.
     return time_steps(fn, warmup=0, steps=spec.cpu_steps, device=device)
 

@@ -18,14 +18,16 @@ from typing import Any
 from lmscope.results import Record
 from lmscope.stats import ratio_interval
 
-TIMES_OF: dict[str, str] = {
-    "median_ms": "times_ms",
-    "step_ms": "times_ms",
-    "fwd_ms": "fwd_times_ms",
-    "bwd_ms": "bwd_times_ms",
-    "fwd_bwd_ms": "fwd_bwd_times_ms",
+ATTENTION_TIMES = {f"{p}_ms": f"{p}_times_ms" for p in ("fwd", "bwd", "fwd_bwd")}
+TIMES_OF: dict[str, dict[str, str]] = {
+    "bench": {"median_ms": "times_ms"},
+    "memory": {"median_ms": "times_ms"},
+    "profile": {"step_ms": "times_ms"},
+    "attention": ATTENTION_TIMES,
 }
-"""Metric -> the key of the per-step times its ratio's interval is drawn from."""
+"""Per workload, metric -> the key of the per-step times whose median it is: the times its ratio's
+interval is drawn from. (ddp's step_ms is a mean over ranks: `lmscope ddp`'s own summary bounds
+its ratios from rank 0's times instead.)"""
 
 TRUE_WORDS = ("on", "true", "yes", "1")
 FALSE_WORDS = ("off", "false", "no", "0")
@@ -57,10 +59,10 @@ def ratio_text(base: Record, other: Record, metric: str, cell: Callable[[Record,
     top, bottom = cell(base, metric), cell(other, metric)
     if not (_is_number(top) and _is_number(bottom)) or not bottom:
         return None
-    times_key = TIMES_OF.get(metric)
-    if times_key is None:
+    times_key = TIMES_OF.get(base.get("workload", ""), {}).get(metric)
+    if times_key is None and not metric.endswith("_ms"):
         return top / bottom
-    base_times, other_times = base.get(times_key), other.get(times_key)
+    base_times, other_times = (base.get(times_key), other.get(times_key)) if times_key else (None, None)
     if not base_times or not other_times:
         return f"{top / bottom:.2f}x (no interval)"
     return ratio_interval(base_times, other_times).as_text()

@@ -203,3 +203,12 @@ def test_stamp_puts_provenance_under_a_rows_own_keys():
     row = prov.stamp({"impl": "flash", "median_ms": 1.5, "time": "kept"})
     assert row["impl"] == "flash" and row["time"] == "kept"
     assert {"host_id", "git_sha", "git_sha_declared", "gpu_uuid", "cpu_affinity", "torch"} <= set(row)
+
+
+def test_a_reports_source_label_says_when_a_sha_was_only_declared():
+    assert prov.source_label({"git_sha": "0123456789ab-dirty"}) == "0123456789ab-dirty"
+    declared = {"git_sha": None, "git_sha_declared": "feedbeef", "source_hash": "abc123def456"}
+    assert prov.source_label(declared) == "feedbeef (declared, source abc123def456)"
+    installed = {"lmscope_version": "0.1.0", "source": "installed"}
+    assert prov.source_label(installed) == "lmscope 0.1.0 (installed)"
+    assert prov.source_label({}) == "unknown"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from lmscope.provenance import source_label
 from lmscope.report import console
 from lmscope.report.attention_plots import plot_attention
 from lmscope.report.tables import build_table, render
@@ -99,7 +100,7 @@ def main(out: Path) -> None:
     leaderboard, classic, tflops = (_load(out, n) for n in ("leaderboard", "classic", "tflops"))
     first = next((r for r in leaderboard + classic + tflops), {})
     text = [f"# lmscope attention on {first.get('device_name', '?')}\n",
-            f"torch {first.get('torch')}, triton {first.get('triton')}, git {first.get('git_sha')}\n"]
+            f"torch {first.get('torch')}, triton {first.get('triton')}, git {source_label(first)}\n"]
     if leaderboard:
         lines = "\n".join(f"- {x}" for x in verdict(leaderboard))
         text.append(f"## Verdict (issue 5 targets)\n\n{lines}\n")

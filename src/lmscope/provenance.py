@@ -256,6 +256,18 @@ def provenance(device: str | None = None) -> dict[str, Any]:
     }
 
 
+def source_label(row: dict[str, Any]) -> str:
+    """How a report names the source of a row: the detected sha, else the declared one (said so),
+    else the version; the source hash beside the last two."""
+    if row.get("git_sha"):
+        return str(row["git_sha"])
+    hashed = f", source {row['source_hash']}" if row.get("source_hash") else ""
+    if row.get("git_sha_declared"):
+        return f"{row['git_sha_declared']} (declared{hashed})"
+    version = row.get("lmscope_version")
+    return f"lmscope {version} ({row.get('source') or 'unknown source'}{hashed})" if version else "unknown"
+
+
 def stamp(row: dict[str, Any], device: str | None = None) -> dict[str, Any]:
     """`row` with the provenance in front (a row's own keys win): how scripts write their rows."""
     return {**provenance(device), **row}

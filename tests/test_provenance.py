@@ -212,3 +212,21 @@ def test_a_reports_source_label_says_when_a_sha_was_only_declared():
     installed = {"lmscope_version": "0.1.0", "source": "installed"}
     assert prov.source_label(installed) == "lmscope 0.1.0 (installed)"
     assert prov.source_label({}) == "unknown"
+
+
+def test_an_installed_package_records_its_version_and_no_sha(tmp_path, monkeypatch):
+    site = tmp_path / "site-packages"
+    package = copy_package(site.parent / "unused").resolve()
+    installed = site / "lmscope"
+    shutil.move(str(package), installed)
+
+    class Distribution:
+        version = "7.7.7"
+
+        def locate_file(self, path):
+            return site / path
+
+    monkeypatch.setattr(prov.metadata, "distribution", lambda name: Distribution())
+    found = prov.source_identity(installed.resolve())
+    assert found["source"] == "installed" and found["lmscope_version"] == "7.7.7"
+    assert found["git_sha"] is None

@@ -67,6 +67,7 @@ def test_bench_tiny_end_to_end_then_table_and_resume(tmp_path, capsys):
         (["bench", "--size", "tiny", "--device", "cuda:99"], "--device cuda:99"),
         (["bench", "--size", "tiny", "--rounds", "0"], "--rounds must be a whole number of at least 1"),
         (["bench", "--size", "tiny", "--compare-base", "bf16"], "pass --compare FIELD too"),
+        (["bench", "--size", "tiny", "--rounds", "3", "--round", "3"], "--round must lie in 0..2"),
         (["bench", "--size", "tiny", "--precision", "fp32,bf16", "--compare", "precision",
           "--compare-base", "fp16"], "--compare-base 'fp16' is not a value of precision"),
         (["benchh"], "No such command 'benchh'"),

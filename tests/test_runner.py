@@ -75,6 +75,17 @@ def test_one_round_writes_no_round_fields(tmp_path):
         run_sweep(FAULTS, [point("ok", 3)], out=tmp_path / "r.jsonl", rounds=0)
 
 
+def test_one_round_at_a_time_interleaves_separate_sweeps(tmp_path):
+    out = tmp_path / "results.jsonl"
+    for r in range(2):  # two "commands" that cannot share a sweep, each called once per round
+        run_sweep(FAULTS, [point("ok", 1)], out=out, rounds=2, only_round=r, isolate=False)
+        run_sweep(FAULTS, [point("ok", 2)], out=out, rounds=2, only_round=r, isolate=False)
+    assert [(r["value"], r["round"]) for r in read_records(out)] == [(1, 0), (2, 0), (1, 1), (2, 1)]
+    assert pending_count(FAULTS, [point("ok", 1)], out, resume=True, rounds=2, only_round=1) == 0
+    with pytest.raises(ValueError, match=r"--round must lie in 0..1 \(a round of --rounds 2\), got 2"):
+        run_sweep(FAULTS, [point("ok", 3)], out=out, rounds=2, only_round=2)
+
+
 def test_resume_skips_finished_points_and_retries_errors(tmp_path):
     out = tmp_path / "results.jsonl"
     run_sweep(FAULTS, [point("ok", 1), point("raise", 2), point("oom", 4)], out=out, isolate=False)

@@ -101,6 +101,9 @@ def bench(
     compare_base: CompareBase = None,
     rounds: Annotated[int, typer.Option(
         help="run the list of points this many times, interleaved (A,B,A,B); tables pool the rounds")] = 1,
+    round_: Annotated[int | None, typer.Option("--round", help=(
+        "run only this round (0..R-1) of --rounds R: interleave commands that cannot share one "
+        "sweep by calling each once per round, into one --out"))] = None,
     reuse_worker: ReuseWorker = False,
 ) -> None:
     """Time forward, forward+backward or a full train step (a sweep over any list flags)."""
@@ -120,7 +123,8 @@ def bench(
     }
     specs = [Spec(**point) for point in expand_grid(fixed, swept)]
     run_and_report("bench", specs, out=out, resume=resume, timeout_s=timeout, fmt=fmt,
-                   compare=compare, compare_base=compare_base, rounds=rounds, title="lmscope bench",
+                   compare=compare, compare_base=compare_base, rounds=rounds, only_round=round_,
+                   title="lmscope bench",
                    reuse_worker=reuse_worker)
 
 

@@ -13,10 +13,10 @@ from lmscope.report.compare import find_base
 from lmscope.report.tables import FORMATS, build_table, render
 from lmscope.results import Record, read_records
 from lmscope.runner import (
-    check_rounds,
     identity_key,
     pending_count,
     record_spec,
+    round_indices,
     run_sweep,
     spec_dict,
     spec_fields,
@@ -107,23 +107,26 @@ def run_and_report(
     reuse_worker: bool = False,
     compare_base: str | None = None,
     rounds: int = 1,
+    only_round: int | None = None,
 ) -> list[Record]:
     """Run the points (isolated, resumable, with progress), then print and save the table."""
     check_format(fmt)
     check_compare(compare, specs, compare_base)
-    check_rounds(rounds)
+    round_indices(rounds, only_round)
     if not timeout_s > 0:
         raise ValueError(f"--timeout must be a positive number of seconds, got {timeout_s:g}")
     out = out or default_out()
     if resume and not out.exists():
         console.say(f"--resume: {out} does not exist yet; starting a new results file")
     check_writable(out)
-    todo = pending_count(workload, specs, out, resume, rounds)
-    each = f" x {rounds} rounds" if rounds > 1 else ""
+    todo = pending_count(workload, specs, out, resume, rounds, only_round)
+    each = (f", round {only_round} of {rounds}" if only_round is not None
+            else f" x {rounds} rounds" if rounds > 1 else "")
     console.say(f"{len(specs)} point(s){each}, {todo} to run -> {out}")
     with console.sweep_progress(todo, workload) as (on_start, on_done):
         run_sweep(workload, specs, out=out, resume=resume, timeout_s=timeout_s,
-                  reuse_worker=reuse_worker, rounds=rounds, on_start=on_start, on_done=on_done)
+                  reuse_worker=reuse_worker, rounds=rounds, only_round=only_round, on_start=on_start,
+                  on_done=on_done)
     spec_keys = spec_fields(workload)
     keys = {identity_key(workload, spec_dict(s)) for s in specs}
     records = [r for r in read_records(out) if r.get("workload") == workload

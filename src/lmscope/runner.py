@@ -128,6 +128,7 @@ def run_sweep(
     isolate: bool = True,
     reuse_worker: bool = False,
     rounds: int = 1,
+    only_round: int | None = None,
     on_start: Callable[[int, dict[str, Any]], None] | None = None,
     on_done: Callable[[Record], None] | None = None,
 ) -> list[Record]:
@@ -137,14 +138,15 @@ def run_sweep(
     `reuse_worker` keeps one worker for consecutive points (much faster for light points such as
     attention kernels); a worker that fails a point is replaced. Points that measure cold starts
     or process-wide memory keep the default, a fresh process per point. `rounds` runs the list
-    that many times, interleaved (see the module docstring).
+    that many times, interleaved (see the module docstring); `only_round` runs one of them, so
+    points that cannot share one command (different models) are interleaved by calling once per
+    round and command in turn.
     """
-    check_rounds(rounds)
     points = [spec_dict(spec) for spec in specs]
     done = _finished_keys(workload, points, out) if resume else set()
     written = []
     worker: PointWorker | None = None
-    schedule = [(r, spec) for r in range(rounds) for spec in points]
+    schedule = [(r, spec) for r in round_indices(rounds, only_round) for spec in points]
     try:
         for index, (round_index, spec) in enumerate(schedule):
             if identity_key(workload, spec, round_index) in done:
@@ -173,10 +175,16 @@ def run_sweep(
     return written
 
 
-def check_rounds(rounds: int) -> None:
-    """Reject a round count below 1 with how to fix it."""
+def round_indices(rounds: int, only_round: int | None = None) -> list[int]:
+    """The rounds a sweep runs: all of `rounds`, or `only_round` alone; ValueError for bad ones."""
     if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
         raise ValueError(f"--rounds must be a whole number of at least 1, got {rounds!r}")
+    if only_round is None:
+        return list(range(rounds))
+    if not isinstance(only_round, int) or isinstance(only_round, bool) or not 0 <= only_round < rounds:
+        raise ValueError(f"--round must lie in 0..{rounds - 1} (a round of --rounds {rounds}), "
+                         f"got {only_round!r}")
+    return [only_round]
 
 
 def record_spec(record: Record, template: Iterable[str], workload: str) -> dict[str, Any]:
@@ -212,8 +220,12 @@ def _finished_keys(workload: str, points: list[dict[str, Any]], out: Path) -> se
     }
 
 
-def pending_count(workload: str, specs: Iterable[Any], out: Path, resume: bool, rounds: int = 1) -> int:
-    """How many of `specs` (times `rounds`) a sweep would run (for progress bars)."""
+def pending_count(
+    workload: str, specs: Iterable[Any], out: Path, resume: bool, rounds: int = 1,
+    only_round: int | None = None,
+) -> int:
+    """How many of `specs` (times their rounds) a sweep would run (for progress bars)."""
     points = [spec_dict(spec) for spec in specs]
     done = _finished_keys(workload, points, out) if resume else set()
-    return sum(identity_key(workload, p, r) not in done for r in range(rounds) for p in points)
+    return sum(identity_key(workload, p, r) not in done
+               for r in round_indices(rounds, only_round) for p in points)

@@ -230,3 +230,12 @@ def test_an_installed_package_records_its_version_and_no_sha(tmp_path, monkeypat
     found = prov.source_identity(installed.resolve())
     assert found["source"] == "installed" and found["lmscope_version"] == "7.7.7"
     assert found["git_sha"] is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(shutil.which("nvidia-smi") is None, reason="needs nvidia-smi")
+def test_a_real_gpu_row_names_its_uuid_clocks_and_power_limit(fresh_gpu_query):
+    row = prov.provenance("cuda:0")
+    assert row["gpu_uuid"].startswith(("GPU-", "MIG-")) and row["driver"]
+    assert row["gpu_sm_clock_max_mhz"] >= row["gpu_sm_clock_mhz"] > 0
+    assert row["gpu_mem_clock_max_mhz"] > 0 and row["gpu_power_limit_w"] > 0

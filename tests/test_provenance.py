@@ -180,6 +180,11 @@ def test_gpu_facts_come_from_nvidia_smi_for_the_points_gpu(tmp_path, monkeypatch
                    "gpu_mem_clock_max_mhz": 2619, "gpu_power_limit_w": 700.0}
     prov.gpu_state("auto")
     assert "--id=3" in log.read_text()
+    log.unlink()
+    assert prov.gpu_state("cpu") == dict.fromkeys(prov.GPU_FIELDS)  # a CPU point used no GPU
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert prov.gpu_state("auto") == dict.fromkeys(prov.GPU_FIELDS)
+    assert not log.exists()
 
 
 def test_unsupported_gpu_fields_are_none(tmp_path, monkeypatch, fresh_gpu_query):

@@ -78,7 +78,7 @@ def main() -> None:
         if args.out:
             append_record(args.out, stamp({
                 "strategy": name, "nproc": args.nproc, "steps": args.steps, "parameter_tensors": count,
-                "backward_finish_ms": ms, "added_us_per_param": per_param_us, "device": "cpu"}))
+                "backward_finish_ms": ms, "added_us_per_param": per_param_us}, device="cpu"))
 
 
 if __name__ == "__main__":

@@ -151,15 +151,21 @@ def host_identity() -> dict[str, Any]:
             "boot_id": _short_hash(boot) if boot else None}
 
 
-def _gpu_selector(device: str | None) -> str:
-    """The nvidia-smi --id of the GPU a point's device names (cuda:N among CUDA_VISIBLE_DEVICES)."""
+def _gpu_selector(device: str | None) -> str | None:
+    """The nvidia-smi --id of the GPU a point's device names (cuda:N among CUDA_VISIBLE_DEVICES);
+    None for a CPU point or when no GPU is visible to the process."""
+    if device == "cpu":
+        return None
     index = 0
     if device and device.startswith("cuda:") and device[5:].isdigit():
         index = int(device[5:])
-    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
-    if visible:
-        return visible[index] if index < len(visible) else visible[-1]
-    return str(index)
+    visible_env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible_env is None:
+        return str(index)
+    visible = [v.strip() for v in visible_env.split(",") if v.strip()]
+    if not visible or visible[0].startswith("-"):
+        return None
+    return visible[index] if index < len(visible) else visible[-1]
 
 
 _nvidia_smi_failed = False
@@ -198,7 +204,8 @@ def _gpu_value(key: str, text: str) -> Any:
 
 def gpu_state(device: str | None = None) -> dict[str, Any]:
     """Name, driver, UUID, clocks and power limit of the point's GPU (None each without one)."""
-    values = _query_gpu(_gpu_selector(device))
+    selector = _gpu_selector(device)
+    values = None if selector is None else _query_gpu(selector)
     if values is None:
         return dict.fromkeys(GPU_FIELDS)
     return {key: _gpu_value(key, text) for key, text in zip(GPU_FIELDS, values, strict=True)}

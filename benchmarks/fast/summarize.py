@@ -79,7 +79,7 @@ def interval(slow: dict[str, Any] | None, fast: dict[str, Any] | None) -> RatioI
 
 
 def ratio_text(slow: dict[str, Any] | None, fast: dict[str, Any] | None) -> str:
-    """'2.31x [2.28, 2.35]' ('~' when the interval holds 1), '-' when either row is missing."""
+    """'<ratio>x [<low>, <high>]' ('~' when the interval holds 1), '-' when either row is missing."""
     bounded = interval(slow, fast)
     if bounded is not None:
         return bounded.as_text()

@@ -3,8 +3,8 @@
 The base is `--compare-base VALUE`, or else the first value of FIELD that has an `ok` row (an
 implementation unavailable on this machine is never the base). A ratio of times is base / other
 (above 1: the other is faster) of the median step times, with a bootstrap confidence interval from
-both rows' per-step times (`lmscope.stats.ratio_interval`): '1.48x [1.45, 1.51]', and
-'~1.02x [0.98, 1.05]' when the interval holds 1 (a difference inside the noise). Rows without
+both rows' per-step times (`lmscope.stats.ratio_interval`): '<ratio>x [<low>, <high>]', and
+'~<ratio>x [<low>, <high>]' when the interval holds 1 (a difference inside the noise). Rows without
 per-step times say 'no interval'. Ratios of metrics that are not timings (memory, fractions,
 bandwidth) are plain numbers.
 """

@@ -22,11 +22,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
-from datetime import UTC, datetime
 
+import numpy as np
 import torch
 
 try:  # run from the repo root without installing
@@ -36,6 +35,9 @@ except ImportError:  # pragma: no cover
 
 from lmscope.kernels import flash_attention as fa  # noqa: E402
 from lmscope.kernels.attention_reference import attention_naive, reference_with_grads  # noqa: E402
+from lmscope.results import provenance  # noqa: E402
+from lmscope.stats import ratio_interval  # noqa: E402
+from lmscope.workloads.attention import kept_times  # noqa: E402
 
 T0 = time.time()
 
@@ -227,19 +229,25 @@ def fwd_flops(b, h, nq, nk, d, causal):
 
 
 def bench(fn, rep_ms):
+    """Every call's time in ms (do_bench's runs; one timed call in the CPU smoke run)."""
     if SMOKE:
         t = time.perf_counter()
         fn()
-        ms = (time.perf_counter() - t) * 1e3
-        return [ms, ms, ms]
+        return [(time.perf_counter() - t) * 1e3]
     import triton
 
-    return triton.testing.do_bench(fn, warmup=max(10, rep_ms // 4), rep=rep_ms,
-                                   quantiles=[0.5, 0.2, 0.8])  # fmt: skip
+    times = triton.testing.do_bench(fn, warmup=max(10, rep_ms // 4), rep=rep_ms, return_mode="all")
+    return [float(t) for t in times]  # a list or a tensor, by triton version
+
+
+def quantiles(times):
+    """(p50, p20, p80) of per-call times, linear interpolation as do_bench's quantiles."""
+    p50, p20, p80 = np.percentile(times, [50, 20, 80])
+    return float(p50), float(p20), float(p80)
 
 
 def time_impl(name, b, h, n, d, causal, what, rep_ms=200):
-    """what: 'fwdbwd' (training step, grads accumulate), 'fwd', 'bwd'. Returns (p50, p20, p80)."""
+    """what: 'fwdbwd' (training step, grads accumulate), 'fwd', 'bwd'. Returns per-call times."""
     fn = IMPLS[name]
     dtype = torch.bfloat16
     q, k, v = (torch.randn(b, h, n, d, device=device(), dtype=dtype) for _ in range(3))
@@ -295,9 +303,10 @@ def reference_workload(rep_ms: int, impls: list[str] | None = None) -> tuple[lis
     rows, tuned = [], {}
     for name in impls or list(IMPLS):
         try:
-            p50, p20, p80 = time_impl(name, b, h, n, d, causal, "fwdbwd", rep_ms)
+            times = time_impl(name, b, h, n, d, causal, "fwdbwd", rep_ms)
+            p50, p20, p80 = quantiles(times)
             row = {"impl": name, "ms": p50, "ms_p20": p20, "ms_p80": p80,
-                   "tflops": flops / p50 / 1e9, "status": "ok"}  # fmt: skip
+                   "tflops": flops / p50 / 1e9, "status": "ok", "times_ms": kept_times(times)}  # fmt: skip
             if name.startswith("flash-triton"):
                 tuned[name] = best_configs()
         except Exception as e:
@@ -328,7 +337,7 @@ def sweep(quick: bool, deadline: float, rep_ms: int) -> list[dict]:
                             log("sweep: time budget spent, stopping")
                             return rows
                         try:
-                            p50, _, _ = time_impl(name, b, h, n, d, causal, what, rep_ms)
+                            p50, _, _ = quantiles(time_impl(name, b, h, n, d, causal, what, rep_ms))
                             r = {"impl": name, "d": d, "causal": causal, "seq": n, "batch": b,
                                  "heads": h, "pass": what, "ms": p50, "tflops": f / p50 / 1e9}  # fmt: skip
                             if name == "flash-triton":
@@ -444,16 +453,11 @@ def main() -> None:
     skip = set(filter(None, args.skip.split(",")))
     if not torch.cuda.is_available() and not SMOKE:
         sys.exit("flash_tune.py needs a CUDA device")
-    import triton
 
     prov = {
+        **provenance(),
         "wide_lists": bool(os.environ.get("LMSCOPE_FLASH_WIDE")),
-        "time": datetime.now(UTC).isoformat(timespec="seconds"),
-        "host": platform.node(),
         "device": "cpu (smoke)" if SMOKE else torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "cuda": torch.version.cuda,
         "argv": sys.argv,
     }
     log(f"{prov['device']} torch {prov['torch']} triton {prov['triton']} cuda {prov['cuda']}")
@@ -517,11 +521,12 @@ def main() -> None:
                       f"{r['tflops']:8.0f}")  # fmt: skip
             else:
                 print(f"{name:<22} error: {r['error'][:80]}")
-        ours = ref.get("flash-triton", {}).get("ms")
+        ours = ref.get("flash-triton", {}).get("times_ms")
         for peer in ("sdpa-flash", "sdpa-cudnn"):
-            theirs = ref.get(peer, {}).get("ms")
+            theirs = ref.get(peer, {}).get("times_ms")
             if ours and theirs:
-                print(f"speedup flash-triton vs {peer}: {theirs / ours:.2f}x")
+                print(f"speedup flash-triton vs {peer}: {ratio_interval(theirs, ours).as_text()} "
+                      "(median ratio, 95 % bootstrap interval)")
     print(f"\ntotal {time.time() - T0:.0f}s; json in {args.out}")
 
 

@@ -1,12 +1,14 @@
 """The command line as a user meets it: a tiny bench end to end, tables, and one-line errors."""
 
 import json
+import statistics
 import subprocess
 import sys
 
 import pytest
 
 from lmscope.cli import main
+from lmscope.stats import ratio_interval
 
 
 def run_cli(capsys, *args):
@@ -63,6 +65,11 @@ def test_bench_tiny_end_to_end_then_table_and_resume(tmp_path, capsys):
         (["bench", "--timeout", "-1"], "--timeout must be a positive number"),
         (["bench", "--size", "tiny", "--compare", "precision"], "cannot compare by 'precision'"),
         (["bench", "--size", "tiny", "--device", "cuda:99"], "--device cuda:99"),
+        (["bench", "--size", "tiny", "--rounds", "0"], "--rounds must be a whole number of at least 1"),
+        (["bench", "--size", "tiny", "--compare-base", "bf16"], "pass --compare FIELD too"),
+        (["bench", "--size", "tiny", "--rounds", "3", "--round", "3"], "--round must lie in 0..2"),
+        (["bench", "--size", "tiny", "--precision", "fp32,bf16", "--compare", "precision",
+          "--compare-base", "fp16"], "--compare-base 'fp16' is not a value of precision"),
         (["benchh"], "No such command 'benchh'"),
     ],
 )
@@ -72,6 +79,26 @@ def test_bad_input_is_one_line_and_exit_2(capsys, args, message):
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("lmscope: error: ") and message in lines[0]
     assert "Traceback" not in err
+
+
+def test_bench_rounds_interleave_and_the_table_pools_them_with_an_interval(tmp_path, capsys):
+    out = tmp_path / "results.jsonl"
+    code, stdout, _ = run_cli(capsys, "bench", "--size", "tiny", "--context-length", "16",
+                              "--mode", "forward", "--attention", "naive,sdpa", "--steps", "3",
+                              "--warmup", "1", "--rounds", "2", "--device", "cpu", "--out", str(out),
+                              "--compare", "attention", "--compare-base", "sdpa")
+    assert code == 0 and "2 point(s) x 2 rounds, 4 to run" in stdout
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["attention"], r["round"]) for r in rows] == [
+        ("naive", 0), ("sdpa", 0), ("naive", 1), ("sdpa", 1)]
+    assert all(r["status"] == "ok" and len(r["times_ms"]) == 3 for r in rows)
+    code, stdout, _ = run_cli(capsys, "table", str(out), "--compare", "attention", "--compare-base",
+                              "sdpa", "--format", "json")
+    (row,) = json.loads(stdout[stdout.index("[\n  {"):])  # the json after the terminal table
+    naive = [t for r in rows if r["attention"] == "naive" for t in r["times_ms"]]
+    sdpa = [t for r in rows if r["attention"] == "sdpa" for t in r["times_ms"]]
+    assert row["ratio sdpa/naive"] == ratio_interval(sdpa, naive).as_text()
+    assert row["median_ms attention=naive"] == pytest.approx(statistics.median(naive))
 
 
 def test_console_script_module_entry_reports_errors_without_traceback():

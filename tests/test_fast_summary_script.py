@@ -53,9 +53,45 @@ def test_long_table_compares_the_peers_with_the_fastest_of_the_four_fast_rows(su
     best_name, best_ms = min(times.items(), key=lambda item: item[1])
     assert cells[1:5] == [f"{times[n]:.1f}" for n in ("flash", "flash-inbwd", "sdpa", "sdpa-inbwd")]
     assert cells[6] == f"{compile_ms:.1f}"
-    assert cells[9] == f"{compile_ms / best_ms:.2f}x"
+    assert cells[9] == f"{compile_ms / best_ms:.2f}x (no interval)"  # rows without times_ms
     assert cells[11] == {"flash": "fast", "flash-inbwd": "fast-inbwd", "sdpa": "fast-sdpa",
                          "sdpa-inbwd": "fast-sdpa-inbwd"}[best_name]
     assert cells[12] == f"{best_ms / 10:.1f}"
     failed = next(row for row in table if row.startswith("| 8192 |"))
     assert "OOM" in failed
+
+
+def test_ratios_carry_the_interval_of_the_per_step_times(summarize) -> None:
+    rng = random.Random()
+    fast_times = [rng.uniform(9.0, 11.0) for _ in range(20)]
+    hf_times = [2.5 * t for t in fast_times]
+    rows = [{**fast(16384, 10.0, "flash", False), "times_ms": fast_times},
+            {**record(16384, 25.0, peer="hf", attention="sdpa"), "times_ms": hf_times}]
+    line = next(row for row in summarize.long_table({summarize.row_key(r): r for r in rows})
+                if row.startswith("| 16384 |"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[10] == summarize.ratio_interval(hf_times, fast_times).as_text()
+    assert cells[10].startswith("2.50x [")
+
+
+def test_interleaved_rounds_are_pooled_before_the_ratio(summarize, tmp_path) -> None:
+    import json
+
+    base = {"workload": "bench", "size": "large", "context_length": 16384, "batch_size": 1, "status": "ok",
+            "peak_allocated_gib": 1.0, "rounds": 2}
+    fast_rounds, hf_rounds = [[10.0, 10.2], [10.4, 10.6]], [[25.0, 25.5], [26.0, 26.5]]
+    lines = []
+    for r in range(2):
+        lines.append({**base, "fast": True, "attention": "flash", "optimizer_in_backward": False,
+                      "cuda_graph_used": True, "round": r, "times_ms": fast_rounds[r],
+                      "median_ms": sum(fast_rounds[r]) / 2})
+        lines.append({**base, "peer": "hf", "attention": "sdpa", "round": r, "times_ms": hf_rounds[r],
+                      "median_ms": sum(hf_rounds[r]) / 2})
+    path = tmp_path / "long.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    rows = summarize.latest(path)
+    fast_all, hf_all = fast_rounds[0] + fast_rounds[1], hf_rounds[0] + hf_rounds[1]
+    assert rows[("large", 16384, 1, "fast")]["times_ms"] == fast_all
+    assert rows[("large", 16384, 1, "fast")]["median_ms"] == 10.3
+    line = next(row for row in summarize.long_table(rows) if row.startswith("| 16384 |"))
+    assert summarize.ratio_interval(hf_all, fast_all).as_text() in line

@@ -46,7 +46,44 @@ def test_each_failure_costs_its_point_only(tmp_path):
         os.kill(int(pid_file.read_text()), 0)
     assert read_records(out) == records
     for record in records:
-        assert {"time", "host", "torch", "git_sha", "workload", "wall_s"} <= set(record)
+        assert {"time", "host", "host_id", "torch", "git_sha", "git_sha_declared", "source", "gpu_uuid",
+                "gpu_sm_clock_mhz", "cpu_affinity_count", "load_1m", "workload", "wall_s"} <= set(record)
+
+
+def test_rounds_interleave_the_points_and_resume_at_the_round_reached(tmp_path):
+    out = tmp_path / "results.jsonl"
+
+    def stop_at_fourth(index, spec):
+        if index == 3:
+            raise KeyboardInterrupt
+
+    points = [point("ok", 1), point("ok", 2)]
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(FAULTS, points, out=out, rounds=3, isolate=False, on_start=stop_at_fourth)
+    first = read_records(out)
+    assert [(r["value"], r["round"], r["rounds"]) for r in first] == [(1, 0, 3), (2, 0, 3), (1, 1, 3)]
+    assert pending_count(FAULTS, points, out, resume=True, rounds=3) == 3
+    rest = run_sweep(FAULTS, points, out=out, rounds=3, isolate=False, resume=True)
+    assert [(r["value"], r["round"]) for r in rest] == [(2, 1), (1, 2), (2, 2)]
+    assert pending_count(FAULTS, points, out, resume=True, rounds=1) == 0  # round 0 is the point
+
+
+def test_one_round_writes_no_round_fields(tmp_path):
+    (record,) = run_sweep(FAULTS, [point("ok", 3)], out=tmp_path / "r.jsonl", isolate=False)
+    assert "round" not in record and "rounds" not in record
+    with pytest.raises(ValueError, match="--rounds must be a whole number of at least 1"):
+        run_sweep(FAULTS, [point("ok", 3)], out=tmp_path / "r.jsonl", rounds=0)
+
+
+def test_one_round_at_a_time_interleaves_separate_sweeps(tmp_path):
+    out = tmp_path / "results.jsonl"
+    for r in range(2):  # two "commands" that cannot share a sweep, each called once per round
+        run_sweep(FAULTS, [point("ok", 1)], out=out, rounds=2, only_round=r, isolate=False)
+        run_sweep(FAULTS, [point("ok", 2)], out=out, rounds=2, only_round=r, isolate=False)
+    assert [(r["value"], r["round"]) for r in read_records(out)] == [(1, 0), (2, 0), (1, 1), (2, 1)]
+    assert pending_count(FAULTS, [point("ok", 1)], out, resume=True, rounds=2, only_round=1) == 0
+    with pytest.raises(ValueError, match=r"--round must lie in 0..1 \(a round of --rounds 2\), got 2"):
+        run_sweep(FAULTS, [point("ok", 3)], out=out, rounds=2, only_round=2)
 
 
 def test_resume_skips_finished_points_and_retries_errors(tmp_path):

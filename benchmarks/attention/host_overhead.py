@@ -17,6 +17,7 @@ adds to an eager call; do_bench at such a shape measures roughly the larger of t
 
 Usage (GPU machine, repo root): PYTHONPATH=src python3 benchmarks/attention/host_overhead.py
 [--shape B,H,S,D] (default 8,1,256,64: the classic grid's smallest point; xl's layer is 4,25,512,64)
+[--out X.jsonl] (appends one row per measurement, with lmscope's provenance)
 """
 
 from __future__ import annotations
@@ -29,12 +30,14 @@ import pstats
 import statistics
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 import triton
 
 from lmscope.kernels import flash_attention as fa
+from lmscope.results import append_record, stamp
 
 CALLS = 300
 ROUNDS = 5  # single rounds of 300 calls moved by up to 1.6x between runs on the H100 machine
@@ -111,7 +114,9 @@ def _gpu_us(fn, calls: int = 50) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="8,1,256,64", help="batch,heads,seq,head_dim")
-    shape = tuple(int(x) for x in parser.parse_args().shape.split(","))
+    parser.add_argument("--out", type=Path, default=None, help="append the rows to this JSONL")
+    args = parser.parse_args()
+    shape = tuple(int(x) for x in args.shape.split(","))
     torch.manual_seed(0)
     q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     d_out = torch.randn_like(q)
@@ -135,6 +140,10 @@ def main() -> None:
     print("|---|---|---|---|")
     for name, fwd_us, both_us, gpu_us in rows:
         print(f"| {name} | {fwd_us:.1f} | {both_us:.1f} | {gpu_us:.1f} |")
+        if args.out:
+            append_record(args.out, stamp({"table": "host_per_call", "shape": list(shape), "impl": name,
+                                           "fwd_host_us": fwd_us, "fwd_bwd_host_us": both_us,
+                                           "fwd_bwd_gpu_us": gpu_us, "calls": CALLS, "rounds": ROUNDS}))
 
     with torch.no_grad():
         launch = _one_forward_launch(q.detach(), k.detach(), v.detach())
@@ -142,6 +151,9 @@ def main() -> None:
     print("|---|---|")
     for name, us in launch.items():
         print(f"| {name} | {us:.1f} |")
+        if args.out:
+            append_record(args.out, stamp({"table": "one_launch", "shape": list(shape), "launch": name,
+                                           "host_us": us, "calls": CALLS, "rounds": ROUNDS}))
 
     outs = [flash() for _ in range(100)]
     profiler = cProfile.Profile()

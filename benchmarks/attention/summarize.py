@@ -12,11 +12,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from lmscope.provenance import source_label
 from lmscope.report import console
 from lmscope.report.attention_plots import plot_attention
 from lmscope.report.tables import build_table, render
 from lmscope.results import Record, read_records
 from lmscope.runner import spec_fields
+from lmscope.stats import ratio_interval
 
 LEADERBOARD_BEST_MS = 5.364
 """Best verified CS336 leaderboard entry for the reference workload (issue 5): the bar to beat."""
@@ -29,13 +31,26 @@ def _load(out: Path, name: str) -> list[Record]:
     if not path.exists():
         return []
     rows = [r for r in read_records(path) if r.get("workload") == "attention"]
-    # flash-triton first: `--compare impl` takes the first implementation seen as the ratios' base
+    # flash-triton's column first (the ratios' base, `_section`)
     return sorted(rows, key=lambda r: r.get("impl") != "flash-triton")
 
 
-def _fwd_bwd(records: list[Record], impl: str) -> float | None:
+def _last_ok(records: list[Record], impl: str) -> Record | None:
     rows = [r for r in records if r.get("impl") == impl and r.get("status") == "ok"]
-    return rows[-1].get("fwd_bwd_ms") if rows else None
+    return rows[-1] if rows else None
+
+
+def _fwd_bwd(records: list[Record], impl: str) -> float | None:
+    row = _last_ok(records, impl)
+    return row.get("fwd_bwd_ms") if row else None
+
+
+def _speedup_text(records: list[Record], peer: str, speedup: float) -> str:
+    """peer / flash-triton with its 95 % bootstrap interval when both rows kept per-call times."""
+    ours, theirs = _last_ok(records, "flash-triton"), _last_ok(records, peer)
+    if ours and theirs and ours.get("fwd_bwd_times_ms") and theirs.get("fwd_bwd_times_ms"):
+        return ratio_interval(theirs["fwd_bwd_times_ms"], ours["fwd_bwd_times_ms"]).as_text(3)
+    return f"{speedup:.2f}x (no interval)"
 
 
 def verdict(records: list[Record]) -> list[str]:
@@ -52,8 +67,8 @@ def verdict(records: list[Record]) -> list[str]:
             continue
         speedup = theirs / ours
         met = "met" if speedup >= bar else "NOT met"
-        lines.append(f"{peer} {theirs:.3f} ms: speedup {peer}/flash-triton {speedup:.2f}x "
-                     f"({word}: >= {bar:g}x, {met})")
+        lines.append(f"{peer} {theirs:.3f} ms: speedup {peer}/flash-triton "
+                     f"{_speedup_text(records, peer, speedup)} ({word}: >= {bar:g}x, {met})")
     return lines
 
 
@@ -61,8 +76,10 @@ def _section(title: str, records: list[Record], compare: bool) -> str:
     keys = spec_fields("attention")
     parts = [f"## {title}\n"]
     if compare:
-        parts.append("fwd_bwd_ms per implementation; ratio = flash-triton / peer (below 1: faster).\n")
-        parts.append(render(build_table(records, keys, compare="impl"), "md"))
+        parts.append("fwd_bwd_ms per implementation; ratio = flash-triton / peer (below 1: faster), "
+                     "with its 95 % bootstrap interval; `~`: the interval holds 1.\n")
+        base = "flash-triton" if any(r.get("impl") == "flash-triton" for r in records) else None
+        parts.append(render(build_table(records, keys, compare="impl", compare_base=base), "md"))
     parts.append("\nAll metrics (ms, TFLOP/s, MiB; max_error vs float64):\n")
     parts.append(render(build_table(records, keys), "md"))
     failed = [r for r in records if r.get("status") != "ok"]
@@ -83,7 +100,7 @@ def main(out: Path) -> None:
     leaderboard, classic, tflops = (_load(out, n) for n in ("leaderboard", "classic", "tflops"))
     first = next((r for r in leaderboard + classic + tflops), {})
     text = [f"# lmscope attention on {first.get('device_name', '?')}\n",
-            f"torch {first.get('torch')}, triton {first.get('triton')}, git {first.get('git_sha')}\n"]
+            f"torch {first.get('torch')}, triton {first.get('triton')}, git {source_label(first)}\n"]
     if leaderboard:
         lines = "\n".join(f"- {x}" for x in verdict(leaderboard))
         text.append(f"## Verdict (issue 5 targets)\n\n{lines}\n")

@@ -8,7 +8,9 @@ finish_gradient_synchronization) on `--nproc` gloo ranks; the table gives the me
 backward + finish time per step, the same for the unwrapped model, and the difference per
 parameter tensor.
 
-    uv run python benchmarks/distributed/hook_overhead.py --nproc 1
+    uv run python benchmarks/distributed/hook_overhead.py --nproc 1 [--out X.jsonl]
+
+With --out, one row per strategy is appended, with lmscope's provenance.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import timeit
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -25,6 +28,7 @@ from lmscope.config import ModelConfig
 from lmscope.model.transformer import TransformerLM
 from lmscope.parallel.ddp import data_parallel
 from lmscope.parallel.launch import RankContext, launch
+from lmscope.results import append_record, stamp
 
 CONFIG = ModelConfig(vocab_size=37, context_length=8, d_model=16, d_ff=32, num_layers=48, num_heads=2)
 
@@ -63,13 +67,18 @@ def main() -> None:
     parser.add_argument("--nproc", type=int, default=1)
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--strategy", default="naive,flat,overlap,bucketed:1000,bucketed:0.001,torch-ddp")
+    parser.add_argument("--out", type=Path, default=None, help="append the rows to this JSONL")
     args = parser.parse_args()
     rows = launch(_all, args.strategy.split(","), args.steps, nproc=args.nproc, backend="gloo",
                   timeout_s=600)
     print(f"{rows[0][3]} parameter tensors, {args.nproc} gloo rank(s), median of {args.steps} steps")
     print(f"{'strategy':16s} {'backward+finish ms':>20s} {'added us/param':>15s}")
-    for name, ms, per_param_us, _ in rows:
+    for name, ms, per_param_us, count in rows:
         print(f"{name:16s} {ms:20.2f} {per_param_us:15.1f}")
+        if args.out:
+            append_record(args.out, stamp({
+                "strategy": name, "nproc": args.nproc, "steps": args.steps, "parameter_tensors": count,
+                "backward_finish_ms": ms, "added_us_per_param": per_param_us}, device="cpu"))
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from summarize import copy_bandwidth_gbps  # benchmarks/fast, this script's fold
 from lmscope.config import preset
 from lmscope.kernels import adamw
 from lmscope.model.fast_transformer import FastTransformerLM
-from lmscope.results import provenance
+from lmscope.results import stamp
 
 CONFIGS = [(2048, 8), (1024, 4), (2048, 4), (4096, 8), (4096, 16), (8192, 16), (1024, 8), (8192, 8)]
 BYTES_PER_PARAM = 28 + 2  # AdamW with fp32 gradients, plus the bf16 shadow it writes
@@ -59,7 +59,6 @@ def main() -> None:
     count = sum(p.numel() for p in params)
     bandwidth = copy_bandwidth_gbps()
     floor_ms = count * 28 / (bandwidth * 1e9) * 1e3
-    meta = {k: v for k, v in provenance().items() if k in ("device_name", "torch", "triton", "git_sha")}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     print(f"{args.size}: {len(params)} parameters, {count:,} elements; copy {bandwidth:.0f} GB/s; "
           f"floor (28 B/param) {floor_ms:.2f} ms")
@@ -82,9 +81,9 @@ def main() -> None:
         ms = median_ms(graph, args.replays)
         row = {"size": args.size, "block": block, "num_warps": warps, "median_ms": ms,
                "gbps": count * BYTES_PER_PARAM / (ms * 1e-3) / 1e9, "floor_ms": floor_ms,
-               "vs_floor": ms / floor_ms, "copy_gbps": bandwidth, "params": count, **meta}
+               "vs_floor": ms / floor_ms, "copy_gbps": bandwidth, "params": count}
         with args.out.open("a") as out:
-            out.write(json.dumps(row) + "\n")
+            out.write(json.dumps(stamp(row)) + "\n")
         print(f"| {block} | {warps} | {ms:.2f} | {row['gbps']:.0f} | {row['vs_floor']:.3f}x |", flush=True)
         del graph
 

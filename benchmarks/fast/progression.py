@@ -7,6 +7,8 @@ from pathlib import Path
 
 from summarize import fwd_bwd_mfu, latest
 
+from lmscope.provenance import source_label
+
 RESULTS = Path("benchmarks/results/fast")
 SIZES = ("small", "medium", "large", "xl", "2.7B")
 
@@ -36,7 +38,7 @@ def main() -> None:
         rows = latest(RESULTS / run / "bench.jsonl")
         if not rows:  # a kernel benchmark without step rows
             continue
-        sha = next(iter(rows.values()))["git_sha"]
+        sha = source_label(next(iter(rows.values())))
         cells = [cell(rows.get((s, 512, 4, "fast")) or rows.get((s, 512, 4, "fast-eager")),
                       rows.get((s, 512, 4, "fast-inbwd"))) for s in SIZES]
         print(f"| {run} | {sha} | " + " | ".join(cells) + " |")

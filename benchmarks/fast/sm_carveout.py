@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lmscope.results import provenance
+from lmscope.results import stamp
 
 CONFIGS: list[dict[str, Any]] = [
     {"blas": "default", "carveout": 0, "scope": "none", "optimizer_in_backward": False},
@@ -81,7 +81,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     rows = []
     for config in CONFIGS:
-        row: dict[str, Any] = {"size": args.size, **config, "git_sha": provenance().get("git_sha")}
+        row: dict[str, Any] = {"size": args.size, **config}
         try:
             command = [sys.executable, __file__, "--child", json.dumps(config), "--size", args.size,
                        "--device", args.device, "--context-length", str(args.context_length),
@@ -94,6 +94,7 @@ def main() -> None:
                 row.update(status="error", error=(done.stderr or done.stdout)[-800:])
         except subprocess.TimeoutExpired:
             row.update(status="timeout")
+        row = stamp(row, args.device)
         rows.append(row)
         with args.out.open("a") as out:
             out.write(json.dumps(row) + "\n")

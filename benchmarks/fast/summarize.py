@@ -13,7 +13,10 @@ from typing import Any
 
 from lmscope.accounting.flops import step_flops
 from lmscope.config import preset
+from lmscope.report.rounds import pool_rounds
 from lmscope.results import read_records
+from lmscope.runner import spec_fields
+from lmscope.stats import RatioInterval, ratio_interval
 
 VARIANTS = ("naive", "sdpa", "compile", "hf", "fast-eager", "fast", "fast-inbwd")
 PEERS = ("naive", "sdpa", "compile", "hf")
@@ -47,10 +50,10 @@ def row_key(record: dict[str, Any]) -> tuple:
 
 
 def latest(path: Path) -> dict[tuple, dict[str, Any]]:
-    """row_key -> the last record written for it."""
+    """row_key -> the last record written for it (the rounds of `bench --rounds` pooled)."""
     if not path.exists():
         return {}
-    return {row_key(r): r for r in read_records(path)}
+    return {row_key(r): r for r in pool_rounds(read_records(path), spec_fields("bench"))}
 
 
 def cell(record: dict[str, Any] | None, key: str = "median_ms", fmt: str = "{:.1f}") -> str:
@@ -66,6 +69,22 @@ def ratio(slow: dict[str, Any] | None, fast: dict[str, Any] | None) -> float | N
     if not slow or not fast or slow.get("status") != "ok" or fast.get("status") != "ok":
         return None
     return slow["median_ms"] / fast["median_ms"]
+
+
+def interval(slow: dict[str, Any] | None, fast: dict[str, Any] | None) -> RatioInterval | None:
+    """slow / fast of the median step times with its 95 % bootstrap interval (None without times)."""
+    if ratio(slow, fast) is None or not slow.get("times_ms") or not fast.get("times_ms"):
+        return None
+    return ratio_interval(slow["times_ms"], fast["times_ms"])
+
+
+def ratio_text(slow: dict[str, Any] | None, fast: dict[str, Any] | None) -> str:
+    """'<ratio>x [<low>, <high>]' ('~' when the interval holds 1), '-' when either row is missing."""
+    bounded = interval(slow, fast)
+    if bounded is not None:
+        return bounded.as_text()
+    value = ratio(slow, fast)
+    return "-" if value is None else f"{value:.2f}x (no interval)"
 
 
 def best_fast(got: dict[str, dict[str, Any] | None],
@@ -110,7 +129,8 @@ def copy_bandwidth_gbps() -> float | None:
 
 def main_table(rows: dict[tuple, dict[str, Any]]) -> list[str]:
     lines = [
-        "## Train step, bf16, batch 4, context 512 (median ms; speedup = other / best fast)\n",
+        "## Train step, bf16, batch 4, context 512 (median ms; speedup = other / best fast, with its "
+        "95 % bootstrap interval from the per-step times; `~`: the interval holds 1)\n",
         "best fast: the faster of `fast` (optimizer as its own phase) and `fast, opt. in bwd` "
         "(`--optimizer-in-backward on`: each weight updated during the backward on a side stream). "
         "The fwd+bwd MFU, the optimizer time and `vs fast, no graphs` are those of `fast`, whose "
@@ -126,11 +146,11 @@ def main_table(rows: dict[tuple, dict[str, Any]]) -> list[str]:
             continue
         fast, best = got["fast"], best_fast(got)
         # what CUDA graphs buy: the same model and optimizer, launched eagerly
-        speedups = [ratio(got[v], best) for v in PEERS] + [ratio(got["fast-eager"], fast)]
+        speedups = [ratio_text(got[v], best) for v in PEERS] + [ratio_text(got["fast-eager"], fast)]
         mfu = fwd_bwd_mfu(fast) if fast else None
         lines.append(
             f"| {size} | " + " | ".join(cell(got[v]) for v in VARIANTS) + " | "
-            + " | ".join("-" if s is None else f"{s:.2f}x" for s in speedups) + " | "
+            + " | ".join(speedups) + " | "
             + f"{cell(best, 'mfu', '{:.1%}')} | {'-' if mfu is None else f'{mfu:.1%}'} | "
             + f"{cell(fast, 'optimizer_ms')} | {cell(fast, 'peak_allocated_gib')} |"
         )
@@ -142,17 +162,24 @@ def targets(rows: dict[tuple, dict[str, Any]], bandwidth: float | None) -> list[
     fast, best = xl["fast"], best_fast(xl)
     lines = ["\n## Targets (xl unless said)\n", "| target | measured | met |", "|---|---|---|"]
 
-    def add(name: str, value: float | None, goal: float, fmt: str, higher: bool = True) -> None:
+    def add(name: str, value: float | None, goal: float, fmt: str, higher: bool = True,
+            bounded: RatioInterval | None = None) -> None:
         if value is None:
             lines.append(f"| {name} | not measured | - |")
             return
-        met = value >= goal if higher else value <= goal
-        lines.append(f"| {name} | {fmt.format(value)} | {'yes' if met else 'NO'} |")
+        met = "yes" if (value >= goal if higher else value <= goal) else "NO"
+        if bounded is not None and bounded.low <= goal <= bounded.high:
+            met += " (the goal is inside the interval)"
+        shown = fmt.format(value) if bounded is None else bounded.as_text()
+        lines.append(f"| {name} | {shown} | {met} |")
 
-    add("best fast vs HF >= 2.5x", ratio(xl["hf"], best), 2.5, "{:.2f}x")
-    add("best fast vs torch.compile (sdpa) >= 1.3x", ratio(xl["compile"], best), 1.3, "{:.2f}x")
+    def add_ratio(name: str, slow: dict[str, Any] | None, quick: dict[str, Any] | None, goal: float) -> None:
+        add(name, ratio(slow, quick), goal, "{:.2f}x (no interval)", bounded=interval(slow, quick))
+
+    add_ratio("best fast vs HF >= 2.5x", xl["hf"], best, 2.5)
+    add_ratio("best fast vs torch.compile (sdpa) >= 1.3x", xl["compile"], best, 1.3)
     add("fwd+bwd MFU >= 45%", fwd_bwd_mfu(fast) if fast else None, 0.45, "{:.1%}")
-    add("fast vs its own eager step (what CUDA graphs buy)", ratio(xl["fast-eager"], fast), 1.0, "{:.2f}x")
+    add_ratio("fast vs its own eager step (what CUDA graphs buy)", xl["fast-eager"], fast, 1.0)
     for size in ("xl", "2.7B"):
         optimizer_floor(rows.get((size, 512, 4, "fast")), size, bandwidth, add, lines)
     big = rows.get(("2.7B", 512, 4, "fast"))
@@ -198,10 +225,10 @@ def long_table(rows: dict[tuple, dict[str, Any]]) -> list[str]:
             continue
         best = best_fast(got, LONG_FAST)
         name = next((v for v in LONG_FAST if best is not None and got[v] is best), "-")
-        ratios = [ratio(got[peer], best) for peer in peers]
+        ratios = [ratio_text(got[peer], best) for peer in peers]
         lines.append(
             f"| {context} | " + " | ".join(cell(got[v]) for v in (*LONG_FAST, *peers)) + " | "
-            + " | ".join("-" if r is None else f"{r:.2f}x" for r in ratios)
+            + " | ".join(ratios)
             + f" | {name} | {cell(best, 'peak_allocated_gib')} | {cell(got['sdpa'], 'peak_allocated_gib')} |"
         )
     return lines

@@ -34,6 +34,8 @@ Resume = Annotated[bool, typer.Option(help="skip points already finished in --ou
 Timeout = Annotated[float, typer.Option(help="seconds allowed per point")]
 Format = Annotated[str | None, typer.Option("--format", help="also write md | csv | latex | json")]
 Compare = Annotated[str | None, typer.Option(help="pivot a swept field into columns, with ratios")]
+CompareBase = Annotated[str | None, typer.Option(
+    help="the --compare value ratios are taken against (default: the first one with ok rows)")]
 ReuseWorker = Annotated[
     bool, typer.Option(help="run consecutive points in one worker process (a failure replaces it)")
 ]
@@ -97,6 +99,12 @@ def bench(
     timeout: Timeout = 900.0,
     fmt: Format = None,
     compare: Compare = None,
+    compare_base: CompareBase = None,
+    rounds: Annotated[int, typer.Option(
+        help="run the list of points this many times, interleaved (A,B,A,B); tables pool the rounds")] = 1,
+    round_: Annotated[int | None, typer.Option("--round", help=(
+        "run only this round (0..R-1) of --rounds R: interleave commands that cannot share one "
+        "sweep by calling each once per round, into one --out"))] = None,
     reuse_worker: ReuseWorker = False,
 ) -> None:
     """Time forward, forward+backward or a full train step (a sweep over any list flags)."""
@@ -116,7 +124,9 @@ def bench(
     }
     specs = [Spec(**point) for point in expand_grid(fixed, swept)]
     run_and_report("bench", specs, out=out, resume=resume, timeout_s=timeout, fmt=fmt,
-                   compare=compare, title="lmscope bench", reuse_worker=reuse_worker)
+                   compare=compare, compare_base=compare_base, rounds=rounds, only_round=round_,
+                   title="lmscope bench",
+                   reuse_worker=reuse_worker)
 
 
 @app.command()
@@ -144,6 +154,7 @@ def profile(
     timeout: Timeout = 900.0,
     fmt: Format = None,
     compare: Compare = None,
+    compare_base: CompareBase = None,
     reuse_worker: ReuseWorker = False,
 ) -> None:
     """Kernel-level profile of a step: kernel tables, categories, idle gaps, attention breakdown."""
@@ -162,7 +173,8 @@ def profile(
              "optimizer_in_backward": split_list(optimizer_in_backward, bool, "--optimizer-in-backward")}
     specs = [Spec(**point) for point in expand_grid(fixed, swept)]
     records = run_and_report("profile", specs, out=out, resume=resume, timeout_s=timeout, fmt=fmt,
-                             compare=compare, title="lmscope profile", reuse_worker=reuse_worker)
+                             compare=compare, compare_base=compare_base, title="lmscope profile",
+                             reuse_worker=reuse_worker)
     show_point_reports(records)
     for spec in specs if nsys else []:
         show_nsys(nsys_capture(spec, timeout_s=timeout))
@@ -194,6 +206,7 @@ def attention(
     timeout: Timeout = 900.0,
     fmt: Format = None,
     compare: Compare = None,
+    compare_base: CompareBase = None,
     reuse_worker: ReuseWorker = True,
 ) -> None:
     """Time attention implementations: latency, TFLOP/s, memory, error vs float64."""
@@ -210,7 +223,8 @@ def attention(
     specs = [Spec(**point) for point in expand_grid(*attention_grid(preset, overrides))]
     out = out or default_out()
     records = run_and_report("attention", specs, out=out, resume=resume, timeout_s=timeout, fmt=fmt,
-                             compare=compare, title=f"lmscope attention {preset or ''}".strip(),
+                             compare=compare, compare_base=compare_base,
+                             title=f"lmscope attention {preset or ''}".strip(),
                              reuse_worker=reuse_worker)
     path = plot_sweep(records, out, specs[0].passes, [s.seq_len for s in specs], plot)
     if path:
@@ -337,6 +351,7 @@ def memory(
     timeout: Timeout = 900.0,
     fmt: Format = None,
     compare: Compare = None,
+    compare_base: CompareBase = None,
 ) -> None:
     """Peak memory of each phase (measured and predicted), snapshots, timelines, largest allocations."""
     from lmscope.commands import default_out
@@ -356,7 +371,7 @@ def memory(
     }
     specs = [Spec(**point) for point in expand_grid(fixed, swept)]
     records = run_and_report("memory", specs, out=out, resume=resume, timeout_s=timeout, fmt=fmt,
-                             compare=compare, title="lmscope memory")
+                             compare=compare, compare_base=compare_base, title="lmscope memory")
     show_top_allocations(records)
     show_saved_activations(records)
 
@@ -366,6 +381,7 @@ def table(
     results: Annotated[Path, typer.Argument(help="a results.jsonl written by lmscope")],
     fmt: Format = None,
     compare: Compare = None,
+    compare_base: CompareBase = None,
     workload: Annotated[str | None, typer.Option(help="which workload's rows (default: first)")] = None,
 ) -> None:
     """Re-render a results file without re-running anything."""
@@ -376,7 +392,10 @@ def table(
     rows = [r for r in records if r.get("workload") == chosen]
     if not rows:
         raise ValueError(f"{results} has no {chosen!r} rows")
-    show(rows, spec_fields(chosen), fmt=fmt, compare=compare, out=None, title=str(results))
+    if compare_base is not None and compare is None:
+        raise ValueError("--compare-base chooses the base of --compare: pass --compare FIELD too")
+    show(rows, spec_fields(chosen), fmt=fmt, compare=compare, compare_base=compare_base, out=None,
+         title=str(results))
 
 
 plan_app = typer.Typer(help="Answers without a GPU run: FLOPs, memory, communication, parallelism.",

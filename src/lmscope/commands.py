@@ -9,9 +9,18 @@ from pathlib import Path
 from typing import Any
 
 from lmscope.report import console
+from lmscope.report.compare import find_base
 from lmscope.report.tables import FORMATS, build_table, render
 from lmscope.results import Record, read_records
-from lmscope.runner import identity_key, pending_count, record_spec, run_sweep, spec_dict, spec_fields
+from lmscope.runner import (
+    identity_key,
+    pending_count,
+    record_spec,
+    round_indices,
+    run_sweep,
+    spec_dict,
+    spec_fields,
+)
 
 TRUE_WORDS = {"on": True, "true": True, "yes": True, "1": True,
               "off": False, "false": False, "no": False, "0": False}
@@ -96,32 +105,42 @@ def run_and_report(
     compare: str | None = None,
     title: str | None = None,
     reuse_worker: bool = False,
+    compare_base: str | None = None,
+    rounds: int = 1,
+    only_round: int | None = None,
 ) -> list[Record]:
     """Run the points (isolated, resumable, with progress), then print and save the table."""
     check_format(fmt)
-    check_compare(compare, specs)
+    check_compare(compare, specs, compare_base)
+    round_indices(rounds, only_round)
     if not timeout_s > 0:
         raise ValueError(f"--timeout must be a positive number of seconds, got {timeout_s:g}")
     out = out or default_out()
     if resume and not out.exists():
         console.say(f"--resume: {out} does not exist yet; starting a new results file")
     check_writable(out)
-    todo = pending_count(workload, specs, out, resume)
-    console.say(f"{len(specs)} point(s), {todo} to run -> {out}")
+    todo = pending_count(workload, specs, out, resume, rounds, only_round)
+    each = (f", round {only_round} of {rounds}" if only_round is not None
+            else f" x {rounds} rounds" if rounds > 1 else "")
+    console.say(f"{len(specs)} point(s){each}, {todo} to run -> {out}")
     with console.sweep_progress(todo, workload) as (on_start, on_done):
         run_sweep(workload, specs, out=out, resume=resume, timeout_s=timeout_s,
-                  reuse_worker=reuse_worker, on_start=on_start, on_done=on_done)
+                  reuse_worker=reuse_worker, rounds=rounds, only_round=only_round, on_start=on_start,
+                  on_done=on_done)
     spec_keys = spec_fields(workload)
     keys = {identity_key(workload, spec_dict(s)) for s in specs}
     records = [r for r in read_records(out) if r.get("workload") == workload
                and identity_key(workload, record_spec(r, spec_keys, workload)) in keys]
-    show(records, spec_keys, fmt=fmt, compare=compare, out=out, title=title)
+    show(records, spec_keys, fmt=fmt, compare=compare, out=out, title=title, compare_base=compare_base)
     return records
 
 
-def check_compare(compare: str | None, specs: Sequence[Any]) -> None:
-    """Reject `--compare FIELD` before anything runs unless FIELD takes several values."""
+def check_compare(compare: str | None, specs: Sequence[Any], compare_base: str | None = None) -> None:
+    """Reject `--compare FIELD` before anything runs unless FIELD takes several values (and a
+    `--compare-base` that is not one of them)."""
     if compare is None:
+        if compare_base is not None:
+            raise ValueError("--compare-base chooses the base of --compare: pass --compare FIELD too")
         return
     points = [spec_dict(s) for s in specs]
     varying = [k for k in points[0] if len({json.dumps(p.get(k), default=str) for p in points}) > 1]
@@ -130,6 +149,8 @@ def check_compare(compare: str | None, specs: Sequence[Any]) -> None:
             f"cannot compare by {compare!r}: give it several values (e.g. --{compare.replace('_', '-')} "
             f"a,b); swept here: {', '.join(varying) or 'nothing'}"
         )
+    if compare_base is not None:
+        find_base([p.get(compare) for p in points], compare_base, compare)
 
 
 def check_writable(out: Path) -> None:
@@ -152,9 +173,10 @@ def show(
     compare: str | None,
     out: Path | None,
     title: str | None = None,
+    compare_base: str | None = None,
 ) -> None:
     """Print the table; with `fmt`, also write it beside the results file (or print it)."""
-    table = build_table(records, spec_keys, compare=compare)
+    table = build_table(records, spec_keys, compare=compare, compare_base=compare_base)
     console.show_table(table, title=title)
     if fmt and fmt != "table":
         text = render(table, fmt)

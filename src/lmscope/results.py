@@ -2,20 +2,20 @@
 
 A record holds the point's spec fields, its metrics (keys carry units: `_ms`, `_gib`, `_gbps`,
 `tflops`), `status` (`ok`, `oom`, `timeout`, `error`), `error` (one line or None) and the
-provenance of DESIGN.md: time, host, device, driver, torch/triton versions, git sha.
+provenance of `lmscope.provenance` (time, host and host id, GPU with its clocks, versions, the
+source's git sha, CPU affinity and load), re-exported here: every row of every script is stamped
+by `provenance()` or `stamp(row)`.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
-import platform
-import socket
-import subprocess
-from functools import cache
 from pathlib import Path
 from typing import Any
+
+from lmscope.provenance import provenance as provenance
+from lmscope.provenance import stamp as stamp
 
 Record = dict[str, Any]
 STATUSES = ("ok", "oom", "timeout", "error")
@@ -52,61 +52,3 @@ def read_records(path: Path) -> list[Record]:
         if isinstance(record, dict):
             records.append(record)
     return records
-
-
-@cache
-def _git_sha() -> str | None:
-    """The checkout's commit ('-dirty' when files differ from it), or LMSCOPE_GIT_SHA for copies
-    of a tree without .git."""
-    if os.environ.get("LMSCOPE_GIT_SHA"):
-        return os.environ["LMSCOPE_GIT_SHA"]
-    here = Path(__file__).parent
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"],
-                             capture_output=True, text=True, timeout=5, cwd=here).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5, cwd=here).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return f"{sha}-dirty" if sha and dirty else sha or None
-
-
-@cache
-def _gpu_inventory() -> tuple[str | None, str | None]:
-    """(device name, driver version) from nvidia-smi, without initializing CUDA here."""
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=10,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None, None
-    first = out.stdout.strip().splitlines()[:1]
-    if out.returncode or not first:
-        return None, None
-    name, _, driver = first[0].partition(",")
-    return name.strip(), driver.strip()
-
-
-def provenance() -> Record:
-    """Where and with what a record was produced."""
-    import torch
-
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
-    gpu_name, driver = _gpu_inventory()
-    return {
-        "time": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "host": socket.gethostname(),
-        "device_name": gpu_name or platform.processor() or platform.machine(),
-        "driver": driver,
-        "torch": torch.__version__,
-        "triton": triton_version,
-        "cuda": torch.version.cuda,
-        "python": platform.python_version(),
-        "git_sha": _git_sha(),
-    }

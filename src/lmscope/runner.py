@@ -6,6 +6,11 @@ point only; it becomes a record with status `oom`, `error` or `timeout` and the 
 Records are appended to the results file as each point finishes, so an interrupted sweep
 loses nothing that finished, and `resume=True` skips points whose `ok` or `oom` record is
 already there (errors and timeouts are tried again: they may be transient).
+
+`rounds=R` runs the whole list of points R times in order (A, B, A, B, ...), so drift of the
+machine (clocks, temperature, a neighbour's load) hits every point alike. Each round of a point is
+its own row with `round` (0..R-1) and `rounds` (R); `round` is part of the point's identity, so
+an interrupted run resumes at the round it reached. Reports pool the rounds' per-step times.
 """
 
 from __future__ import annotations
@@ -59,14 +64,16 @@ def resolve_workload(workload: str) -> ModuleType:
         ) from None
 
 
-def identity_key(workload: str, spec: dict[str, Any]) -> str:
+def identity_key(workload: str, spec: dict[str, Any], round_index: int = 0) -> str:
     """The key of a point by what it measures: a Spec's RUN_OPTIONS (timeouts, display options)
-    are left out, so resuming with another --timeout does not run finished points again."""
+    are left out, so resuming with another --timeout does not run finished points again. Rounds
+    after the first (see `run_sweep`) are points of their own; round 0 is the point itself."""
     try:
         options = set(getattr(resolve_workload(workload).Spec, "RUN_OPTIONS", ()))
     except (ValueError, AttributeError):
         options = set()
-    return point_key(workload, {key: value for key, value in spec.items() if key not in options})
+    measured = {key: value for key, value in spec.items() if key not in options}
+    return point_key(workload, {**measured, "round": round_index} if round_index else measured)
 
 
 def spec_fields(workload: str) -> list[str]:
@@ -121,6 +128,8 @@ def run_sweep(
     timeout_s: float = 900.0,
     isolate: bool = True,
     reuse_worker: bool = False,
+    rounds: int = 1,
+    only_round: int | None = None,
     on_start: Callable[[int, dict[str, Any]], None] | None = None,
     on_done: Callable[[Record], None] | None = None,
 ) -> list[Record]:
@@ -129,15 +138,19 @@ def run_sweep(
     `isolate` runs points in worker processes (False: in this process, for debugging).
     `reuse_worker` keeps one worker for consecutive points (much faster for light points such as
     attention kernels); a worker that fails a point is replaced. Points that measure cold starts
-    or process-wide memory keep the default, a fresh process per point.
+    or process-wide memory keep the default, a fresh process per point. `rounds` runs the list
+    that many times, interleaved (see the module docstring); `only_round` runs one of them, so
+    points that cannot share one command (different models) are interleaved by calling once per
+    round and command in turn.
     """
     points = [spec_dict(spec) for spec in specs]
     done = _finished_keys(workload, points, out) if resume else set()
     written = []
     worker: PointWorker | None = None
+    schedule = [(r, spec) for r in round_indices(rounds, only_round) for spec in points]
     try:
-        for index, spec in enumerate(points):
-            if identity_key(workload, spec) in done:
+        for index, (round_index, spec) in enumerate(schedule):
+            if identity_key(workload, spec, round_index) in done:
                 continue
             if on_start:
                 on_start(index, spec)
@@ -150,7 +163,8 @@ def run_sweep(
                 if not reuse_worker or metrics.get("status") != "ok":
                     worker.close(kill=metrics.get("status") != "ok")
                     worker = None
-            record = {**provenance(), "workload": workload, **spec, **metrics,
+            record = {**provenance(spec.get("device")), "workload": workload, **spec,
+                      **({"round": round_index, "rounds": rounds} if rounds > 1 else {}), **metrics,
                       "wall_s": round(timeit.default_timer() - begin, 3)}
             append_record(out, record)
             written.append(record)
@@ -160,6 +174,18 @@ def run_sweep(
         if worker is not None:
             worker.close(kill=True)
     return written
+
+
+def round_indices(rounds: int, only_round: int | None = None) -> list[int]:
+    """The rounds a sweep runs: all of `rounds`, or `only_round` alone; ValueError for bad ones."""
+    if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
+        raise ValueError(f"--rounds must be a whole number of at least 1, got {rounds!r}")
+    if only_round is None:
+        return list(range(rounds))
+    if not isinstance(only_round, int) or isinstance(only_round, bool) or not 0 <= only_round < rounds:
+        raise ValueError(f"--round must lie in 0..{rounds - 1} (a round of --rounds {rounds}), "
+                         f"got {only_round!r}")
+    return [only_round]
 
 
 def record_spec(record: Record, template: Iterable[str], workload: str) -> dict[str, Any]:
@@ -189,14 +215,18 @@ def _finished_keys(workload: str, points: list[dict[str, Any]], out: Path) -> se
     if not points or not out.exists():
         return set()
     return {
-        identity_key(workload, record_spec(record, points[0], workload))
+        identity_key(workload, record_spec(record, points[0], workload), record.get("round") or 0)
         for record in read_records(out)
         if record.get("status") in FINISHED and record.get("workload") == workload
     }
 
 
-def pending_count(workload: str, specs: Iterable[Any], out: Path, resume: bool) -> int:
-    """How many of `specs` a sweep would run (for progress bars)."""
+def pending_count(
+    workload: str, specs: Iterable[Any], out: Path, resume: bool, rounds: int = 1,
+    only_round: int | None = None,
+) -> int:
+    """How many of `specs` (times their rounds) a sweep would run (for progress bars)."""
     points = [spec_dict(spec) for spec in specs]
     done = _finished_keys(workload, points, out) if resume else set()
-    return sum(identity_key(workload, p) not in done for p in points)
+    return sum(identity_key(workload, p, r) not in done
+               for r in round_indices(rounds, only_round) for p in points)

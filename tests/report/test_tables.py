@@ -15,7 +15,7 @@ def bench_row(size, precision, mean, status="ok"):
     row = {"workload": "bench", "size": size, "context_length": 128, "precision": precision,
            "steps": 10, "status": status}
     if status == "ok":
-        row |= {"mean_ms": mean, "std_ms": mean / 10}
+        row |= {"mean_ms": mean, "std_ms": mean / 10, "median_ms": mean}
     return row
 
 
@@ -25,14 +25,15 @@ ROWS = [bench_row("small", "fp32", 40.0), bench_row("small", "bf16", 20.0),
 
 def test_table_shows_swept_fields_metrics_and_oom_cells():
     header, rows = build_table(ROWS, KEYS)
-    assert header == ["size", "precision", "mean_ms", "std_ms", "status"]
-    assert rows[2] == ["2.7B", "fp32", "OOM", "OOM", "oom"]
+    assert header == ["size", "precision", "mean_ms", "std_ms", "median_ms", "status"]
+    assert rows[2] == ["2.7B", "fp32", "OOM", "OOM", "OOM", "oom"]
 
 
 def test_compare_pivots_a_field_with_ratios():
     header, rows = build_table(ROWS, KEYS, compare="precision")
-    assert header == ["size", "mean_ms precision=fp32", "mean_ms precision=bf16", "ratio fp32/bf16"]
-    assert rows[0] == ["small", 40.0, 20.0, 2.0]
+    assert header == ["size", "median_ms precision=fp32", "median_ms precision=bf16",
+                      "ratio fp32/bf16"]
+    assert rows[0] == ["small", 40.0, 20.0, "2.00x (no interval)"]
     assert rows[1] == ["2.7B", "OOM", 80.0, None]
 
 
@@ -40,7 +41,7 @@ def test_compare_when_every_point_failed_pivots_the_status_cells():
     failed = [bench_row("small", "fp32", None, status="error"),
               bench_row("small", "bf16", None, status="oom")]
     header, rows = build_table(failed, KEYS, compare="precision")
-    assert header == ["mean_ms precision=fp32", "mean_ms precision=bf16", "ratio fp32/bf16"]
+    assert header == ["median_ms precision=fp32", "median_ms precision=bf16", "ratio fp32/bf16"]
     assert rows == [["ERROR", "OOM", None]]
 
 
@@ -60,7 +61,7 @@ def test_formats_render_every_row():
     md = render(table, "md").splitlines()
     assert md[0].startswith("| size | precision") and len(md) == 2 + len(ROWS)
     parsed = list(csv.reader(io.StringIO(render(table, "csv"))))
-    assert parsed[1] == ["small", "fp32", "40.0", "4.0", "ok"]
+    assert parsed[1] == ["small", "fp32", "40.0", "4.0", "40.0", "ok"]
     assert r"\begin{tabular}" in render(table, "latex") and "mean\\_ms" in render(table, "latex")
     assert json.loads(render(table, "json"))[2]["mean_ms"] == "OOM"
     with pytest.raises(ValueError, match="unknown format"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import statistics
 import warnings
 
 import pytest
@@ -11,10 +12,12 @@ import torch
 from lmscope.runner import expand_grid, run_in_process
 from lmscope.workloads import attention_impls
 from lmscope.workloads.attention import (
+    KEPT_TIMES,
     LEADERBOARD_PEERS,
     Spec,
     attention_flops,
     attention_grid,
+    kept_times,
     reference_errors,
     run_point,
 )
@@ -147,6 +150,8 @@ def test_cpu_rows_match_float64_and_carry_timings(impl, causal):
     for which in ("fwd", "bwd", "fwd_bwd"):
         ms = metrics[f"{which}_ms"]
         assert 0 < metrics[f"{which}_p20_ms"] <= ms <= metrics[f"{which}_p80_ms"]
+        times = metrics[f"{which}_times_ms"]
+        assert len(times) == spec.cpu_steps and ms == pytest.approx(statistics.median(times), rel=1e-4)
         flops = attention_flops(spec.batch, spec.heads, spec.seq_len, spec.seq_len, 16, causal, which)
         assert metrics[f"{which}_tflops"] == pytest.approx(flops / ms / 1e9)
     assert metrics["peak_mib"] is None  # no allocator statistics on CPU
@@ -250,6 +255,8 @@ def test_gpu_rows_at_real_sizes_are_as_accurate_as_naive(impl, dtype):
     assert metrics["max_error"] <= 2 * naive["max_error"] + slack
     assert metrics["max_grad_error"] <= 2 * naive["max_grad_error"] + slack
     assert 0 < metrics["fwd_p20_ms"] <= metrics["fwd_ms"] <= metrics["fwd_p80_ms"]
+    assert 2 <= len(metrics["fwd_times_ms"]) <= KEPT_TIMES
+    assert all(isinstance(t, float) and t > 0 for t in metrics["fwd_times_ms"])
     assert metrics["fwd_bwd_ms"] > metrics["fwd_ms"]
     assert metrics["peak_mib"] >= metrics["mem_before_backward_mib"] > 0
 
@@ -270,3 +277,10 @@ def test_gpu_flash_backends_refuse_fp32_with_a_reason():
     record = run_in_process("attention", dict(impl="sdpa-flash", batch=1, heads=2, head_dim=64,
                                               seq_len=256, dtype="fp32", device="cuda"))
     assert record["status"] == "error" and "fp16/bf16 only" in record["error"]
+
+
+def test_kept_times_are_all_of_a_short_run_and_evenly_spread_over_a_long_one():
+    assert kept_times([1.0, 2.0, 3.0], limit=4) == [1.0, 2.0, 3.0]
+    long = [float(i) for i in range(1000)]
+    kept = kept_times(long, limit=100)
+    assert kept == [float(10 * i) for i in range(100)]

@@ -15,6 +15,7 @@ from lmscope.cli import main
 from lmscope.parallel.commands import ddp_points, ddp_summary, exit_code, overhead_model_line, results_path
 from lmscope.parallel.launch import launch
 from lmscope.report.tables import format_value
+from lmscope.stats import ratio_interval
 from lmscope.workloads import ddp
 from lmscope.workloads.ddp import Spec
 
@@ -93,7 +94,9 @@ def _check_common(row: dict, world: int) -> None:
     phases = sum(row[k] or 0.0 for k in ("forward_ms", "backward_ms", "comm_wait_ms", "optimizer_ms"))
     assert 0 < phases <= row["step_ms"] * 1.05
     assert row["step_rank_min_ms"] <= row["step_ms"] <= row["step_rank_max_ms"]
+    assert len(row["times_ms"]) == TINY["steps"] and all(t > 0 for t in row["times_ms"])
     if world > 1:  # the paired baseline: the same ranks' unwrapped step, timed first
+        assert len(row["local_times_ms"]) == TINY["steps"]
         assert row["local_step_ms"] > 0 and row["local_step_rank_min_ms"] <= row["local_step_rank_max_ms"]
         paired = 100 * (row["step_ms"] / row["local_step_ms"] - 1)
         assert row["overhead_vs_local_pct"] == pytest.approx(paired)
@@ -149,6 +152,7 @@ def test_single_baseline_runs_here():
     _check_common(row, 1)
     assert row["comm_wait_ms"] is None and "predicted_comm_wait_ms" not in row
     assert row["ddp_settings"] is None
+    assert row["local_times_ms"] is None
 
 
 def test_ddp_command_rejects_bad_strategy(capsys):
@@ -165,3 +169,22 @@ def test_a_paired_baseline_that_runs_out_of_memory_is_none_not_a_failure():
 
     ctx = SimpleNamespace(device=torch.device("cpu"))
     assert ddp._time_unwrapped(OutOfMemoryStep(), Spec(**TINY, strategy="naive"), ctx) is None
+
+
+def test_summary_ratios_carry_intervals_from_rank_0s_times():
+    base = {"status": "ok", "size": "tiny", "context_length": 16, "batch_size": 2, "precision": "fp32"}
+    rng = random.Random()
+    single_times = [rng.uniform(9.0, 11.0) for _ in range(12)]
+    local_times = [8.0] * 12
+    step_times = [10.0] * 12
+    records = [
+        {**base, "strategy": "single", "world_size": 1, "step_ms": 10.0, "times_ms": single_times},
+        {**base, "strategy": "flat", "world_size": 2, "step_ms": 12.5, "times_ms": step_times,
+         "local_times_ms": local_times},
+        {**base, "strategy": "naive", "world_size": 2, "step_ms": 12.0},  # an older row: no times
+    ]
+    header, rows = ddp_summary(records)
+    flat, naive = rows[1], rows[2]
+    assert flat[header.index("step/local")] == "1.250x [1.250, 1.250]"
+    assert flat[header.index("step/single")] == ratio_interval(step_times, single_times).as_text(3)
+    assert naive[header.index("step/local")] is None and naive[header.index("step/single")] is None

@@ -22,6 +22,7 @@ from lmscope.report.comm_plots import plot_busbw
 from lmscope.report.tables import Table, format_value, render
 from lmscope.results import Record
 from lmscope.runner import expand_grid
+from lmscope.stats import ratio_interval
 
 STARTUP_MARGIN_S = 120.0
 """Seconds the runner allows a point beyond the ranks' own timeout (imports, process start)."""
@@ -101,22 +102,35 @@ def ddp_summary(records: Sequence[Record]) -> Table:
     """Per ok point: step time, its overhead over the baselines, comm wait measured and predicted.
 
     Two baselines: the same ranks' unwrapped step timed just before (local, paired) and the
-    `single` point of the sweep (one process, one GPU).
+    `single` point of the sweep (one process, one GPU). The overheads are of mean step times;
+    `step/local` and `step/single` are ratios of rank 0's median step times with their 95 %
+    bootstrap interval ('~' when it holds 1: no overhead can be told from these steps).
     """
     ok = [r for r in records if r.get("status") == "ok"]
-    single = {_model_key(r): r["step_ms"] for r in ok if r.get("strategy") == "single"}
+    single = {_model_key(r): r for r in ok if r.get("strategy") == "single"}
     varying = [k for k in ("size", "context_length", "batch_size", "precision")
                if len({str(r.get(k)) for r in ok}) > 1]
     header = [*varying, "strategy", "shard_optimizer", "world_size", "step_ms", "local_step_ms",
-              "overhead_vs_local_pct", "single_step_ms", "overhead_vs_single_pct", "comm_wait_ms",
-              "predicted_comm_wait_ms", "buckets", "peak_after_optimizer_gib"]
+              "overhead_vs_local_pct", "step/local", "single_step_ms", "overhead_vs_single_pct",
+              "step/single", "comm_wait_ms", "predicted_comm_wait_ms", "buckets",
+              "peak_after_optimizer_gib"]
     rows = []
     for record in ok:
-        base = single.get(_model_key(record))
+        baseline = single.get(_model_key(record)) or {}
+        base = baseline.get("step_ms")
         overhead = 100 * (record["step_ms"] - base) / base if base else None
-        values = {**record, "single_step_ms": base, "overhead_vs_single_pct": overhead}
+        values = {**record, "single_step_ms": base, "overhead_vs_single_pct": overhead,
+                  "step/local": _bounded(record.get("times_ms"), record.get("local_times_ms")),
+                  "step/single": _bounded(record.get("times_ms"), baseline.get("times_ms"))}
         rows.append([values.get(key) for key in header])
     return header, rows
+
+
+def _bounded(times: Sequence[float] | None, base_times: Sequence[float] | None) -> str | None:
+    """median(times) / median(base_times) with its interval; None without both."""
+    if not times or not base_times:
+        return None
+    return ratio_interval(times, base_times).as_text(3)
 
 
 def overhead_model_line(records: Sequence[Record]) -> str | None:

@@ -12,6 +12,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from lmscope.report.compare import Table, pivot
+from lmscope.report.rounds import pool_rounds
 from lmscope.results import Record, point_key
 
 METRIC_COLUMNS: dict[str, list[str]] = {
@@ -48,15 +50,14 @@ METRIC_COLUMNS: dict[str, list[str]] = {
 }
 """Per workload, the metric columns a table shows (those present in the records)."""
 
-PRIMARY_METRIC: dict[str, str] = {"bench": "mean_ms", "attention": "fwd_bwd_ms", "profile": "matmul_frac",
+PRIMARY_METRIC: dict[str, str] = {"bench": "median_ms", "attention": "fwd_bwd_ms", "profile": "matmul_frac",
                                   "comm": "busbw_gbps", "ddp": "step_ms", "memory": "step_peak_gib",
                                   "probe": "median_ms"}
-"""Per workload, the metric that `--compare` pivots (lower is better for *_ms)."""
+"""Per workload, the metric that `--compare` pivots (lower is better for *_ms; timings are
+medians, the statistic whose ratio `lmscope.stats.ratio_interval` bounds)."""
 
 IDENTITY_SKIP = {"workload"}
 FORMATS = ("table", "md", "csv", "latex", "json")
-
-Table = tuple[list[str], list[list[Any]]]
 
 
 def latest_per_point(records: Sequence[Record], spec_keys: Sequence[str]) -> list[Record]:
@@ -87,13 +88,18 @@ def _cell(record: Record, column: str) -> Any:
 
 
 def build_table(
-    records: Sequence[Record], spec_keys: Sequence[str], *, compare: str | None = None
+    records: Sequence[Record],
+    spec_keys: Sequence[str],
+    *,
+    compare: str | None = None,
+    compare_base: str | None = None,
 ) -> Table:
-    """Header and rows: the swept fields, then the workload's metrics (or a pivot by `compare`)."""
+    """Header and rows: the swept fields, then the workload's metrics (or a pivot by `compare`
+    against `compare_base`, see `lmscope.report.compare`). The rounds of a point are pooled."""
     if not records:
         return [], []
     workload = records[0].get("workload", "")
-    records = latest_per_point(records, spec_keys)
+    records = latest_per_point(pool_rounds(records, spec_keys), spec_keys)
     axes = varying_fields(records, spec_keys) or [k for k in ("size",) if k in spec_keys]
     metrics = [
         m for m in METRIC_COLUMNS.get(workload, [])
@@ -105,33 +111,7 @@ def build_table(
                 for r in records]
         return header, rows
     primary = PRIMARY_METRIC.get(workload) or (metrics[0] if metrics else "status")
-    return _pivot(records, axes, compare, primary)
-
-
-def _pivot(records: Sequence[Record], axes: list[str], field: str, metric: str) -> Table:
-    if field not in axes:
-        raise ValueError(
-            f"cannot compare by {field!r}: it does not vary in these results "
-            f"(swept fields: {', '.join(axes) or 'none'})"
-        )
-    values = list(dict.fromkeys(json.dumps(r.get(field)) for r in records))
-    keys = [a for a in axes if a != field]
-    groups: dict[str, dict[str, Record]] = {}
-    for record in records:
-        group = groups.setdefault(json.dumps([record.get(k) for k in keys]), {})
-        group[json.dumps(record.get(field))] = record
-    labels = [f"{metric} {field}={json.loads(v)}" for v in values]
-    ratios = [f"ratio {json.loads(values[0])}/{json.loads(v)}" for v in values[1:]]
-    rows = []
-    for group_key, group in groups.items():
-        cells = [_cell(group[v], metric) if v in group else None for v in values]
-        base = cells[0]
-        ratio_cells = [
-            base / c if isinstance(base, float) and isinstance(c, float) and c else None
-            for c in cells[1:]
-        ]
-        rows.append(json.loads(group_key) + cells + ratio_cells)
-    return keys + labels + ratios, rows
+    return pivot(records, axes, compare, primary, cell=_cell, base=compare_base)
 
 
 def format_value(value: Any) -> str:

@@ -17,8 +17,10 @@ What a point runs, in order:
 3. timings of the passes asked for: fwd = forward with autograd recording (as in training);
    bwd = `out.backward(dO, retain_graph=True)` on one forward's graph; fwd_bwd = forward then
    backward. On CUDA each is `triton.testing.do_bench` (L2 flushed before every call; median,
-   p20, p80 of its runs, `warmup_ms`/`rep_ms` are its warmup and rep in ms); on CPU, where
-   do_bench cannot run, `cpu_steps` synchronized calls of lmscope's timer. Gradients accumulate
+   p20, p80 of all its runs, `warmup_ms`/`rep_ms` are its warmup and rep in ms); on CPU, where
+   do_bench cannot run, `cpu_steps` synchronized calls of lmscope's timer. `{pass}_times_ms`
+   keeps the calls' times (at most `KEPT_TIMES`, evenly spaced over the run), from which
+   `--compare` draws the confidence interval of a ratio. Gradients accumulate
    into q.grad, k.grad, v.grad across calls as in training (no `grad_to_none`), so bwd and
    fwd_bwd include the accumulation adds.
 
@@ -53,6 +55,8 @@ BACKWARD_FLOP_FACTOR = 2.5
 dP = dO V^T, dQ = dS K, dK = dS^T Q) to the forward's two, the FlashAttention-2 benchmark
 convention, applied to every implementation alike (naive attention keeps P and skips the
 recomputation, so its own count is 2x: its TFLOP/s read as FlashAttention-equivalent)."""
+KEPT_TIMES = 256
+"""Per-call times a row keeps per pass (do_bench makes thousands of calls of a fast kernel)."""
 REFERENCE_CHUNK_ELEMENTS = 2**27
 """Score-matrix elements per float64 reference call (2**27 * 8 bytes = 1 GiB)."""
 
@@ -246,16 +250,23 @@ def _clear_grads(*tensors: torch.Tensor) -> None:
         tensor.grad = None
 
 
-def _bench(fn: Callable[[], Any], spec: Spec, device: torch.device) -> tuple[float, float, float]:
-    """(median, p20, p80) in ms: do_bench on CUDA, lmscope's synchronized timer on CPU."""
+def _bench(fn: Callable[[], Any], spec: Spec, device: torch.device) -> list[float]:
+    """Every call's time in ms: do_bench on CUDA, lmscope's synchronized timer on CPU."""
     if device.type == "cuda":
         from triton.testing import do_bench
 
-        median, p20, p80 = do_bench(fn, warmup=spec.warmup_ms, rep=spec.rep_ms, quantiles=[0.5, 0.2, 0.8])
-        return median, p20, p80
+        times = do_bench(fn, warmup=spec.warmup_ms, rep=spec.rep_ms, return_mode="all")
+        return [float(t) for t in times]  # a list or a tensor, by triton version
     # The first forward+backward of the point already warmed everything up.
-    stats = summarize(time_steps(fn, warmup=0, steps=spec.cpu_steps, device=device))
-    return stats.median_ms, stats.p20_ms, stats.p80_ms
+    return time_steps(fn, warmup=0, steps=spec.cpu_steps, device=device)
+
+
+def kept_times(times: list[float], limit: int = KEPT_TIMES) -> list[float]:
+    """At most `limit` of `times`, evenly spaced over the run (all of them when there are fewer)."""
+    if len(times) <= limit:
+        return [round(t, 5) for t in times]
+    stride = len(times) / limit
+    return [round(times[int(i * stride)], 5) for i in range(limit)]
 
 
 def _memory(attend: Callable[..., torch.Tensor], q, k, v, d_out, device: torch.device) -> dict[str, Any]:
@@ -291,12 +302,13 @@ def _timings(attend: Callable[..., torch.Tensor], q, k, v, d_out, spec: Spec, de
             del out
         else:
             times = _bench(lambda: attend(q, k, v).backward(d_out), spec, device)
-        median, p20, p80 = times
+        stats = summarize(times)
         flops = attention_flops(spec.batch, spec.heads, spec.seq_len, spec.seq_len, spec.head_dim,
                                 spec.causal, which)
         metrics.update({
-            f"{which}_ms": median, f"{which}_p20_ms": p20, f"{which}_p80_ms": p80,
-            f"{which}_tflops": flops / (median / 1e3) / 1e12,
+            f"{which}_ms": stats.median_ms, f"{which}_p20_ms": stats.p20_ms,
+            f"{which}_p80_ms": stats.p80_ms, f"{which}_tflops": flops / (stats.median_ms / 1e3) / 1e12,
+            f"{which}_times_ms": kept_times(times),
         })
     return metrics
 

@@ -199,9 +199,9 @@ def train(ctx: RankContext, point: dict[str, Any]) -> dict[str, Any]:
     """On every rank: set up, calibrate, warm up, time the steps, aggregate over ranks."""
     spec = Spec(**{**point, "backend": ctx.backend})
     run = _Setup(spec, ctx)
-    local_ms = None
+    local_times = None
     if spec.strategy != "single":
-        local_ms = _time_unwrapped(run, spec, ctx)
+        local_times = _time_unwrapped(run, spec, ctx)
         run.wrap()
     synchronize(ctx.device)
     init_gib = torch.cuda.memory_allocated(ctx.device) / GIB if ctx.device.type == "cuda" else None
@@ -217,7 +217,7 @@ def train(ctx: RankContext, point: dict[str, Any]) -> dict[str, Any]:
         "step_ms": statistics.fmean(times),
         "step_std_ms": statistics.stdev(times) if len(times) > 1 else 0.0,
         "step_median_ms": statistics.median(times),
-        "local_step_ms": local_ms,
+        "local_step_ms": statistics.fmean(local_times) if local_times else None,
         **{f"{name}_ms": statistics.fmean(ms) for name, ms in phases.items()},
         "init_allocated_gib": init_gib,
         "peak_before_optimizer_gib": max(before) if init_gib is not None else None,
@@ -240,11 +240,15 @@ def train(ctx: RankContext, point: dict[str, Any]) -> dict[str, Any]:
     )
     if calibration is not None:
         metrics.update(_prediction(spec, run, calibration, metrics))
+    # this rank's per-step times (the row is rank 0's): the intervals of the summary's ratios
+    metrics["times_ms"] = [round(t, 4) for t in times]
+    metrics["local_times_ms"] = [round(t, 4) for t in local_times] if local_times else None
     return metrics
 
 
-def _time_unwrapped(run: _Setup, spec: Spec, ctx: RankContext) -> float | None:
-    """Mean ms of the unwrapped step on this rank (the paired baseline), None if it ran out of memory.
+def _time_unwrapped(run: _Setup, spec: Spec, ctx: RankContext) -> list[float] | None:
+    """Per-step ms of the unwrapped step on this rank (the paired baseline), None if it ran out of
+    memory.
 
     The unwrapped step keeps the whole AdamW state: a point that fits only with the sharded
     optimizer gets no paired baseline, and its data-parallel step is still measured.
@@ -253,7 +257,7 @@ def _time_unwrapped(run: _Setup, spec: Spec, ctx: RankContext) -> float | None:
         unwrapped = time_phased_steps(run.step, warmup=spec.warmup, steps=spec.steps, device=ctx.device)
     except torch.OutOfMemoryError:
         return None
-    return statistics.fmean(unwrapped.times_ms)
+    return unwrapped.times_ms
 
 
 def _calibrate(ctx: RankContext) -> tuple[float, float] | str:

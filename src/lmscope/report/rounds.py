@@ -1,0 +1,74 @@
+"""Pooling the rounds of a point (`lmscope bench --rounds R`) into one row for reports.
+
+A point run in R interleaved rounds has R rows (`round` 0..R-1, `rounds` R). A report shows it
+as one row: the last row of each round, with every per-step times list (`times_ms`,
+`fwd_times_ms`, ...) joined over the rounds that finished `ok`, the timing statistics taken again
+from the joined times, throughput scaled to the pooled median, and `rounds` the number of rounds
+pooled. Other metrics are the last round's.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from lmscope.results import Record, point_key
+
+THROUGHPUT_KEYS = ("tokens_per_s", "tflops", "mfu")
+"""Metrics of a step that are proportional to 1 / median step time."""
+
+
+def pool_rounds(records: Sequence[Record], spec_keys: Sequence[str]) -> list[Record]:
+    """One record per point, the rounds of the point's last run pooled, in first-seen order."""
+    by_point: dict[str, dict[int, Record]] = {}
+    for record in records:
+        key = point_key(record.get("workload", ""), {k: record.get(k) for k in spec_keys})
+        rounds = by_point.pop(key, {})
+        rounds.pop(record.get("round") or 0, None)
+        rounds[record.get("round") or 0] = record
+        by_point[key] = rounds
+    return [_pooled(rounds) for rounds in by_point.values()]
+
+
+def _pooled(rounds: dict[int, Record]) -> Record:
+    last = list(rounds.values())[-1]
+    count = last.get("rounds") or 1
+    ok = [rounds[r] for r in sorted(rounds) if r < count and rounds[r].get("status") == "ok"]
+    if count == 1 or len(ok) < 2:
+        return last
+    base = dict(ok[-1])
+    pooled: Record = {"rounds": len(ok)}
+    for key, value in base.items():
+        if key.endswith("times_ms") and isinstance(value, list):
+            joined = [t for record in ok for t in record.get(key) or []]
+            pooled[key] = joined
+            pooled.update(_statistics(base, key, joined))
+    return {**base, **pooled}
+
+
+def _statistics(record: Record, key: str, times: list[float]) -> dict[str, Any]:
+    """The summary of `times` under the keys the workload wrote for the list named `key`."""
+    prefix = key[: -len("times_ms")]
+    median = statistics.median(times)
+    p20, p80 = (float(v) for v in np.percentile(times, [20, 80]))
+    if not prefix:  # a step's timer statistics (bench, memory, profile)
+        old = record.get("median_ms")
+        out: dict[str, Any] = {
+            "mean_ms": statistics.fmean(times), "std_ms": statistics.stdev(times),
+            "median_ms": median, "min_ms": min(times), "max_ms": max(times),
+            "p20_ms": p20, "p80_ms": p80, "n": len(times),
+        }
+        if isinstance(old, float | int) and old > 0:
+            out.update({k: record[k] * old / median for k in THROUGHPUT_KEYS
+                        if isinstance(record.get(k), float | int)})
+        return {k: v for k, v in out.items() if k in record}
+    name = prefix.rstrip("_")  # attention's passes: fwd_times_ms -> fwd_ms, fwd_p20_ms, ...
+    old = record.get(f"{name}_ms")
+    out = {f"{name}_ms": median, f"{name}_p20_ms": p20, f"{name}_p80_ms": p80}
+    if isinstance(old, float | int) and old > 0 and isinstance(record.get(f"{name}_tflops"), float | int):
+        out[f"{name}_tflops"] = record[f"{name}_tflops"] * old / median
+    return {k: v for k, v in out.items() if k in record}
+

@@ -1,0 +1,116 @@
+"""--compare: ratios with confidence intervals, the base a user can run, pooled rounds."""
+
+import numpy as np
+import pytest
+
+from lmscope.report.compare import find_base
+from lmscope.report.tables import build_table
+from lmscope.stats import ratio_interval
+
+KEYS = ["size", "impl", "steps"]
+
+
+def step_row(impl, times, *, status="ok", size="tiny", **extra):
+    row = {"workload": "bench", "size": size, "impl": impl, "steps": 10, "status": status}
+    if status == "ok":
+        row |= {"median_ms": float(np.median(times)), "times_ms": list(times)}
+    return row | extra
+
+
+def test_a_ratio_carries_the_interval_of_its_per_step_times():
+    base = [20.0 + 0.1 * i for i in range(10)]  # median 20.45
+    other = [10.0 + 0.05 * i for i in range(10)]  # median 10.225: exactly half
+    header, rows = build_table([step_row("a", base), step_row("b", other)], KEYS, compare="impl")
+    assert header == ["median_ms impl=a", "median_ms impl=b", "ratio a/b"]
+    text = rows[0][2]
+    assert text == ratio_interval(base, other).as_text()
+    assert text.startswith("2.00x [")
+    low, high = (float(v) for v in text[text.index("[") + 1 : -1].split(","))
+    assert 1.9 < low < 2.0 < high < 2.1
+
+
+def test_constant_times_give_a_point_interval():
+    _, rows = build_table([step_row("a", [6.0] * 5), step_row("b", [2.0] * 7)], KEYS, compare="impl")
+    assert rows[0][2] == "3.00x [3.00, 3.00]"
+
+
+def test_a_difference_inside_the_noise_is_marked():
+    rng = np.random.default_rng(7)
+    a, b = rng.normal(10.0, 1.0, 25), rng.normal(10.05, 1.0, 25)
+    _, rows = build_table([step_row("a", a), step_row("b", b)], KEYS, compare="impl")
+    assert rows[0][2].startswith("~") and ratio_interval(a, b).within_noise
+
+
+def test_a_timing_without_per_step_times_says_it_has_no_interval():
+    rows = [{**step_row("a", [4.0]), "times_ms": None}, {**step_row("b", [2.0]), "times_ms": None}]
+    _, table = build_table(rows, KEYS, compare="impl")
+    assert table[0][2] == "2.00x (no interval)"
+
+
+def test_a_ratio_of_memory_is_a_plain_number():
+    rows = [{"workload": "memory", "size": "tiny", "checkpoint": c, "status": "ok", "step_peak_gib": g}
+            for c, g in (("none", 3.0), ("block", 1.5))]
+    _, table = build_table(rows, ["size", "checkpoint"], compare="checkpoint")
+    assert table[0][-1] == 2.0
+
+
+def test_the_base_is_the_first_value_with_an_ok_row():
+    rows = [step_row("flash-triton", [], status="error"), step_row("naive", [8.0] * 3),
+            step_row("sdpa", [4.0] * 3)]
+    header, table = build_table(rows, KEYS, compare="impl")
+    assert header[-2:] == ["ratio naive/flash-triton", "ratio naive/sdpa"]
+    assert table[0][-2:] == [None, "2.00x [2.00, 2.00]"]
+
+
+def test_compare_base_chooses_the_base():
+    rows = [step_row("naive", [8.0] * 3), step_row("sdpa", [4.0] * 3)]
+    header, table = build_table(rows, KEYS, compare="impl", compare_base="sdpa")
+    assert header[-1] == "ratio sdpa/naive" and table[0][-1] == "0.50x [0.50, 0.50]"
+    with pytest.raises(ValueError, match="not a value of impl: choose one of naive, sdpa"):
+        build_table(rows, KEYS, compare="impl", compare_base="flash")
+
+
+def test_compare_base_reads_on_and_off_as_booleans():
+    assert find_base([False, True], "on", "fast") is True
+    assert find_base([False, True], "off", "fast") is False
+    assert find_base([128, 256], "256", "context_length") == 256
+
+
+def test_rounds_are_pooled_for_the_median_and_the_interval():
+    a_rounds = [[10.0, 10.2], [10.4, 10.6], [10.8, 11.0]]
+    b_rounds = [[5.0, 5.1], [5.2, 5.3], [5.4, 5.5]]
+    rows = []
+    for r in range(3):  # interleaved, as the runner writes them
+        speed = 1000.0 / np.median(a_rounds[r])
+        rows.append(step_row("a", a_rounds[r], round=r, rounds=3, tokens_per_s=speed))
+        rows.append(step_row("b", b_rounds[r], round=r, rounds=3))
+    a_all, b_all = sum(a_rounds, []), sum(b_rounds, [])
+    header, table = build_table(rows, KEYS, compare="impl")
+    expected = ratio_interval(a_all, b_all).as_text()
+    assert table == [[float(np.median(a_all)), float(np.median(b_all)), expected]]
+    _, plain = build_table(rows, KEYS)
+    assert len(plain) == 2
+    pooled = dict(zip(_header(rows), plain[0], strict=True))
+    assert pooled["median_ms"] == pytest.approx(10.5)
+    assert pooled["tokens_per_s"] == pytest.approx(1000.0 / 10.5)
+
+
+def test_a_later_single_run_of_a_point_replaces_its_rounds():
+    rows = [step_row("a", [10.0], round=0, rounds=2), step_row("a", [12.0], round=1, rounds=2),
+            step_row("b", [5.0]), step_row("a", [30.0])]
+    header, table = build_table(rows, KEYS, compare="impl")
+    cells = dict(zip(header, table[0], strict=True))
+    assert cells["median_ms impl=a"] == 30.0 and cells["median_ms impl=b"] == 5.0
+
+
+def test_a_failed_round_is_left_out_of_the_pool():
+    rows = [step_row("a", [10.0, 10.0], round=0, rounds=3),
+            step_row("a", [], status="error", round=1, rounds=3),
+            step_row("a", [14.0, 14.0], round=2, rounds=3), step_row("b", [6.0, 6.0])]
+    _, table = build_table(rows, KEYS, compare="impl")
+    assert table[0][0] == 12.0
+
+
+def _header(rows):
+    header, _ = build_table(rows, KEYS)
+    return header

@@ -183,6 +183,10 @@ class FullyShardedDP(nn.Module):
         self._gather_stream = torch.cuda.Stream(device) if cuda else None
         self._reduce_stream = torch.cuda.Stream(device) if cuda else None
         self._callback_queued = False
+        self.bytes_gathered = 0
+        """Bytes the all-gathers produced on this rank so far (their output buffers)."""
+        self.bytes_reduced = 0
+        """Bytes the reduce-scatters took in on this rank so far (the full gradients)."""
         for unit in self.units:
             assert unit.module is not None
             unit.module.register_forward_pre_hook(lambda m, a, u=unit: self._pre_forward(u))
@@ -224,6 +228,7 @@ class FullyShardedDP(nn.Module):
             return
         for group in unit.groups:
             group.allocate()
+            self.bytes_gathered += group.padded_numel * group.full.element_size()
         if self._gather_stream is None:
             for group in unit.groups:
                 group.gather(self.group)
@@ -301,6 +306,7 @@ class FullyShardedDP(nn.Module):
         assert grad is not None
         group.full.grad = None
         grad = grad.to(self.reduce_dtype or group.compute_dtype)
+        self.bytes_reduced += grad.numel() * grad.element_size()
         if group.shard.grad is None:
             group.shard.grad = torch.zeros_like(group.shard)
         if self._reduce_stream is None:
@@ -381,11 +387,10 @@ class FullyShardedDP(nn.Module):
                 dist.broadcast(flat, src=0, group=self.group)
                 begin = self.rank * group.shard_numel
                 group.shard.copy_(flat[begin: begin + group.shard_numel])
-        buffers = dict(self.module.named_buffers())
+        buffers = self.module.state_dict().keys()  # the parameters are gone: buffers only
         shared = [{k: state[k] for k in buffers} if self.rank == 0 and state is not None else None]
         dist.broadcast_object_list(shared, src=0, group=self.group)
-        for key, value in (shared[0] or {}).items():
-            buffers[key].copy_(value)
+        self.module.load_state_dict(shared[0] or {}, strict=False)
 
 
 def default_units(model: nn.Module) -> list[nn.Module]:

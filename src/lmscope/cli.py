@@ -268,10 +268,14 @@ def ddp(
     precision: Precision = "bf16",
     attention: Annotated[str, typer.Option(help="naive | sdpa | flash | flash-torch")] = "naive",
     strategy: Annotated[
-        str, typer.Option(help="naive,flat,overlap,bucketed:<MiB>,coalesced:<MiB>,torch-ddp[:<MiB>] "
-                          "(single is added as baseline)")
+        str, typer.Option(help="naive,flat,overlap,bucketed:<MiB>,coalesced:<MiB>,torch-ddp[:<MiB>],"
+                          "fsdp,torch-fsdp2 (single is added as baseline)")
     ] = "naive,flat,overlap,bucketed:25,torch-ddp",
     shard_optimizer: Annotated[str, typer.Option(help="ShardedOptimizer: off | on | off,on")] = "off",
+    fast: Annotated[str, typer.Option("--fast", help="FastTransformerLM (fused kernels and loss; with "
+                                      "fsdp, torch-fsdp2 and single): off | on")] = "off",
+    checkpoint: Annotated[str, typer.Option(help="activation checkpointing: none | block | every:K")] = "none",
+    model_context_length: ModelContextLength = None,
     nproc: Nproc = None,
     backend: Backend = "auto",
     device: Annotated[str, typer.Option(help="auto | cuda | cpu (gloo)")] = "auto",
@@ -289,7 +293,8 @@ def ddp(
 
     fixed = dict(d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
                  vocab_size=vocab_size, attention=attention, backend=backend, device=device,
-                 warmup=warmup, steps=steps, timeout_s=timeout)
+                 warmup=warmup, steps=steps, timeout_s=timeout, checkpoint=checkpoint,
+                 fast=split_list(fast, bool, "--fast")[0], model_context_length=model_context_length)
     swept = {
         **model_axes(size=size or _default_size(), context_length=context_length, batch_size=batch_size,
                      precision=precision),

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 

@@ -415,7 +415,10 @@ def default_units(model: nn.Module) -> list[nn.Module]:
                      "(the submodules to gather one at a time, e.g. model.blocks)")
 
 
-def _owners(model: nn.Module, units: list[nn.Module]) -> dict[nn.Parameter, tuple[int, list[tuple[nn.Module, str]]]]:
+Owners = dict[nn.Parameter, tuple[int, list[tuple[nn.Module, str]]]]
+
+
+def _owners(model: nn.Module, units: list[nn.Module]) -> Owners:
     """Parameter -> (index of the unit that owns it; len(units) for the root, where), in model order.
 
     A parameter attached only inside one unit belongs to that unit; one attached outside every

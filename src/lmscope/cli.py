@@ -274,7 +274,7 @@ def ddp(
     shard_optimizer: Annotated[str, typer.Option(help="ShardedOptimizer: off | on | off,on")] = "off",
     fast: Annotated[str, typer.Option("--fast", help="FastTransformerLM (fused kernels and loss; with "
                                       "fsdp, torch-fsdp2 and single): off | on")] = "off",
-    checkpoint: Annotated[str, typer.Option(help="activation checkpointing: none | block | every:K")] = "none",
+    checkpoint: Annotated[str, typer.Option(help="checkpointing: none | block | every:K")] = "none",
     model_context_length: ModelContextLength = None,
     nproc: Nproc = None,
     backend: Backend = "auto",

@@ -427,6 +427,9 @@ def plan_memory(
     precision: Annotated[str, typer.Option(help="fp32 | bf16 | fp16 (autocast)")] = "fp32",
     attention: Annotated[str, typer.Option(help="naive | sdpa | flash | flash-torch")] = "naive",
     checkpoint: Annotated[str, typer.Option(help="checkpointing: none | block | every:K")] = "none",
+    fsdp: Annotated[int, typer.Option(help="FSDP degree: memory per rank and bytes per step of "
+                                      "FullyShardedDP over this many ranks (1: off)")] = 1,
+    fast: Annotated[str, typer.Option("--fast", help="FSDP units of the fast model: off | on")] = "off",
     fmt: PlanFormat = "table",
 ) -> None:
     """Predicted memory per phase of a step, its components, saved activations, one residual tensor."""
@@ -435,7 +438,8 @@ def plan_memory(
     config = plan.transformer_config(model, d_model=d_model, d_ff=d_ff, num_layers=num_layers,
                                      num_heads=num_heads, vocab_size=vocab_size)
     sections = plan.memory_plan(model, config, batch_size=batch_size, seq_len=context_length, mode=mode,
-                                precision=precision, attention=attention, checkpoint=checkpoint)
+                                precision=precision, attention=attention, checkpoint=checkpoint, fsdp=fsdp,
+                                fast=split_list(fast, bool, "--fast")[0])
     plan.show(sections, fmt, title=f"lmscope plan memory: {model}", command=_command_line())
 
 

@@ -12,7 +12,14 @@ import torch
 
 from lmscope.accounting.flops import parameter_counts
 from lmscope.cli import main
-from lmscope.parallel.commands import ddp_points, ddp_summary, exit_code, overhead_model_line, results_path
+from lmscope.parallel.commands import (
+    ddp_points,
+    ddp_summary,
+    exit_code,
+    fsdp_summary,
+    overhead_model_line,
+    results_path,
+)
 from lmscope.parallel.launch import launch
 from lmscope.report.tables import format_value
 from lmscope.workloads import ddp
@@ -148,6 +155,17 @@ def test_sharded_point_on_two_ranks(strategy):
     else:
         assert row["ddp_settings"].startswith("units=4, param_dtype=bfloat16, reduce_dtype=bfloat16")
         assert row["allgather_error_pct"] is None
+
+
+def test_fsdp_summary_keeps_sharded_points_only():
+    records = [{"status": "ok", "strategy": "fsdp", "world_size": 2, "step_ms": 5.0,
+                "predicted_fsdp_peak_gib": 1.5, "peak_error_pct": 3.0},
+               {"status": "ok", "strategy": "overlap", "world_size": 2, "step_ms": 4.0},
+               {"status": "oom", "strategy": "torch-fsdp2", "predicted_fsdp_peak_gib": 1.5}]
+    header, rows = fsdp_summary(records)
+    assert len(rows) == 1
+    row = dict(zip(header, rows[0], strict=True))
+    assert row["strategy"] == "fsdp" and row["predicted_fsdp_peak_gib"] == 1.5 and row["peak_error_pct"] == 3.0
 
 
 def _train_with_shrinking_calibration(ctx, point):

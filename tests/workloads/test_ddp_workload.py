@@ -165,7 +165,8 @@ def test_fsdp_summary_keeps_sharded_points_only():
     header, rows = fsdp_summary(records)
     assert len(rows) == 1
     row = dict(zip(header, rows[0], strict=True))
-    assert row["strategy"] == "fsdp" and row["predicted_fsdp_peak_gib"] == 1.5 and row["peak_error_pct"] == 3.0
+    assert row["strategy"] == "fsdp" and row["predicted_fsdp_peak_gib"] == 1.5
+    assert row["peak_error_pct"] == 3.0
 
 
 def _train_with_shrinking_calibration(ctx, point):

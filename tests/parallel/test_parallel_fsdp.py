@@ -8,8 +8,10 @@ batch (as one gradient: the mean over ranks of each rank's mean loss).
 from __future__ import annotations
 
 import copy
+import gc
 import math
 import random
+import weakref
 
 import pytest
 import torch
@@ -142,9 +144,12 @@ def _case(ctx: RankContext, seed: int, kind: str, micro: int, dtype: torch.dtype
     if kind == "checkpointed":  # after the copy: the wrapped forward is bound to this model
         apply_checkpointing(model, "block")
     batches = _batches(seed + 1, ctx.world_size, vocab, micro)
+    originals = [weakref.ref(p) for p in model.parameters()]
     wrapped, optimizer = _train_fsdp(ctx, model, units, batches, dtype)
+    gc.collect()
     state = wrapped.full_state_dict()
-    out: dict[str, object] = {"settings": wrapped.settings}
+    out: dict[str, object] = {"settings": wrapped.settings,
+                              "originals_freed": all(ref() is None for ref in originals)}
     if ctx.rank == 0:
         reference = _train_reference(copy.deepcopy(start), batches, ctx.world_size, dtype)
         out["error"] = _relative(state, reference)
@@ -246,6 +251,11 @@ def test_parameters_gradients_and_state_are_one_nth_plus_padding(ranks, case):
     total = sum(r[case]["param_numel"] for r in ranks)
     assert total == ranks[0][case]["unsharded_numel"] + ranks[0][case]["padding"]
     assert 0 <= ranks[0][case]["padding"] < world * ranks[0][case]["groups"]
+
+
+@pytest.mark.parametrize("case", FP32_CASES + ["transformer/bf16"])
+def test_the_unsharded_parameters_are_freed(ranks, case):
+    assert all(rank[case]["originals_freed"] for rank in ranks)
 
 
 def test_some_units_are_padded(ranks):

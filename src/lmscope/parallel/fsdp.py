@@ -61,8 +61,9 @@ class _FlatGroup:
 
     def __init__(self, params: list[tuple[nn.Parameter, list[tuple[nn.Module, str]]]], *,
                  rank: int, world_size: int, param_dtype: torch.dtype | None) -> None:
-        self.params = params
-        """(original parameter, where it is attached: [(module, attribute name), ...])."""
+        self.owners = [where for _, where in params]
+        """Per parameter, where it is attached: [(module, attribute name), ...] (tied: several).
+        The original parameters themselves are not kept: once the module drops them they are freed."""
         self.shapes = [p.shape for p, _ in params]
         self.numels = [p.numel() for p, _ in params]
         self.numel = sum(self.numels)
@@ -106,7 +107,7 @@ class _FlatGroup:
     def attach(self) -> None:
         """Point each module attribute at its view of the gathered buffer (fresh views per pass)."""
         offset = 0
-        for (_, owners), shape, numel in zip(self.params, self.shapes, self.numels, strict=True):
+        for owners, shape, numel in zip(self.owners, self.shapes, self.numels, strict=True):
             view = self.full[offset: offset + numel].view(shape)
             for module, name in owners:
                 setattr(module, name, view)
@@ -355,7 +356,7 @@ class FullyShardedDP(nn.Module):
                 if self.rank != 0:
                     continue
                 offset = 0
-                for (_, owners), shape, numel in zip(group.params, group.shapes, group.numels, strict=True):
+                for owners, shape, numel in zip(group.owners, group.shapes, group.numels, strict=True):
                     tensor = flat[offset: offset + numel].view(shape).cpu().clone()
                     for module, name in owners:
                         values[f"{names[id(module)]}{name}"] = tensor
@@ -382,7 +383,7 @@ class FullyShardedDP(nn.Module):
                 if self.rank == 0:
                     assert state is not None
                     parts = [state[f"{names[id(owners[0][0])]}{owners[0][1]}"].reshape(-1)
-                             for _, owners in group.params]
+                             for owners in group.owners]
                     flat[: group.numel].copy_(torch.cat(parts))
                 dist.broadcast(flat, src=0, group=self.group)
                 begin = self.rank * group.shard_numel

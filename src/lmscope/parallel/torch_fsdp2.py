@@ -2,8 +2,10 @@
 
 The same units as ours (`lmscope.parallel.fsdp.default_units`), bottom-up, then the whole model;
 `MixedPrecisionPolicy(param_dtype, reduce_dtype)` with the same dtypes as ours (the compute dtype
-for both unless told otherwise), `reshard_after_forward=True` (FSDP2's default: free after the
-forward, gather again in the backward). The model's parameters become DTensor shards: build the
+for both unless told otherwise) and `cast_forward_inputs=False` (ours leaves a unit's inputs as
+they come: the fast model's fp32 residual stream and RoPE tables stay fp32),
+`reshard_after_forward=True` (FSDP2's default: free after the forward, gather again in the
+backward). The model's parameters become DTensor shards: build the
 optimizer over `model.parameters()` after this call.
 """
 
@@ -23,7 +25,8 @@ def torch_fully_shard(model: nn.Module, units: Sequence[nn.Module] | None = None
     """Apply `fully_shard` to each unit and the root in place; returns the settings used."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype or param_dtype)
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype or param_dtype,
+                                  cast_forward_inputs=False)
     chosen = list(default_units(model) if units is None else units)
     for unit in chosen:
         fully_shard(unit, mp_policy=policy)
@@ -33,4 +36,5 @@ def torch_fully_shard(model: nn.Module, units: Sequence[nn.Module] | None = None
         return "master" if dtype is None else str(dtype).replace("torch.", "")
 
     return {"units": len(chosen), "param_dtype": name(param_dtype),
-            "reduce_dtype": name(reduce_dtype or param_dtype), "reshard_after_forward": True}
+            "reduce_dtype": name(reduce_dtype or param_dtype), "cast_forward_inputs": False,
+            "reshard_after_forward": True}

@@ -7,16 +7,19 @@
 #           context 32768, batch 1: fsdp and torch-fsdp2 at world size 1 with --fast on and
 #           --checkpoint block, beside the single baseline (same fast model, unsharded AdamW); then
 #           the GPU tests of the FSDP code (tests/parallel/test_parallel_fsdp_gpu.py). SINGLE_S=540.
-#   x2      (b) 2 ranks: xl and 2.7B, bf16, context 512, batch 4 per rank, strategies fsdp,
-#           torch-fsdp2, coalesced:1000 in one run (plus the single baseline). X2_S=580 per size.
+#   x2      (b) X_NPROC ranks (default 2; 4 on nvidia-h200-x4): xl and 2.7B, bf16, context 512,
+#           batch 4 per rank, strategies fsdp, torch-fsdp2, coalesced:1000 in one run (plus the
+#           single baseline). X2_S=580 per size.
 #   long    the 8B long-context step (d 4096, d_ff 11008, 34 layers, 32 heads, vocab 151936),
 #           context 32768, batch 1 per rank on 2 ranks: fsdp with --fast on --attention flash and
 #           --checkpoint block, fused AdamW. LONG_S=580.
 #   peer    its peer in the same session: transformers' Llama (SDPA), full activation
 #           checkpointing, fully_shard per layer, bf16 params, fp32 reduce, foreach AdamW
 #           (benchmarks/distributed/llama_fsdp2_peer.py). PEER_S=580.
-# Writes into $OUT: log.txt, fsdp-single.jsonl/.md, fsdp-xl.jsonl/.md, fsdp-2.7B.jsonl/.md,
-# fsdp-8b.jsonl/.md, llama-peer.jsonl.
+# Writes into $OUT: log.txt, fsdp-single.jsonl/.md, fsdp-xl-x2.jsonl/.md, fsdp-2.7B-x2.jsonl/.md,
+# fsdp-8b.jsonl/.md (each with .summary.md and .fsdp.md: memory per rank beside the accounting),
+# llama-peer.jsonl. The long stage's paired unwrapped step and single baseline run out of
+# memory at 8B (an oom row, and local_step_ms None): expected, they cost one step each.
 set -uo pipefail
 OUT=${OUT:-runs/fsdp-gpu}
 mkdir -p "$OUT"
@@ -38,8 +41,8 @@ fi
 if stage x2; then
   for size in xl 2.7B; do
     run timeout "${X2_S:-580}" "${LM[@]}" ddp --size "$size" --context-length 512 --batch-size 4 \
-      --precision bf16 --nproc 2 --strategy fsdp,torch-fsdp2,coalesced:1000 --warmup 5 --steps 20 \
-      --timeout 200 --out "$OUT/fsdp-$size.jsonl" --format md
+      --precision bf16 --nproc "${X_NPROC:-2}" --strategy fsdp,torch-fsdp2,coalesced:1000 --warmup 5 \
+      --steps 20 --timeout 200 --out "$OUT/fsdp-$size-x${X_NPROC:-2}.jsonl" --format md
   done
 fi
 if stage long; then

@@ -274,3 +274,35 @@ def test_settings_name_units_and_dtypes(ranks):
     assert settings["units"] == CONFIG.num_layers + 2 and settings["root"]
     assert settings["param_dtype"] == settings["reduce_dtype"] == "bfloat16"
     assert ranks[0]["tied/fp32"]["settings"]["units"] == 1  # embed and head hold only the tied weight
+
+
+def _llama_losses(ctx: RankContext, seed: int) -> tuple[list[float], list[float], int]:
+    """transformers' Llama under FullyShardedDP's default units (world of one) and unsharded."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from lmscope.model.hf_peer import llama_config_kwargs
+
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(**llama_config_kwargs(CONFIG)))
+    reference = copy.deepcopy(model)
+    wrapped = FullyShardedDP(model)
+    tokens = torch.randint(0, CONFIG.vocab_size, (2, SEQ))
+    losses: tuple[list[float], list[float]] = ([], [])
+    for net, out in ((wrapped, losses[0]), (reference, losses[1])):
+        optimizer = torch.optim.AdamW(net.parameters(), **ADAMW)
+        for _ in range(STEPS):
+            optimizer.zero_grad(set_to_none=True)
+            loss = net(input_ids=tokens, labels=tokens).loss
+            loss.backward()
+            optimizer.step()
+            out.append(loss.item())
+    return losses[0], losses[1], len(wrapped.units)
+
+
+def test_llama_default_units_train_like_the_unsharded_model():
+    pytest.importorskip("transformers")
+    ours, reference, units = launch(_llama_losses, random.randrange(10**6), nproc=1, backend="gloo",
+                                    timeout_s=120)
+    assert units == CONFIG.num_layers + 2  # embed_tokens, each decoder layer, lm_head
+    assert ours == pytest.approx(reference, rel=1e-6)
+    assert ours[-1] < ours[0]

@@ -19,6 +19,14 @@ eager step is bound by the CPU it drifts by more than the few percent a strategy
 
 Each multi-rank point also times all-reduces of two sizes, fits t = o + S / w and predicts
 its exposed communication with the overhead model of `lmscope.accounting.comms`.
+
+The fully sharded strategies (`fsdp`: lmscope's FullyShardedDP; `torch-fsdp2`: PyTorch's
+`fully_shard` per block, same mixed-precision policy) shard parameters, gradients and AdamW state
+(bf16: parameters gathered and gradients reduced in bf16 over fp32 master shards). They may run
+the fast model (`fast`) and checkpointed blocks (`checkpoint`). Their rows add memory per rank
+after the step and rank 0's values beside the mean/min/max, the FSDP accounting
+(`lmscope.accounting.fsdp`) with error columns, the bytes our all-gathers and reduce-scatters
+moved per step, and `exposed_comm_ms`: the step beyond the paired unwrapped step.
 """
 
 from __future__ import annotations

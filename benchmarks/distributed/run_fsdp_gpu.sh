@@ -9,7 +9,8 @@
 #           the GPU tests of the FSDP code (tests/parallel/test_parallel_fsdp_gpu.py). SINGLE_S=540.
 #   x2      (b) X_NPROC ranks (default 2; 4 on nvidia-h200-x4): xl and 2.7B, bf16, context 512,
 #           batch 4 per rank, strategies fsdp, torch-fsdp2, coalesced:1000 in one run (plus the
-#           single baseline). X2_S=580 per size.
+#           single baseline). X2_S=580 per size; X_SIZES=xl,2.7B (one size per call keeps a
+#           call under the device tool's 10 minutes: X_SIZES=xl, then X_SIZES=2.7B).
 #   long    the 8B long-context step (d 4096, d_ff 11008, 34 layers, 32 heads, vocab 151936),
 #           context 32768, batch 1 per rank on 2 ranks: fsdp with --fast on --attention flash and
 #           --checkpoint block, fused AdamW. LONG_S=580.
@@ -26,6 +27,7 @@ mkdir -p "$OUT"
 export PYTHONPATH=src
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # no NVLink multicast
 STAGES=${STAGES:-single}
+X_SIZES=${X_SIZES:-xl,2.7B}
 LM=(python3 -m lmscope)
 B8=(--d-model 4096 --d-ff 11008 --num-heads 32 --vocab-size 151936 --context-length 32768
     --batch-size 1 --precision bf16)
@@ -39,7 +41,7 @@ if stage single; then
   run timeout 300 python3 -m pytest -q tests/parallel/test_parallel_fsdp_gpu.py
 fi
 if stage x2; then
-  for size in xl 2.7B; do
+  for size in ${X_SIZES//,/ }; do
     run timeout "${X2_S:-580}" "${LM[@]}" ddp --size "$size" --context-length 512 --batch-size 4 \
       --precision bf16 --nproc "${X_NPROC:-2}" --strategy fsdp,torch-fsdp2,coalesced:1000 --warmup 5 \
       --steps 20 --timeout 200 --out "$OUT/fsdp-$size-x${X_NPROC:-2}.jsonl" --format md

@@ -283,10 +283,14 @@ def ddp(
     precision: Precision = "bf16",
     attention: Annotated[str, typer.Option(help="naive | sdpa | flash | flash-torch")] = "naive",
     strategy: Annotated[
-        str, typer.Option(help="naive,flat,overlap,bucketed:<MiB>,coalesced:<MiB>,torch-ddp[:<MiB>] "
-                          "(single is added as baseline)")
+        str, typer.Option(help="naive,flat,overlap,bucketed:<MiB>,coalesced:<MiB>,torch-ddp[:<MiB>],"
+                          "fsdp,torch-fsdp2 (single is added as baseline)")
     ] = "naive,flat,overlap,bucketed:25,torch-ddp",
     shard_optimizer: Annotated[str, typer.Option(help="ShardedOptimizer: off | on | off,on")] = "off",
+    fast: Annotated[str, typer.Option("--fast", help="FastTransformerLM (fused kernels and loss; with "
+                                      "fsdp, torch-fsdp2 and single): off | on")] = "off",
+    checkpoint: Annotated[str, typer.Option(help="checkpointing: none | block | every:K")] = "none",
+    model_context_length: ModelContextLength = None,
     nproc: Nproc = None,
     backend: Backend = "auto",
     device: Annotated[str, typer.Option(help="auto | cuda | cpu (gloo)")] = "auto",
@@ -304,7 +308,8 @@ def ddp(
 
     fixed = dict(d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
                  vocab_size=vocab_size, attention=attention, backend=backend, device=device,
-                 warmup=warmup, steps=steps, timeout_s=timeout)
+                 warmup=warmup, steps=steps, timeout_s=timeout, checkpoint=checkpoint,
+                 fast=split_list(fast, bool, "--fast")[0], model_context_length=model_context_length)
     swept = {
         **model_axes(size=size or _default_size(), context_length=context_length, batch_size=batch_size,
                      precision=precision),
@@ -448,6 +453,9 @@ def plan_memory(
     precision: Annotated[str, typer.Option(help="fp32 | bf16 | fp16 (autocast)")] = "fp32",
     attention: Annotated[str, typer.Option(help="naive | sdpa | flash | flash-torch")] = "naive",
     checkpoint: Annotated[str, typer.Option(help="checkpointing: none | block | every:K")] = "none",
+    fsdp: Annotated[int, typer.Option(help="FSDP degree: memory per rank and bytes per step of "
+                                      "FullyShardedDP over this many ranks (1: off)")] = 1,
+    fast: Annotated[str, typer.Option("--fast", help="FSDP units of the fast model: off | on")] = "off",
     fmt: PlanFormat = "table",
 ) -> None:
     """Predicted memory per phase of a step, its components, saved activations, one residual tensor."""
@@ -456,7 +464,8 @@ def plan_memory(
     config = plan.transformer_config(model, d_model=d_model, d_ff=d_ff, num_layers=num_layers,
                                      num_heads=num_heads, vocab_size=vocab_size)
     sections = plan.memory_plan(model, config, batch_size=batch_size, seq_len=context_length, mode=mode,
-                                precision=precision, attention=attention, checkpoint=checkpoint)
+                                precision=precision, attention=attention, checkpoint=checkpoint, fsdp=fsdp,
+                                fast=split_list(fast, bool, "--fast")[0])
     plan.show(sections, fmt, title=f"lmscope plan memory: {model}", command=_command_line())
 
 

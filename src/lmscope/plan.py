@@ -18,6 +18,7 @@ from lmscope.accounting.flops import (
     parameter_counts,
     phase_flops,
 )
+from lmscope.accounting.fsdp import predict_fsdp
 from lmscope.accounting.memory import predict_memory, saved_activations
 from lmscope.accounting.parallelism import (
     PHASES,
@@ -148,8 +149,12 @@ def memory_plan(
     precision: str = "fp32",
     attention: str = "naive",
     checkpoint: str = "none",
+    fsdp: int = 1,
+    fast: bool = False,
 ) -> Sections:
-    """Predicted peak of each phase, what it is made of, the saved activations and one residual tensor."""
+    """Predicted peak of each phase, what it is made of, the saved activations and one residual tensor;
+    with `fsdp` > 1 also the memory per rank and bytes per step of FullyShardedDP over that many ranks
+    (`fast`: FastTransformerLM's units, the LM head in the root)."""
     _positive(batch_size, "--batch-size")
     _positive(seq_len, "--context-length")
     config = config.replace(context_length=max(config.context_length, seq_len))
@@ -176,7 +181,20 @@ def memory_plan(
         "one residual-stream tensor": [{
             "shape": f"({batch_size}, {seq_len}, {config.d_model})", "dtype": precision,
             "residual_activation_mib": prediction.residual_activation_bytes / 2**20}],
+        **(_fsdp_section(config, fsdp, batch_size, seq_len, precision, attention, checkpoint, fast)
+           if fsdp > 1 else {}),
     }
+
+
+def _fsdp_section(config: ModelConfig, ranks: int, batch_size: int, seq_len: int, precision: str,
+                  attention: str, checkpoint: str, fast: bool) -> Sections:
+    """FullyShardedDP over `ranks`: memory per rank by part, and bytes per rank and step."""
+    predicted = predict_fsdp(config, world_size=ranks, batch_size=batch_size, seq_len=seq_len,
+                             precision=precision, attention=attention, checkpoint=checkpoint, fast=fast)
+    record = predicted.as_record()
+    return {f"FSDP over {ranks} ranks (lmscope.parallel.fsdp), per rank": [
+        {"part": key.removeprefix("predicted_fsdp_").removesuffix("_gib"), "predicted_gib": value}
+        for key, value in record.items()]}
 
 
 def ffn_stack(name: str, *, d_model: int | None = None, d_ff: int | None = None,

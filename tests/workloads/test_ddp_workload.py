@@ -12,7 +12,14 @@ import torch
 
 from lmscope.accounting.flops import parameter_counts
 from lmscope.cli import main
-from lmscope.parallel.commands import ddp_points, ddp_summary, exit_code, overhead_model_line, results_path
+from lmscope.parallel.commands import (
+    ddp_points,
+    ddp_summary,
+    exit_code,
+    fsdp_summary,
+    overhead_model_line,
+    results_path,
+)
 from lmscope.parallel.launch import launch
 from lmscope.report.tables import format_value
 from lmscope.stats import ratio_interval
@@ -29,7 +36,10 @@ TINY = dict(size="tiny", d_model=16, num_heads=2, d_ff=24, num_layers=2, vocab_s
     ({"strategy": "single", "world_size": 2}, "--nproc 1"),
     ({"mode": "forward"}, "train steps"),
     ({"compile": True}, "torch.compile"),
-    ({"fast": True, "attention": "flash"}, "fast path is not wrapped"),
+    ({"fast": True, "attention": "flash"}, "sharded strategies"),
+    ({"strategy": "fsdp", "precision": "fp16"}, "--precision bf16"),
+    ({"strategy": "fsdp", "shard_optimizer": True}, "shard the optimizer state already"),
+    ({"checkpoint": "every:0"}, "unknown checkpoint policy"),
     ({"device": "cuda:1"}, "ranks pick their own GPU"),
     ({"backend": "nccl"}, "not --device cpu"),
     ({"steps": 0}, "--steps"),
@@ -128,6 +138,38 @@ def test_torch_ddp_point_on_two_ranks(strategy, caps):
     assert row["ddp_settings"].startswith(f"{caps}, gradient_as_bucket_view=True, ")
     # predicted buckets: this model's gradients fit PyTorch's default first bucket of 1 MiB
     assert row["buckets"] > 3 if strategy == "torch-ddp:0.002" else row["buckets"] == 1
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "torch-fsdp2"])
+def test_sharded_point_on_two_ranks(strategy):
+    """Both FSDPs run bf16 with checkpointed blocks; ours moves exactly the bytes predicted."""
+    row = ddp.run_point({**TINY, "strategy": strategy, "world_size": 2, "precision": "bf16",
+                        "checkpoint": "block"})
+    _check_common(row, 2)
+    assert row["comm_wait_ms"] is None and row["exposed_comm_ms"] is not None
+    assert row["predicted_fsdp_state_gib"] == pytest.approx(
+        row["predicted_fsdp_params_gib"] + row["predicted_fsdp_grads_gib"]
+        + row["predicted_fsdp_optimizer_state_gib"])
+    # 16 bytes per shard element; the model's 2 blocks, embedding, head, final norm over 2 ranks
+    assert row["predicted_fsdp_state_gib"] * 2**30 == pytest.approx(16 * row["parameters"] / 2, abs=16 * 5)
+    if strategy == "fsdp":
+        assert "units=4, root=True, param_dtype=bfloat16, reduce_dtype=bfloat16" in row["ddp_settings"]
+        assert row["allgather_error_pct"] == 0 and row["reduce_scatter_error_pct"] == 0
+    else:
+        assert row["ddp_settings"].startswith("units=4, param_dtype=bfloat16, reduce_dtype=bfloat16")
+        assert row["allgather_error_pct"] is None
+
+
+def test_fsdp_summary_keeps_sharded_points_only():
+    records = [{"status": "ok", "strategy": "fsdp", "world_size": 2, "step_ms": 5.0,
+                "predicted_fsdp_peak_gib": 1.5, "peak_error_pct": 3.0},
+               {"status": "ok", "strategy": "overlap", "world_size": 2, "step_ms": 4.0},
+               {"status": "oom", "strategy": "torch-fsdp2", "predicted_fsdp_peak_gib": 1.5}]
+    header, rows = fsdp_summary(records)
+    assert len(rows) == 1
+    row = dict(zip(header, rows[0], strict=True))
+    assert row["strategy"] == "fsdp" and row["predicted_fsdp_peak_gib"] == 1.5
+    assert row["peak_error_pct"] == 3.0
 
 
 def _train_with_shrinking_calibration(ctx, point):

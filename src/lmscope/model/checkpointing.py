@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -41,8 +40,8 @@ def apply_checkpointing(model: nn.Module, policy: str) -> tuple[int, ...]:
     return chosen
 
 
-def _checkpointed(forward: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
-    def run(x: torch.Tensor) -> torch.Tensor:
-        return checkpoint(forward, x, use_reentrant=False)
+def _checkpointed(forward: Callable[..., object]) -> Callable[..., object]:
+    def run(*args: object) -> object:
+        return checkpoint(forward, *args, use_reentrant=False)
 
     return run

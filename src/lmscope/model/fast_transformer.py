@@ -146,12 +146,44 @@ _MATMULS_PER_BLOCK = 4  # [Wq; Wk; Wv], Wo, [w1; w3], w2
 _WEIGHT_UPDATES: weakref.WeakKeyDictionary[torch.nn.Module, weakref.ref] = weakref.WeakKeyDictionary()
 
 
+class FastTransformerBlock(TransformerBlock):
+    """A `TransformerBlock` run by the fused kernels (called as a module, so hooks and
+    activation checkpointing apply to it): forward(x, pending, ...) -> (x, pending)."""
+
+    def __init__(self, config: ModelConfig, rope: torch.nn.Module, attention: str) -> None:
+        super().__init__(config, rope, attention)
+        self._attend = get_attention(attention)
+
+    def forward(
+        self, x: torch.Tensor, pending: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+        dtype: torch.dtype, stacks: list[torch.Tensor | None], update: WeightUpdate | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """One block over the fp32 residual stream, in the compute dtype.
+
+        Takes the residual without the previous block's FFN output (`pending`) and returns it
+        without this block's: each residual add runs inside the following RMSNorm (add_rmsnorm).
+        """
+        batch, seq, d_model = x.shape
+        attn, ffn = self.attn, self.ffn
+        w_qkv, w_o, w_13, w_2 = stacks
+        x, h = _norm(x, pending, self.ln1, dtype)
+        qkv = master_linear(h, attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, stacked=w_qkv,
+                            update=update)
+        q, k, v = rope_qkv(qkv, cos, sin, attn.num_heads)
+        out = self._attend(q, k, v).transpose(1, 2).reshape(batch, seq, d_model)
+        x, h = _norm(x, master_linear(out, attn.output_proj.weight, stacked=w_o, update=update),
+                     self.ln2, dtype)
+        gate_up = master_linear(h, ffn.w1.weight, ffn.w3.weight, stacked=w_13, update=update)
+        return x, master_linear(swiglu(gate_up), ffn.w2.weight, stacked=w_2, update=update)
+
+
 class FastTransformerLM(TransformerLM):
     """`TransformerLM` with fused kernels; forward(tokens, targets=None) -> logits or mean loss."""
 
+    block_class = FastTransformerBlock
+
     def __init__(self, config: ModelConfig, attention: str = "flash") -> None:
         super().__init__(config, attention=attention)
-        self._attend = get_attention(attention)
         self._shadows: ShadowWeights | None = None
         self._shadow_dtype: torch.dtype | None = None  # set by shadow_weights(): copies are opt-in
 
@@ -226,7 +258,9 @@ class FastTransformerLM(TransformerLM):
         with torch.autocast(weight.device.type, enabled=False):
             rope = self.layers[0].attn.rope
             cos, sin = rope.cos[:seq], rope.sin[:seq]
-            x = F.embedding(token_ids, self.token_embeddings.weight)
+            # the embedding as a module (hooks apply); an fp32 residual stream over low-precision weights
+            x = self.token_embeddings(token_ids)
+            x = x.to(torch.promote_types(x.dtype, torch.float32))
             use_shadows = self._shadow_dtype == dtype and dtype != weight.dtype
             shadows = self.shadow_weights(dtype) if use_shadows else None
             wired = _WEIGHT_UPDATES.get(self)
@@ -237,34 +271,11 @@ class FastTransformerLM(TransformerLM):
                 first = index * _MATMULS_PER_BLOCK  # _weight_groups' order: block by block
                 stacks = ([shadows.stack(first + i) for i in range(_MATMULS_PER_BLOCK)] if shadows
                           else [None] * _MATMULS_PER_BLOCK)
-                x, pending = self._block(layer, x, pending, cos, sin, dtype, stacks, update)
+                x, pending = layer(x, pending, cos, sin, dtype, stacks, update)
             x, h = _norm(x, pending, self.ln_final, dtype)
             if targets is None:
                 return F.linear(h, weight.to(dtype))
             return fused_linear_cross_entropy(h.flatten(0, -2), weight, targets.flatten())
-
-    def _block(
-        self, layer: TransformerBlock, x: torch.Tensor, pending: torch.Tensor | None,
-        cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype, stacks: list[torch.Tensor | None],
-        update: WeightUpdate | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-        """One block over the fp32 residual stream, in the compute dtype.
-
-        Takes the residual without the previous block's FFN output (`pending`) and returns it
-        without this block's: each residual add runs inside the following RMSNorm (add_rmsnorm).
-        """
-        batch, seq, d_model = x.shape
-        attn, ffn = layer.attn, layer.ffn
-        w_qkv, w_o, w_13, w_2 = stacks
-        x, h = _norm(x, pending, layer.ln1, dtype)
-        qkv = master_linear(h, attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, stacked=w_qkv,
-                            update=update)
-        q, k, v = rope_qkv(qkv, cos, sin, attn.num_heads)
-        out = self._attend(q, k, v).transpose(1, 2).reshape(batch, seq, d_model)
-        x, h = _norm(x, master_linear(out, attn.output_proj.weight, stacked=w_o, update=update),
-                     layer.ln2, dtype)
-        gate_up = master_linear(h, ffn.w1.weight, ffn.w3.weight, stacked=w_13, update=update)
-        return x, master_linear(swiglu(gate_up), ffn.w2.weight, stacked=w_2, update=update)
 
 
 def _norm(

@@ -59,13 +59,16 @@ class TransformerBlock(nn.Module):
 class TransformerLM(nn.Module):
     """Decoder-only LM: token ids (batch, seq) -> logits (batch, seq, vocab)."""
 
+    block_class: type[TransformerBlock] = TransformerBlock
+    """The block each layer is (a subclass may run the same parameters another way)."""
+
     def __init__(self, config: ModelConfig, attention: str = "naive") -> None:
         super().__init__()
         self.config = config
         rope = RotaryEmbedding(config.head_dim, config.context_length, config.rope_theta)
         self.token_embeddings = nn.Embedding(config.vocab_size, config.d_model)
         self.layers = nn.ModuleList(
-            TransformerBlock(config, rope, attention) for _ in range(config.num_layers)
+            self.block_class(config, rope, attention) for _ in range(config.num_layers)
         )
         self.ln_final = RMSNorm(config.d_model)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)

@@ -81,6 +81,14 @@ def run_ddp(specs: Sequence[Any], *, out: Path | None, resume: bool, timeout_s: 
     records = run_and_report("ddp", specs, out=out, resume=resume,
                              timeout_s=timeout_s + STARTUP_MARGIN_S, fmt=fmt, title="lmscope ddp",
                              reuse_worker=True)
+    sharded = fsdp_summary(records)
+    if sharded[1]:
+        console.show_table(sharded, title="fully sharded: memory per rank (max over ranks, rank 0) and "
+                                          "bytes per step beside the FSDP accounting")
+        if fmt == "md":
+            path = out.with_suffix(".fsdp.md")
+            path.write_text(render(sharded, "md"))
+            console.say(f"wrote {path}")
     table = ddp_summary(records)
     if table[1]:
         console.show_table(table, title="against the single-GPU step and the overhead model")
@@ -131,6 +139,23 @@ def _bounded(times: Sequence[float] | None, base_times: Sequence[float] | None) 
     if not times or not base_times:
         return None
     return ratio_interval(times, base_times).as_text(3)
+
+
+FSDP_COLUMNS = (
+    "strategy", "world_size", "step_ms", "local_step_ms", "exposed_comm_ms",
+    "init_allocated_rank_max_gib", "init_allocated_rank0_gib", "predicted_fsdp_params_gib", "init_error_pct",
+    "peak_after_optimizer_rank_max_gib", "peak_after_optimizer_rank0_gib", "predicted_fsdp_peak_gib",
+    "peak_error_pct", "after_step_allocated_rank_max_gib", "after_step_allocated_rank0_gib",
+    "predicted_fsdp_state_gib", "after_step_error_pct", "allgather_gib", "reduce_scatter_gib",
+    "predicted_fsdp_comm_gib",
+)
+
+
+def fsdp_summary(records: Sequence[Record]) -> Table:
+    """Per ok fsdp / torch-fsdp2 point: step, exposed communication, memory and bytes beside the model."""
+    rows = [[r.get(key) for key in FSDP_COLUMNS] for r in records
+            if r.get("status") == "ok" and r.get("predicted_fsdp_peak_gib") is not None]
+    return list(FSDP_COLUMNS), rows
 
 
 def overhead_model_line(records: Sequence[Record]) -> str | None:

@@ -341,9 +341,12 @@ class TorchDDP(nn.parallel.DistributedDataParallel):
         """Nothing to wait for: DDP's backward returns with the gradients averaged."""
 
 
-STRATEGIES = ("naive", "flat", "overlap", "bucketed:<MiB>", "coalesced:<MiB>", "torch-ddp[:<MiB>]")
-"""Names `data_parallel` accepts; bucketed and coalesced take their bucket size, e.g. bucketed:25;
-torch-ddp takes an optional bucket_cap_mb (PyTorch's default when left out)."""
+STRATEGIES = ("naive", "flat", "overlap", "bucketed:<MiB>", "coalesced:<MiB>", "torch-ddp[:<MiB>]",
+              "fsdp", "torch-fsdp2")
+"""Names `parse_strategy` accepts; bucketed and coalesced take their bucket size, e.g. bucketed:25;
+torch-ddp takes an optional bucket_cap_mb (PyTorch's default when left out). The fully sharded
+ones (SHARDED) are built by `lmscope.parallel.fsdp` / `.torch_fsdp2`, not `data_parallel`."""
+SHARDED = ("fsdp", "torch-fsdp2")
 SIZED = ("bucketed", "coalesced", "torch-ddp")
 
 
@@ -368,6 +371,9 @@ def parse_strategy(strategy: str) -> tuple[str, float | None]:
 def data_parallel(strategy: str, module: nn.Module) -> nn.Module:
     """Wrap `module` with the named strategy (see STRATEGIES)."""
     name, bucket_mb = parse_strategy(strategy)
+    if name in SHARDED:
+        raise ValueError(f"{name} shards the parameters: build it with lmscope.parallel.fsdp.FullyShardedDP "
+                         "or lmscope.parallel.torch_fsdp2.torch_fully_shard")
     if name == "torch-ddp":
         return TorchDDP(module, bucket_mb)
     if bucket_mb is not None:

@@ -19,6 +19,14 @@ eager step is bound by the CPU it drifts by more than the few percent a strategy
 
 Each multi-rank point also times all-reduces of two sizes, fits t = o + S / w and predicts
 its exposed communication with the overhead model of `lmscope.accounting.comms`.
+
+The fully sharded strategies (`fsdp`: lmscope's FullyShardedDP; `torch-fsdp2`: PyTorch's
+`fully_shard` per block, same mixed-precision policy) shard parameters, gradients and AdamW state
+(bf16: parameters gathered and gradients reduced in bf16 over fp32 master shards). They may run
+the fast model (`fast`) and checkpointed blocks (`checkpoint`). Their rows add memory per rank
+after the step and rank 0's values beside the mean/min/max, the FSDP accounting
+(`lmscope.accounting.fsdp`) with error columns, the bytes our all-gathers and reduce-scatters
+moved per step, and `exposed_comm_ms`: the step beyond the paired unwrapped step.
 """
 
 from __future__ import annotations
@@ -38,19 +46,26 @@ from lmscope.accounting.comms import (
     optimal_bucket_count,
     plan_buckets,
 )
+from lmscope.accounting.fsdp import predict_fsdp
+from lmscope.accounting.memory import checkpointed_blocks
 from lmscope.measure.ranges import phase
 from lmscope.measure.timer import PhaseClock, synchronize, time_phased_steps
+from lmscope.model.checkpointing import apply_checkpointing
+from lmscope.model.fast_transformer import FastTransformerLM
 from lmscope.model.transformer import TransformerLM
 from lmscope.parallel.ddp import (
     MIB,
+    SHARDED,
     TORCH_DDP_BUCKET_MB,
     TORCH_DDP_FIRST_BUCKET_MB,
     data_parallel,
     describe,
     parse_strategy,
 )
+from lmscope.parallel.fsdp import FullyShardedDP
 from lmscope.parallel.launch import RankContext, across_ranks, check_world, launch, point_id, resolve_backend
 from lmscope.parallel.sharded_optimizer import ShardedOptimizer
+from lmscope.parallel.torch_fsdp2 import torch_fully_shard
 from lmscope.runner import release_device_memory
 from lmscope.workloads.collectives import time_calls
 from lmscope.workloads.model_spec import ModelPointSpec
@@ -71,7 +86,10 @@ class Spec(ModelPointSpec):
     precision: str = "bf16"
     """fp32 | bf16 | fp16 (autocast over fp32 master weights)."""
     strategy: str = "bucketed:25"
-    """naive | flat | overlap | bucketed:<MiB> | coalesced:<MiB> | torch-ddp[:<MiB>] | single (baseline)."""
+    """naive | flat | overlap | bucketed:<MiB> | coalesced:<MiB> | torch-ddp[:<MiB>] | fsdp |
+    torch-fsdp2 | single (baseline)."""
+    checkpoint: str = "none"
+    """Activation checkpointing of the blocks: none | block | every:K."""
     shard_optimizer: bool = False
     """Shard AdamW's state across ranks (ShardedOptimizer, ZeRO stage 1)."""
     world_size: int = 2
@@ -93,8 +111,17 @@ class Spec(ModelPointSpec):
             raise ValueError(f"lmscope ddp times train steps, got mode {self.mode!r}: drop --mode")
         if self.compile:
             raise ValueError("lmscope ddp does not support torch.compile: run it without --compile")
-        if self.fast:
-            raise ValueError("lmscope ddp runs the eager TransformerLM: the fast path is not wrapped yet")
+        name = self.strategy.partition(":")[0]
+        if self.fast and name not in (*SHARDED, "single"):
+            raise ValueError("--fast on runs with the sharded strategies (fsdp, torch-fsdp2) and the "
+                             "single baseline only: drop --fast or pass --strategy fsdp,torch-fsdp2")
+        if name in SHARDED and self.precision == "fp16":
+            raise ValueError("fsdp and torch-fsdp2 run fp32 or bf16 (fp16 needs a sharded grad scaler): "
+                             "pass --precision bf16")
+        if name in SHARDED and self.shard_optimizer:
+            raise ValueError("fsdp and torch-fsdp2 shard the optimizer state already: "
+                             "drop --shard-optimizer on")
+        checkpointed_blocks(self.checkpoint, self.model_config().num_layers)
         if self.strategy == "single":
             if self.world_size != 1 or self.shard_optimizer:
                 raise ValueError("strategy single is the 1-GPU baseline: it runs with --nproc 1, unsharded")
@@ -133,7 +160,11 @@ class _Setup:
         torch.manual_seed(0)
         self.config = spec.model_config()
         with self.device:  # build and initialize the weights on the device itself
-            self.model = TransformerLM(self.config, attention=spec.attention)
+            model_class = FastTransformerLM if spec.fast else TransformerLM
+            self.model = model_class(self.config, attention=spec.attention)
+        if spec.checkpoint != "none":
+            apply_checkpointing(self.model, spec.checkpoint)
+        self.parameter_count = sum(p.numel() for p in self.model.parameters())
         generator = torch.Generator(device=self.device).manual_seed(1000 + ctx.rank)
         shape = (spec.batch_size, spec.context_length)
         self.inputs, self.targets = (
@@ -146,6 +177,7 @@ class _Setup:
         self.finish = None
         self.optimizer: torch.optim.Optimizer = torch.optim.AdamW(self.model.parameters(), **self.options)
         self.measures_wait = False
+        self.settings: str | None = None
 
     def wrap(self) -> None:
         """Wrap the model with the strategy and build a fresh (maybe sharded) optimizer."""
@@ -155,12 +187,25 @@ class _Setup:
         release_device_memory()
         # fp16: each rank's own batch may have moved its scale; the wrapped ranks must agree
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=spec.precision == "fp16")
+        name = parse_strategy(spec.strategy)[0]
+        compute = torch.bfloat16 if spec.precision == "bf16" else None
+        if name == "fsdp":
+            self.wrapped = FullyShardedDP(self.model, param_dtype=compute)
+            self.settings = describe(self.wrapped)
+            self.optimizer = torch.optim.AdamW(self.wrapped.parameters(), **self.options)
+            return
+        if name == "torch-fsdp2":
+            applied = torch_fully_shard(self.model, param_dtype=compute)
+            self.settings = ", ".join(f"{k}={v}" for k, v in applied.items())
+            self.optimizer = torch.optim.AdamW(self.model.parameters(), **self.options)
+            return
         self.wrapped = data_parallel(spec.strategy, self.model)
+        self.settings = describe(self.wrapped)
         self.finish = getattr(self.wrapped, "finish_gradient_synchronization", None)
         params = self.model.parameters()
         self.optimizer = (ShardedOptimizer(params, torch.optim.AdamW, **self.options)
                           if spec.shard_optimizer else torch.optim.AdamW(params, **self.options))
-        self.measures_wait = parse_strategy(spec.strategy)[0] != "torch-ddp"
+        self.measures_wait = name != "torch-ddp"
 
     def step(self, clock: PhaseClock) -> float | None:
         """One training step with phases; returns the peak GiB allocated before the optimizer."""
@@ -168,8 +213,12 @@ class _Setup:
         self.optimizer.zero_grad(set_to_none=True)
         with phase("forward"):
             with autocast_context(self.spec.precision, self.device):
-                logits = self.wrapped(self.inputs)
-            loss = F.cross_entropy(logits.float().flatten(0, 1), self.targets.flatten())
+                if self.spec.fast:  # the fused LM head + loss
+                    loss = self.wrapped(self.inputs, self.targets)
+                else:
+                    logits = self.wrapped(self.inputs)
+            if not self.spec.fast:
+                loss = F.cross_entropy(logits.float().flatten(0, 1), self.targets.flatten())
         clock.mark("forward")
         with phase("backward"):
             self.scaler.scale(loss).backward()
@@ -205,7 +254,8 @@ def train(ctx: RankContext, point: dict[str, Any]) -> dict[str, Any]:
         run.wrap()
     synchronize(ctx.device)
     init_gib = torch.cuda.memory_allocated(ctx.device) / GIB if ctx.device.type == "cuda" else None
-    calibration = _calibrate(ctx) if ctx.world_size > 1 else None
+    sharded = parse_strategy(spec.strategy)[0] in SHARDED if spec.strategy != "single" else False
+    calibration = _calibrate(ctx) if ctx.world_size > 1 and not sharded else None
     after: list[float | None] = []
     measured = time_phased_steps(
         run.step, warmup=spec.warmup, steps=spec.steps, device=ctx.device,
@@ -222,28 +272,69 @@ def train(ctx: RankContext, point: dict[str, Any]) -> dict[str, Any]:
         "init_allocated_gib": init_gib,
         "peak_before_optimizer_gib": max(before) if init_gib is not None else None,
         "peak_after_optimizer_gib": max(after) if init_gib is not None else None,
+        "after_step_allocated_gib": (torch.cuda.memory_allocated(ctx.device) / GIB
+                                     if init_gib is not None else None),
     }
     if not run.measures_wait:
         local["comm_wait_ms"] = None
+    if isinstance(run.wrapped, FullyShardedDP):  # every step moves the same bytes
+        ran = spec.warmup + spec.steps
+        local["allgather_gib"] = run.wrapped.bytes_gathered / ran / GIB
+        local["reduce_scatter_gib"] = run.wrapped.bytes_reduced / ran / GIB
+    first = [{k: local[k] for k in MEMORY_KEYS}]
+    dist.broadcast_object_list(first, src=0)
     metrics = across_ranks(local)
+    metrics.update({k.replace("_gib", "_rank0_gib"): v for k, v in first[0].items()})
     tokens = ctx.world_size * spec.batch_size * spec.context_length
     if metrics["local_step_ms"] is not None:
         metrics["overhead_vs_local_pct"] = 100 * (metrics["step_ms"] / metrics["local_step_ms"] - 1)
     metrics.update(
         device_facts(ctx.device),
         backend_used=ctx.backend,
-        parameters=sum(p.numel() for p in run.model.parameters()),
-        ddp_settings=describe(run.wrapped),
+        parameters=run.parameter_count,
+        ddp_settings=run.settings,
         tokens_per_s=tokens / (metrics["step_ms"] / 1e3),
         comm_overhead_pct=(100 * metrics["comm_wait_ms"] / metrics["step_ms"]
                            if metrics["comm_wait_ms"] is not None else None),
     )
     if calibration is not None:
         metrics.update(_prediction(spec, run, calibration, metrics))
+    if sharded:
+        metrics.update(_sharded_prediction(spec, ctx, metrics))
     # this rank's per-step times (the row is rank 0's): the intervals of the summary's ratios
     metrics["times_ms"] = [round(t, 4) for t in times]
     metrics["local_times_ms"] = [round(t, 4) for t in local_times] if local_times else None
     return metrics
+
+
+MEMORY_KEYS = ("init_allocated_gib", "peak_after_optimizer_gib", "after_step_allocated_gib")
+"""Memory per rank reported for rank 0 too (`<name>_rank0_gib`) beside the mean, min and max."""
+
+
+def _error_pct(measured: float | None, predicted: float) -> float | None:
+    return 100 * (measured - predicted) / predicted if measured is not None and predicted > 0 else None
+
+
+def _sharded_prediction(spec: Spec, ctx: RankContext, metrics: dict[str, Any]) -> dict[str, Any]:
+    """The FSDP accounting beside the measured memory (max over ranks) and bytes, with errors;
+    exposed communication as the step beyond the paired unwrapped step on the same ranks."""
+    predicted = predict_fsdp(spec.model_config(), world_size=ctx.world_size, batch_size=spec.batch_size,
+                             seq_len=spec.context_length, precision=spec.precision,
+                             attention=spec.attention, checkpoint=spec.checkpoint, fast=spec.fast)
+    row: dict[str, Any] = predicted.as_record()
+    local = metrics.get("local_step_ms")
+    row["exposed_comm_ms"] = metrics["step_ms"] - local if local is not None else None
+    pairs = {
+        "init": ("init_allocated_rank_max_gib", row["predicted_fsdp_params_gib"]),
+        "peak": ("peak_after_optimizer_rank_max_gib", row["predicted_fsdp_peak_gib"]),
+        "after_step": ("after_step_allocated_rank_max_gib", row["predicted_fsdp_state_gib"]),
+        "allgather": ("allgather_gib", row["predicted_fsdp_allgather_forward_gib"]
+                      + row["predicted_fsdp_allgather_backward_gib"]),
+        "reduce_scatter": ("reduce_scatter_gib", row["predicted_fsdp_reduce_scatter_gib"]),
+    }
+    for name, (key, value) in pairs.items():
+        row[f"{name}_error_pct"] = _error_pct(metrics.get(key), value)
+    return row
 
 
 def _time_unwrapped(run: _Setup, spec: Spec, ctx: RankContext) -> list[float] | None:

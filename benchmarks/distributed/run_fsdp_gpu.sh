@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# FSDP measurements (lmscope.parallel.fsdp vs PyTorch FSDP2), from the repo root:
+#   OUT=/some/dir STAGES=single bash benchmarks/distributed/run_fsdp_gpu.sh      # one H100
+#   OUT=/some/dir STAGES=x2,long,peer bash benchmarks/distributed/run_fsdp_gpu.sh  # 2x H200
+# Stages (comma-separated in STAGES), each under `timeout` of its own budget (seconds, *_S):
+#   single  (a) one GPU: the 8B long-context shape reduced to SINGLE_LAYERS layers (default 4),
+#           context 32768, batch 1: fsdp and torch-fsdp2 at world size 1 with --fast on and
+#           --checkpoint block, beside the single baseline (same fast model, unsharded AdamW); then
+#           the GPU tests of the FSDP code (tests/parallel/test_parallel_fsdp_gpu.py). SINGLE_S=540.
+#   x2      (b) X_NPROC ranks (default 2; 4 on nvidia-h200-x4): xl and 2.7B, bf16, context 512,
+#           batch 4 per rank, strategies fsdp, torch-fsdp2, coalesced:1000 in one run (plus the
+#           single baseline). X2_S=580 per size; X_SIZES=xl,2.7B (one size per call keeps a
+#           call under the device tool's 10 minutes: X_SIZES=xl, then X_SIZES=2.7B).
+#   long    the 8B long-context step (d 4096, d_ff 11008, 34 layers, 32 heads, vocab 151936),
+#           context 32768, batch 1 per rank on 2 ranks: fsdp with --fast on --attention flash and
+#           --checkpoint block, fused AdamW. LONG_S=580.
+#   peer    its peer in the same session: transformers' Llama (SDPA), full activation
+#           checkpointing, fully_shard per layer, bf16 params, fp32 reduce, foreach AdamW
+#           (benchmarks/distributed/llama_fsdp2_peer.py). PEER_S=580.
+# Writes into $OUT: log.txt, fsdp-single.jsonl/.md, fsdp-xl-x2.jsonl/.md, fsdp-2.7B-x2.jsonl/.md,
+# fsdp-8b.jsonl/.md (each with .summary.md and .fsdp.md: memory per rank beside the accounting),
+# llama-peer.jsonl. The long stage's paired unwrapped step and single baseline run out of
+# memory at 8B (an oom row, and local_step_ms None): expected, they cost one step each.
+set -uo pipefail
+OUT=${OUT:-runs/fsdp-gpu}
+mkdir -p "$OUT"
+export PYTHONPATH=src
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # no NVLink multicast
+STAGES=${STAGES:-single}
+X_SIZES=${X_SIZES:-xl,2.7B}
+LM=(python3 -m lmscope)
+B8=(--d-model 4096 --d-ff 11008 --num-heads 32 --vocab-size 151936 --context-length 32768
+    --batch-size 1 --precision bf16)
+stage() { [[ ",$STAGES," == *",$1,"* ]]; }
+run() { echo "+ $*" | tee -a "$OUT/log.txt"; "$@" 2>&1 | tee -a "$OUT/log.txt"; }
+
+if stage single; then
+  run timeout "${SINGLE_S:-540}" "${LM[@]}" ddp --size small "${B8[@]}" --num-layers "${SINGLE_LAYERS:-4}" \
+    --fast on --attention flash --checkpoint block --nproc 1 --strategy fsdp,torch-fsdp2 \
+    --warmup 2 --steps 5 --timeout 400 --out "$OUT/fsdp-single.jsonl" --format md
+  run timeout 300 python3 -m pytest -q tests/parallel/test_parallel_fsdp_gpu.py
+fi
+if stage x2; then
+  for size in ${X_SIZES//,/ }; do
+    run timeout "${X2_S:-580}" "${LM[@]}" ddp --size "$size" --context-length 512 --batch-size 4 \
+      --precision bf16 --nproc "${X_NPROC:-2}" --strategy fsdp,torch-fsdp2,coalesced:1000 --warmup 5 \
+      --steps 20 --timeout 200 --out "$OUT/fsdp-$size-x${X_NPROC:-2}.jsonl" --format md
+  done
+fi
+if stage long; then
+  run timeout "${LONG_S:-580}" "${LM[@]}" ddp --size small "${B8[@]}" --num-layers 34 --fast on \
+    --attention flash --checkpoint block --nproc 2 --strategy fsdp --warmup 1 --steps 3 --timeout 500 \
+    --out "$OUT/fsdp-8b.jsonl" --format md
+fi
+if stage peer; then
+  run timeout "${PEER_S:-580}" python3 benchmarks/distributed/llama_fsdp2_peer.py --nproc 2 \
+    --warmup 1 --steps 3 --timeout 540 --out "$OUT/llama-peer.jsonl"
+fi

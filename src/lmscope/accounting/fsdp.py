@@ -1,0 +1,109 @@
+"""Predicted memory per rank and bytes moved per step of fully sharded data parallelism (FSDP).
+
+For lmscope's FullyShardedDP over the reference model (units: the embedding, each block, the LM
+head; the root holds the final norm, and the head too on the fast path, which reads the head's
+weight directly). Per rank and step, with N ranks and c bytes per compute-dtype element:
+
+* state: each unit's fp32 master shard is ceil(n_unit / N) elements (padding included); its fp32
+  gradient and AdamW's two fp32 moments are as large: 16 bytes per shard element;
+* gathered units in flight: the root all step, the current unit and two prefetched ones in the
+  forward; in the backward also the gradient of the unit being reduce-scattered and the root's;
+* activations: what the unsharded model keeps for backward (`predict_memory`'s activations,
+  logits and recompute components, same checkpointing);
+* bytes moved (what each rank's collectives produce): all-gather in the forward (every unit and
+  the root), all-gather in the backward (every unit but the last; the last and the root stay
+  gathered), reduce-scatter of every trainable unit's gradient (input size, in the reduce dtype).
+
+An approximation of the peak: state + the largest in-flight window + activations; short-lived
+buffers of one op (attention scores, the fused loss's chunk) are not in it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from lmscope.accounting.memory import predict_memory
+from lmscope.config import ModelConfig
+
+PREFETCH_UNITS = 2
+"""Units gathered ahead of the one running (lmscope.parallel.fsdp.PREFETCH_UNITS)."""
+COMPUTE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+def unit_numels(config: ModelConfig, *, fast: bool) -> tuple[list[int], int]:
+    """(parameters of each unit in forward order, parameters of the root)."""
+    d, v = config.d_model, config.vocab_size
+    block = 2 * d + 4 * d * d + 3 * d * config.d_ff
+    units = [v * d] + [block] * config.num_layers
+    if fast:
+        return units, d + v * d
+    return units + [v * d], d
+
+
+@dataclass(frozen=True)
+class FsdpPrediction:
+    """Bytes per rank (memory) and per rank and step (collective outputs)."""
+
+    params: int
+    grads: int
+    optimizer_state: int
+    gathered_forward: int
+    gathered_backward: int
+    activations: int
+    allgather_forward: int
+    allgather_backward: int
+    reduce_scatter: int
+
+    @property
+    def state(self) -> int:
+        """Master shards, their gradients and AdamW's moments."""
+        return self.params + self.grads + self.optimizer_state
+
+    @property
+    def peak(self) -> int:
+        """State + the largest gathered window + activations."""
+        return self.state + max(self.gathered_forward, self.gathered_backward) + self.activations
+
+    def as_record(self) -> dict[str, float]:
+        """Flat dict in GiB: predicted_fsdp_<part>_gib."""
+        gib = 2**30
+        parts = {
+            "params": self.params, "grads": self.grads, "optimizer_state": self.optimizer_state,
+            "state": self.state, "gathered_forward": self.gathered_forward,
+            "gathered_backward": self.gathered_backward, "activations": self.activations,
+            "peak": self.peak, "allgather_forward": self.allgather_forward,
+            "allgather_backward": self.allgather_backward, "reduce_scatter": self.reduce_scatter,
+            "comm": self.allgather_forward + self.allgather_backward + self.reduce_scatter,
+        }
+        return {f"predicted_fsdp_{name}_gib": value / gib for name, value in parts.items()}
+
+
+def predict_fsdp(config: ModelConfig, *, world_size: int, batch_size: int, seq_len: int,
+                 precision: str, attention: str = "naive", checkpoint: str = "none",
+                 fast: bool = False) -> FsdpPrediction:
+    """Memory per rank and bytes per step of FullyShardedDP (compute and reduce in `precision`)."""
+    if world_size < 1:
+        raise ValueError(f"world size must be at least 1, got {world_size}: pass --fsdp N")
+    if precision not in COMPUTE_BYTES:
+        raise ValueError(f"unknown precision {precision!r}: choose one of {', '.join(COMPUTE_BYTES)}")
+    units, root = unit_numels(config, fast=fast)
+    c = COMPUTE_BYTES[precision]
+    padded = [math.ceil(n / world_size) * world_size for n in units]
+    padded_root = math.ceil(root / world_size) * world_size
+    shard = sum(p // world_size for p in padded) + padded_root // world_size
+    window = max(sum(padded[i: i + PREFETCH_UNITS + 1]) for i in range(len(padded)))
+    backward = max(2 * padded[i] + sum(padded[max(i - PREFETCH_UNITS, 0): i]) for i in range(len(padded)))
+    unsharded = predict_memory(config, batch_size=batch_size, seq_len=seq_len, mode="train-step",
+                               precision=precision, attention=attention, checkpoint=checkpoint)
+    parts = unsharded.components
+    activations = parts["activations"] + parts.get("recompute", 0) + (0 if fast else parts["logits"])
+    return FsdpPrediction(
+        params=4 * shard, grads=4 * shard, optimizer_state=8 * shard,
+        gathered_forward=c * (padded_root + window),
+        gathered_backward=c * (2 * padded_root + backward),
+        activations=activations,
+        allgather_forward=c * (sum(padded) + padded_root),
+        allgather_backward=c * sum(padded[:-1]),
+        reduce_scatter=c * (sum(padded) + padded_root),
+    )

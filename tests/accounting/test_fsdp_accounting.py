@@ -1,0 +1,55 @@
+"""The FSDP accounting: shards of ceil(unit / N), in-flight windows, bytes per step; plan memory --fsdp."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from lmscope.accounting.flops import parameter_counts
+from lmscope.accounting.fsdp import predict_fsdp, unit_numels
+from lmscope.cli import main
+from lmscope.config import ModelConfig
+
+CONFIG = ModelConfig(vocab_size=101, context_length=64, d_model=18, d_ff=40, num_layers=5, num_heads=3)
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_units_hold_every_parameter_once(fast):
+    units, root = unit_numels(CONFIG, fast=fast)
+    assert sum(units) + root == parameter_counts(CONFIG)["total"]
+    assert len(units) == CONFIG.num_layers + (1 if fast else 2)
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3, 7])
+def test_state_is_sixteen_bytes_per_padded_shard_element(ranks):
+    units, root = unit_numels(CONFIG, fast=False)
+    shard = sum(math.ceil(n / ranks) for n in [*units, root])
+    predicted = predict_fsdp(CONFIG, world_size=ranks, batch_size=2, seq_len=32, precision="bf16")
+    assert predicted.params == 4 * shard and predicted.state == 16 * shard
+    padded = [math.ceil(n / ranks) * ranks for n in units]
+    assert predicted.allgather_forward == 2 * (sum(padded) + math.ceil(root / ranks) * ranks)
+    assert predicted.allgather_backward == 2 * sum(padded[:-1])  # the last unit stays gathered
+    assert predicted.reduce_scatter == predicted.allgather_forward
+    window = max(sum(padded[i: i + 3]) for i in range(len(padded)))
+    assert predicted.gathered_forward == 2 * (math.ceil(root / ranks) * ranks + window)
+    assert predicted.peak == predicted.state + max(predicted.gathered_forward,
+                                                   predicted.gathered_backward) + predicted.activations
+
+
+def test_fp32_moves_twice_the_bytes_of_bf16():
+    bf16, fp32 = (predict_fsdp(CONFIG, world_size=2, batch_size=1, seq_len=8, precision=p)
+                  for p in ("bf16", "fp32"))
+    assert fp32.allgather_forward == 2 * bf16.allgather_forward
+    assert fp32.state == bf16.state
+
+
+def test_bad_world_size_is_refused():
+    with pytest.raises(ValueError, match="--fsdp"):
+        predict_fsdp(CONFIG, world_size=0, batch_size=1, seq_len=8, precision="bf16")
+
+
+def test_plan_memory_shows_the_fsdp_section(capsys):
+    main(["plan", "memory", "--model", "small", "--fsdp", "4", "--precision", "bf16", "--format", "md"])
+    out = capsys.readouterr().out
+    assert "FSDP over 4 ranks" in out and "allgather_backward" in out

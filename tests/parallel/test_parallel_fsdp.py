@@ -1,0 +1,308 @@
+"""FullyShardedDP on 2 and 3 gloo ranks against single-process training of the same global batch.
+
+One launch per world size runs every check; each rank returns its numbers and the test process
+asserts on them. The reference trains an unsharded copy on the concatenation of every rank's
+batch (as one gradient: the mean over ranks of each rank's mean loss).
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import math
+import random
+import weakref
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from lmscope.config import ModelConfig
+from lmscope.model.checkpointing import apply_checkpointing
+from lmscope.model.transformer import TransformerLM
+from lmscope.parallel.fsdp import FullyShardedDP
+from lmscope.parallel.launch import RankContext, launch
+
+STEPS = 3
+PER_RANK = 2
+SEQ = 7
+ADAMW = dict(lr=3e-3, weight_decay=0.01, betas=(0.8, 0.95))
+CONFIG = ModelConfig(vocab_size=37, context_length=16, d_model=10, d_ff=23, num_layers=3, num_heads=1)
+"""Every unit's size is a multiple of d_model: 10 leaves a remainder at 3 ranks (padding); the tied
+and frozen models have odd units (padding at 2 ranks)."""
+
+
+class TiedModel(nn.Module):
+    """Embedding and LM head share one weight (it goes to the root); a middle unit."""
+
+    def __init__(self, vocab: int = 23, dim: int = 13) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.hidden = nn.Linear(dim, dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.hidden(self.embed(tokens))))
+
+
+class FrozenModel(nn.Module):
+    """A frozen unit between trainable ones, a unit mixing frozen and trainable, a buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(29, 11)
+        self.first = nn.Linear(11, 17)
+        self.frozen = nn.Linear(17, 17).requires_grad_(False)
+        self.last = nn.Linear(17, 29)
+        self.last.bias.requires_grad_(False)
+        self.register_buffer("shift", torch.randn(17))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        hidden = torch.tanh(self.first(self.embed(tokens))) + self.shift
+        return self.last(torch.relu(self.frozen(hidden)))
+
+
+def _model(kind: str) -> tuple[nn.Module, list[nn.Module] | None, int]:
+    """(model, its units or None for the default, vocabulary size)."""
+    if kind == "tied":
+        model = TiedModel()
+        return model, [model.embed, model.hidden, model.head], 23
+    if kind == "frozen":
+        model = FrozenModel()
+        return model, [model.embed, model.first, model.frozen, model.last], 29
+    return TransformerLM(CONFIG), None, CONFIG.vocab_size
+
+
+def _batches(seed: int, world: int, vocab: int, micro: int) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Per step and micro-batch, every rank's (tokens, targets) stacked along the batch: [step][micro]."""
+    generator = torch.Generator().manual_seed(seed)
+    shape = (world * PER_RANK, SEQ)
+    return [[(torch.randint(0, vocab, shape, generator=generator),
+              torch.randint(0, vocab, shape, generator=generator)) for _ in range(micro)]
+            for _ in range(STEPS)]
+
+
+def _loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+
+def _reference_grads(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor, world: int,
+                     dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    """Mean over ranks of each rank's gradient; with `dtype`, computed over `dtype` copies of the
+    parameters and summed over ranks in `dtype` (the casts and the reduction FSDP makes)."""
+    named = dict(model.named_parameters())
+    trainable = {n: p for n, p in named.items() if p.requires_grad}
+    total: dict[str, torch.Tensor] = {}
+    for rank in range(world):
+        rows = slice(rank * PER_RANK, (rank + 1) * PER_RANK)
+        cast = {n: p.detach().to(dtype or p.dtype).requires_grad_(p.requires_grad) for n, p in named.items()}
+        logits = torch.func.functional_call(model, cast, (tokens[rows],))
+        grads = torch.autograd.grad(_loss(logits, targets[rows]), [cast[n] for n in trainable])
+        for name, grad in zip(trainable, grads, strict=True):
+            total[name] = grad if name not in total else total[name] + grad
+    return {n: (g / world).to(named[n].dtype) for n, g in total.items()}
+
+
+def _train_reference(model: nn.Module, batches: list, world: int, dtype: torch.dtype | None) -> nn.Module:
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], **ADAMW)
+    for step in batches:
+        optimizer.zero_grad(set_to_none=True)
+        for tokens, targets in step:
+            for name, grad in _reference_grads(model, tokens, targets, world, dtype).items():
+                param = model.get_parameter(name)
+                param.grad = grad if param.grad is None else param.grad + grad
+        optimizer.step()
+    return model
+
+
+def _train_fsdp(ctx: RankContext, model: nn.Module, units: list[nn.Module] | None, batches: list,
+                dtype: torch.dtype | None) -> tuple[FullyShardedDP, torch.optim.Optimizer]:
+    wrapped = FullyShardedDP(model, units, param_dtype=dtype)
+    optimizer = torch.optim.AdamW(wrapped.parameters(), **ADAMW)
+    rows = slice(ctx.rank * PER_RANK, (ctx.rank + 1) * PER_RANK)
+    for step in batches:
+        optimizer.zero_grad(set_to_none=True)
+        for tokens, targets in step:
+            _loss(wrapped(tokens[rows]), targets[rows]).backward()
+        optimizer.step()
+    return wrapped, optimizer
+
+
+def _relative(state: dict[str, torch.Tensor], reference: nn.Module) -> float:
+    """Largest over parameters of ||a - b|| / ||b||."""
+    return max(((state[n].double() - p.detach().double()).norm() / p.detach().double().norm()).item()
+               for n, p in reference.named_parameters())
+
+
+def _case(ctx: RankContext, seed: int, kind: str, micro: int, dtype: torch.dtype | None) -> dict[str, object]:
+    torch.manual_seed(seed)
+    model, units, vocab = _model(kind)
+    start = copy.deepcopy(model)
+    if kind == "checkpointed":  # after the copy: the wrapped forward is bound to this model
+        apply_checkpointing(model, "block")
+    batches = _batches(seed + 1, ctx.world_size, vocab, micro)
+    originals = [weakref.ref(p) for p in model.parameters()]
+    wrapped, optimizer = _train_fsdp(ctx, model, units, batches, dtype)
+    gc.collect()
+    state = wrapped.full_state_dict()
+    out: dict[str, object] = {"settings": wrapped.settings,
+                              "originals_freed": all(ref() is None for ref in originals)}
+    if ctx.rank == 0:
+        reference = _train_reference(copy.deepcopy(start), batches, ctx.world_size, dtype)
+        out["error"] = _relative(state, reference)
+        out["keys_match"] = list(state) == list(reference.state_dict())
+        out["frozen_unchanged"] = all(torch.equal(state[n], p) for n, p in start.named_parameters()
+                                      if not p.requires_grad)
+        if dtype is not None:
+            out["cast_effect"] = _relative(
+                state, _train_reference(copy.deepcopy(start), batches, ctx.world_size, None))
+    out.update(_counts(wrapped, optimizer, ctx.world_size))
+    return out
+
+
+def _counts(wrapped: FullyShardedDP, optimizer: torch.optim.Optimizer, world: int) -> dict[str, object]:
+    """This rank's parameter, gradient and AdamW-state elements, against ceil(unit / N) per group."""
+    expected = sum(math.ceil(g.numel / world) for u in wrapped._units for g in u.groups)
+    trainable = sum(math.ceil(g.numel / world) for u in wrapped._units for g in u.groups if g.trainable)
+    state = [t for s in optimizer.state.values() for k, t in s.items() if k != "step"]
+    return {
+        "param_numel": sum(p.numel() for p in wrapped.parameters()),
+        "grad_numel": sum(p.grad.numel() for p in wrapped.parameters() if p.grad is not None),
+        "state_numel": sum(t.numel() for t in state),
+        "expected_numel": expected,
+        "expected_trainable": trainable,
+        "unsharded_numel": sum(u for u in wrapped.unit_numels()),
+        "padding": wrapped.settings["padding"],
+        "groups": sum(len(u.groups) for u in wrapped._units),
+    }
+
+
+def _round_trip(ctx: RankContext, seed: int) -> dict[str, object]:
+    """Train, save the full state on rank 0, load it into a fresh wrapper; both train on equally."""
+    torch.manual_seed(seed)
+    batches = _batches(seed + 2, ctx.world_size, CONFIG.vocab_size, 1)
+    trained, _ = _train_fsdp(ctx, TransformerLM(CONFIG), None, batches[:1], None)
+    saved = trained.full_state_dict()
+    torch.manual_seed(seed + 5)
+    fresh = FullyShardedDP(TransformerLM(CONFIG))
+    fresh.load_full_state_dict(saved if ctx.rank == 0 else None)
+    again = fresh.full_state_dict()
+    out: dict[str, object] = {}
+    if ctx.rank == 0:
+        out["same"] = list(again) == list(saved) and all(torch.equal(again[k], saved[k]) for k in saved)
+    rows = slice(ctx.rank * PER_RANK, (ctx.rank + 1) * PER_RANK)
+    tokens, targets = batches[1][0]
+    losses = [_loss(w(tokens[rows]), targets[rows]).item() for w in (trained, fresh)]
+    out["losses_equal"] = losses[0] == losses[1]
+    return out
+
+
+def _all_checks(ctx: RankContext, seed: int) -> list[dict[str, object]]:
+    results: dict[str, object] = {}
+    for kind in ("transformer", "tied", "frozen", "checkpointed"):
+        results[f"{kind}/fp32"] = _case(ctx, seed, kind, 1, None)
+    results["transformer/accumulate"] = _case(ctx, seed, "transformer", 2, None)
+    results["transformer/bf16"] = _case(ctx, seed, "transformer", 1, torch.bfloat16)
+    results["tied/bf16"] = _case(ctx, seed, "tied", 2, torch.bfloat16)
+    results["round_trip"] = _round_trip(ctx, seed)
+    gathered: list[dict[str, object]] = [{} for _ in range(ctx.world_size)]
+    dist.all_gather_object(gathered, results)
+    return gathered
+
+
+@pytest.fixture(scope="module", params=[2, 3])
+def ranks(request: pytest.FixtureRequest) -> list[dict[str, object]]:
+    return launch(_all_checks, random.randrange(10**6), nproc=request.param, backend="gloo", timeout_s=300,
+                  preload=["torch._dynamo"])
+
+
+FP32_CASES = ["transformer/fp32", "tied/fp32", "frozen/fp32", "checkpointed/fp32", "transformer/accumulate"]
+
+
+@pytest.mark.parametrize("case", FP32_CASES)
+def test_fp32_matches_single_process(ranks, case):
+    result = ranks[0][case]
+    assert result["keys_match"]
+    assert result["frozen_unchanged"]
+    assert result["error"] < 1e-6, result
+
+
+@pytest.mark.parametrize("case", ["transformer/bf16", "tied/bf16"])
+def test_bf16_matches_single_process_with_the_same_casts(ranks, case):
+    """Within bf16's rounding (2**-8) of a single process making FSDP's casts (at 3 ranks the bf16
+    sums of three gradients may round in another order), and nearer to it than to plain fp32
+    training (so the casts did happen)."""
+    result = ranks[0][case]
+    assert result["error"] < 2**-8, result
+    assert result["cast_effect"] > result["error"], result
+
+
+@pytest.mark.parametrize("case", FP32_CASES + ["transformer/bf16"])
+def test_parameters_gradients_and_state_are_one_nth_plus_padding(ranks, case):
+    world = len(ranks)
+    for rank in ranks:
+        counts = rank[case]
+        assert counts["param_numel"] == counts["expected_numel"]
+        assert counts["grad_numel"] == counts["expected_trainable"]
+        assert counts["state_numel"] == 2 * counts["expected_trainable"]
+    total = sum(r[case]["param_numel"] for r in ranks)
+    assert total == ranks[0][case]["unsharded_numel"] + ranks[0][case]["padding"]
+    assert 0 <= ranks[0][case]["padding"] < world * ranks[0][case]["groups"]
+
+
+@pytest.mark.parametrize("case", FP32_CASES + ["transformer/bf16"])
+def test_the_unsharded_parameters_are_freed(ranks, case):
+    assert all(rank[case]["originals_freed"] for rank in ranks)
+
+
+def test_some_units_are_padded(ranks):
+    assert ranks[0]["frozen/fp32"]["padding"] > 0
+    if len(ranks) == 3:
+        assert ranks[0]["transformer/fp32"]["padding"] > 0
+
+
+def test_state_dict_round_trip(ranks):
+    assert ranks[0]["round_trip"]["same"]
+    assert all(r["round_trip"]["losses_equal"] for r in ranks)
+
+
+def test_settings_name_units_and_dtypes(ranks):
+    settings = ranks[0]["transformer/bf16"]["settings"]
+    assert settings["units"] == CONFIG.num_layers + 2 and settings["root"]
+    assert settings["param_dtype"] == settings["reduce_dtype"] == "bfloat16"
+    assert ranks[0]["tied/fp32"]["settings"]["units"] == 1  # embed and head hold only the tied weight
+
+
+def _llama_losses(ctx: RankContext, seed: int) -> tuple[list[float], list[float], int]:
+    """transformers' Llama under FullyShardedDP's default units (world of one) and unsharded."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from lmscope.model.hf_peer import llama_config_kwargs
+
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(**llama_config_kwargs(CONFIG)))
+    reference = copy.deepcopy(model)
+    wrapped = FullyShardedDP(model)
+    tokens = torch.randint(0, CONFIG.vocab_size, (2, SEQ))
+    losses: tuple[list[float], list[float]] = ([], [])
+    for net, out in ((wrapped, losses[0]), (reference, losses[1])):
+        optimizer = torch.optim.AdamW(net.parameters(), **ADAMW)
+        for _ in range(STEPS):
+            optimizer.zero_grad(set_to_none=True)
+            loss = net(input_ids=tokens, labels=tokens).loss
+            loss.backward()
+            optimizer.step()
+            out.append(loss.item())
+    return losses[0], losses[1], len(wrapped.units)
+
+
+def test_llama_default_units_train_like_the_unsharded_model():
+    pytest.importorskip("transformers")
+    ours, reference, units = launch(_llama_losses, random.randrange(10**6), nproc=1, backend="gloo",
+                                    timeout_s=120)
+    assert units == CONFIG.num_layers + 2  # embed_tokens, each decoder layer, lm_head
+    assert ours == pytest.approx(reference, rel=1e-6)
+    assert ours[-1] < ours[0]

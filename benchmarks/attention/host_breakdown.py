@@ -6,6 +6,10 @@ is the bottleneck): the forward and backward host functions called directly (no 
 kernel launch alone, the output allocations, the autograd engine's cost for a Python
 autograd.Function (a Function whose forward and backward do no work), and SDPA's forward and
 backward ops for comparison. The rows name the part; the numbers are microseconds per call.
+Rows marked "JITFunction.run" turn off the launchers' direct launch of the compiled kernel
+(lmscope.kernels.triton_launch.DirectLaunch), the same calls otherwise: its gain in one run.
+"launches skipped" replaces the three launches by no-ops: what the Python and autograd around
+them cost.
 
 Usage (GPU machine, repo root): PYTHONPATH=src python3 benchmarks/attention/host_breakdown.py
 [--shape B,H,S,D] [--out rows.jsonl]
@@ -14,6 +18,7 @@ Usage (GPU machine, repo root): PYTHONPATH=src python3 benchmarks/attention/host
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import threading
@@ -86,6 +91,41 @@ def _single_threaded(fn) -> float:
         return host_us(fn)
 
 
+LAUNCHERS = ("_FWD_LAUNCH", "_DQ_LAUNCH", "_DKDV_LAUNCH")
+
+
+@contextlib.contextmanager
+def jit_launches():
+    """Every launch through JITFunction.run, as before DirectLaunch."""
+    launchers = [getattr(fa, name).compiled for name in LAUNCHERS]
+    saved = [launcher.supported for launcher in launchers]
+    for launcher in launchers:
+        launcher.supported = False
+    try:
+        yield
+    finally:
+        for launcher, flag in zip(launchers, saved, strict=True):
+            launcher.supported = flag
+
+
+@contextlib.contextmanager
+def no_launches():
+    """The three launchers replaced by no-ops (the host functions look them up per call)."""
+    saved = {name: getattr(fa, name) for name in LAUNCHERS}
+    for name in LAUNCHERS:
+        setattr(fa, name, lambda *args: None)
+    try:
+        yield
+    finally:
+        for name, launcher in saved.items():
+            setattr(fa, name, launcher)
+
+
+def _under(context, fn) -> float:
+    with context():
+        return host_us(fn)
+
+
 def parts(shape: tuple[int, int, int, int]) -> dict[str, float]:
     """Host microseconds per call of each part of a causal bf16 forward+backward at `shape`."""
     torch.manual_seed(0)
@@ -94,9 +134,12 @@ def parts(shape: tuple[int, int, int, int]) -> dict[str, float]:
     qd, kd, vd = q.detach(), k.detach(), v.detach()
     o, lse = fa.flash_attention_forward(qd, kd, vd, True)
     fa.flash_attention_backward(d_out, qd, kd, vd, o, lse, True)  # tunes once
+    fwd_bwd = lambda: fa.flash_attention(q, k, v, causal=True).backward(d_out)  # noqa: E731
     out = {
-        "flash: forward+backward through autograd": host_us(
-            lambda: fa.flash_attention(q, k, v, causal=True).backward(d_out)),
+        "flash: forward+backward through autograd": host_us(fwd_bwd),
+        "flash: forward+backward through autograd, launches through JITFunction.run": _under(
+            jit_launches, fwd_bwd),
+        "flash: forward+backward through autograd, launches skipped": _under(no_launches, fwd_bwd),
         "flash: forward through autograd": host_us(lambda: fa.flash_attention(q, k, v, causal=True)),
         "flash: flash_attention_forward direct": host_us(
             lambda: fa.flash_attention_forward(qd, kd, vd, True)),
@@ -119,7 +162,7 @@ def parts(shape: tuple[int, int, int, int]) -> dict[str, float]:
         "sdpa: forward through autograd": host_us(
             lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)),
     }
-    for name in ("_FWD_LAUNCH", "_DQ_LAUNCH", "_DKDV_LAUNCH"):
+    for name in LAUNCHERS:
         launcher, calls = getattr(fa, name), []
 
         def record(*launch_args, _launcher=launcher, _calls=calls):
@@ -132,7 +175,9 @@ def parts(shape: tuple[int, int, int, int]) -> dict[str, float]:
             fa.flash_attention_backward(d_out, qd, kd, vd, o, lse, True)
         finally:
             setattr(fa, name, launcher)
-        out[f"launch: {name} alone"] = host_us(lambda launcher=launcher, a=calls[0]: launcher(*a))
+        one = lambda launcher=launcher, a=calls[0]: launcher(*a)  # noqa: E731
+        out[f"launch: {name} alone"] = host_us(one)
+        out[f"launch: {name} alone, through JITFunction.run"] = _under(jit_launches, one)
     return out
 
 

@@ -8,10 +8,10 @@ its launcher with the same arguments, the way ``JITFunction.run`` calls it on a 
 ``kernel.run(grid0, grid1, grid2, stream, kernel.function, kernel.packed_metadata,
 launch_metadata, enter_hook, exit_hook, *all_args)``.
 
-A kept kernel is reused only where Triton would pick the same binary: ``spec_key`` records, per
-argument, everything Triton specialises on (a tensor's dtype and 16-byte alignment; an int's
-== 1, divisibility by 16 and 32/64-bit range; the kind of float, bool and None), and the key
-also holds the current device and the knobs ``JITFunction.run`` adds to the options (debug,
+A kept kernel is reused only where Triton would pick the same binary: ``spec_key`` holds each
+tensor's dtype and 16-byte alignment and every other argument's value and type (which decide
+what Triton specialises an int on: == 1, divisibility by 16, 32/64-bit range), and the key also
+holds the current device and the knobs ``JITFunction.run`` adds to the options (debug,
 instrumentation mode, fpsan casts). Everything else (the constexprs, num_warps, ...) is fixed per
 ``DirectLaunch.launch`` caller's ``kept`` dict, which belongs to one set of launch options.
 
@@ -31,7 +31,9 @@ import torch
 
 __all__ = ["DirectLaunch", "spec_key", "SUPPORTED"]
 
-_I32_LO, _I32_HI, _U64_LO = -(2**31), 2**31, 2**63
+_PLAIN = frozenset((int, float, bool, type(None)))
+# Kept kernels per caller's dict before it is cleared (spec_key holds exact lengths and strides).
+_MAX_KEPT = 256
 
 # JITFunction.run's launch on a cache hit, whitespace removed: the call DirectLaunch repeats.
 _LAUNCH_CALL = (
@@ -43,35 +45,28 @@ _KNOB_OPTIONS = {"debug", "instrumentation_mode", "fpsan_homomorphic_casts"}
 
 
 def spec_key(args: tuple) -> tuple | None:
-    """Per positional argument, what Triton specialises a kernel on; None for an argument kind
-    this does not know.
+    """A key that is equal for two argument tuples only where Triton specialises them alike;
+    None where the arguments are of kinds this does not know.
 
-    Tensor -> (dtype, data_ptr % 16 == 0); int -> -1 for 1 (Triton makes it a constant),
-    else (divisible by 16) + 2 * (0: int32 range, 1: int64, 2: uint64); float -> "f";
-    bool -> "b"; None -> None. Ints are keyed on all of these even where a kernel's
-    ``do_not_specialize`` drops some: keying on more than Triton only compiles no more.
+    Leading tensors give (dtype, data_ptr % 16 == 0) each, what Triton specialises a pointer on;
+    the other arguments (ints, floats, bools, None) give their values and types as they are.
+    That is finer than Triton's own key for ints (== 1, divisible by 16, 32/64-bit range: all
+    follow from the value), and costs a few C-level tuple operations instead of a Python step
+    per argument; a new length or stride only sends one more launch through JITFunction.run.
     """
-    key = []
-    append = key.append
+    n = 0
+    tensors = []
     for a in args:
-        kind = type(a)
-        if kind is int:
-            if a == 1:
-                append(-1)
-            else:
-                size = 0 if _I32_LO <= a < _I32_HI else (1 if a < _U64_LO else 2)
-                append((a % 16 == 0) + 2 * size)
-        elif kind is float:
-            append("f")
-        elif isinstance(a, torch.Tensor):
-            append((a.dtype, a.data_ptr() % 16 == 0))
-        elif kind is bool:
-            append("b")
-        elif a is None:
-            append(None)
-        else:
-            return None
-    return tuple(key)
+        if not isinstance(a, torch.Tensor):
+            break
+        tensors.append(a.dtype)
+        tensors.append(a.data_ptr() % 16 == 0)
+        n += 1
+    rest = args[n:]
+    kinds = tuple(map(type, rest))
+    if not _PLAIN.issuperset(kinds):
+        return None
+    return tuple(tensors), rest, kinds
 
 
 def _supported() -> bool:
@@ -156,6 +151,8 @@ class DirectLaunch:
         if kernel is None:  # first launch with this specialisation: Triton compiles or finds it
             kernel = self.jit.run(*args, grid=grid, warmup=False, **kwargs)
             if all(hasattr(kernel, a) for a in ("run", "function", "packed_metadata")):
+                if len(kept) >= _MAX_KEPT:  # many shapes: start again rather than grow
+                    kept.clear()
                 kept[key] = kernel
             return
         self.direct += 1

@@ -838,7 +838,7 @@ def _plan(q: torch.Tensor, k: torch.Tensor, q4, k4, v4, o4, causal: bool) -> _Pl
     sm_scale = 1.0 / math.sqrt(d)
     return _Plan(
         dtype=q.dtype, q_shape=q.shape, k_shape=k.shape, bh=bh, n_q=n_q, d=d,
-        d_pad=max(16, triton.next_power_of_2(d)),
+        d_pad=_bucket(d),  # max(16, next power of two): no Triton call per call
         strides=(*q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3]), o_strides=o4.stride()[:3],
         scalars=(h, n_q, n_k, sm_scale * LOG2E, sm_scale, nq_bucket, nk_bucket),
         key=(d, causal, q.dtype, nq_bucket, nk_bucket, False, bh > 65535),

@@ -49,10 +49,16 @@ Kernels
     H100 (docs/kernels/flash_attention.md).
     Tile sizes, warps and pipeline stages are autotuned from a small list per head dim, keyed on
     head dim, causal, dtype and power-of-two buckets of the sequence lengths. Once the
-    autotuner has chosen for a key, the kernels are launched through the JIT function with its
-    choice, skipping ``Autotuner.run``'s per-call work (``_Launcher``); O is written through
-    its strides, dQ, dK, dV are allocated contiguous and indexed without stride arguments
-    (host cost per call: docs).
+    autotuner has chosen for a key, the kernels are launched with its choice, skipping
+    ``Autotuner.run``'s per-call work (``_Launcher``), and once Triton has compiled a kernel for
+    the arguments' specialisation, its launcher is called directly, skipping
+    ``JITFunction.run``'s binder and cache lookup (lmscope.kernels.triton_launch, which falls
+    back to ``JITFunction.run`` wherever it cannot be exact or launch hooks are installed). O is
+    written through its strides, dQ, dK, dV are allocated contiguous and indexed without stride
+    arguments. The autograd Function computes the backward's strides, scalars and launch keys
+    in the forward (``_Plan``) and allocates the backward's float32 scratch with L. Host cost
+    per call, beside SDPA's: docs/kernels/flash_attention.md and
+    docs/kernels/flash_attention_host_notes.md (rows in benchmarks/results/attention/).
 
 Hardware
     Tuned on an NVIDIA H100 80GB HBM3 (sm_90) with Triton 3.6 and PyTorch 2.11 at batch 1, 16

@@ -205,6 +205,8 @@ def main() -> None:
     args = parser.parse_args()
     shape = tuple(int(x) for x in args.shape.split(","))
     measured = parts(shape)  # type: ignore[arg-type]
+    direct = {name: getattr(fa, name).compiled.direct for name in LAUNCHERS}
+    print(f"launches straight to the compiled kernel (DirectLaunch) during the run: {direct}")
     print(f"shape (B, H, S, d) = {shape}, bf16, causal; host us per call")
     print("| part | host us/call |\n|---|---|")
     for name, us in measured.items():

@@ -114,14 +114,18 @@ class DirectLaunch:
             supported = SUPPORTED and isinstance(jit, JITFunction)
         self.supported = supported
         self.direct = 0
-        self._device: Callable[[], int] | None = None
+        self._device: Callable[[], int] | None = None  # Triton's driver's; tests set stand-ins
         self._stream: Callable[[int], int] | None = None
+        self._knobs = None  # (runtime knobs, compilation knobs, has fpsan casts), on first use
 
     def _state(self) -> tuple | None:
         """(device, knob options) for the key, or None where JITFunction.run must launch."""
-        from triton import knobs
+        if self._knobs is None:
+            from triton import knobs
 
-        rt, comp = knobs.runtime, knobs.compilation
+            comp = knobs.compilation
+            self._knobs = (knobs.runtime, comp, hasattr(comp, "fpsan_homomorphic_casts"))
+        rt, comp, has_fpsan = self._knobs
         if (
             _hook_set(rt.launch_enter_hook)
             or _hook_set(rt.launch_exit_hook)
@@ -133,12 +137,8 @@ class DirectLaunch:
             from triton.runtime import driver
 
             self._device, self._stream = driver.active.get_current_device, driver.active.get_current_stream
-        return (
-            self._device(),
-            rt.debug,
-            comp.instrumentation_mode,
-            getattr(comp, "fpsan_homomorphic_casts", None),
-        )
+        fpsan = comp.fpsan_homomorphic_casts if has_fpsan else None
+        return (self._device(), rt.debug, comp.instrumentation_mode, fpsan)
 
     def launch(self, kept: dict, grid: tuple[int, int], args: tuple, tail: tuple, kwargs: dict) -> None:
         state = self._state() if self.supported else None

@@ -85,6 +85,23 @@ class _Nothing(torch.autograd.Function):
         return do, None, None
 
 
+class _Skeleton(torch.autograd.Function):
+    """Flash's Function without its Python or launches: the forward allocates O and L and saves
+    what flash saves, the backward allocates dQ, dK, dV. Against "launches skipped", the share
+    of lmscope's own host code."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        o = torch.empty_like(q)
+        ctx.save_for_backward(q, k, v, o, torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device))
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, _, _ = ctx.saved_tensors
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
 def _single_threaded(fn) -> float:
     """host_us(fn) with the autograd engine running backward on the calling thread."""
     with torch.autograd.set_multithreading_enabled(False):
@@ -155,6 +172,8 @@ def parts(shape: tuple[int, int, int, int]) -> dict[str, float]:
             lambda: fa.flash_attention(q, k, v, causal=True).backward(d_out)),
         "autograd: empty Python Function forward+backward": host_us(
             lambda: _Nothing.apply(q, k, v).backward(d_out)),
+        "autograd: Function saving and allocating what flash does, no other work": host_us(
+            lambda: _Skeleton.apply(q, k, v).backward(d_out)),
         "torch.empty x4 (dQ, dK, dV, D)": host_us(
             lambda: [torch.empty(shape, dtype=q.dtype, device="cuda") for _ in range(4)]),
         "sdpa: forward+backward through autograd": host_us(

@@ -288,10 +288,12 @@ def _launchers():
                                   (3, 2, 77, 1029, 80, False), (2, 2, 300, 300, 64, False)],
                          ids=lambda c: f"{c[2]}x{c[3]}-d{c[4]}-c{int(c[5])}")  # fmt: skip
 @pytest.mark.parametrize("misaligned", [False, True], ids=["aligned", "misaligned"])
-def test_gpu_compiled_launch_is_used_and_bit_identical_to_the_jit_launch(case, misaligned):
+def test_gpu_compiled_launch_is_used_and_bit_identical_to_the_jit_launch(case, misaligned, monkeypatch):
     """After the first calls, every launch goes straight to the kept CompiledKernel
     (lmscope.kernels.triton_launch) and gives the bits of JITFunction.run's launch. A misaligned
-    q (its data one element off 16 bytes) gets a kernel compiled for that, not the aligned one."""
+    q (its data one element off 16 bytes) gets a kernel compiled for that, not the aligned one.
+    Separate dQ mode: no atomics, so equal launches give equal bits."""
+    monkeypatch.setattr(fa, "DQ_MODE", "separate")
     b, h, nq, nk, d, causal = case
     launchers = _launchers()
     assert all(launcher.supported for launcher in launchers), "this Triton's launch is not the expected one"

@@ -6,6 +6,10 @@ is the bottleneck): the forward and backward host functions called directly (no 
 kernel launch alone, the output allocations, the autograd engine's cost for a Python
 autograd.Function (a Function whose forward and backward do no work), and SDPA's forward and
 backward ops for comparison. The rows name the part; the numbers are microseconds per call.
+Rows marked "JITFunction.run" turn off the launchers' direct launch of the compiled kernel
+(lmscope.kernels.triton_launch.DirectLaunch), the same calls otherwise: its gain in one run.
+"launches skipped" replaces the three launches by no-ops: what the Python and autograd around
+them cost.
 
 Usage (GPU machine, repo root): PYTHONPATH=src python3 benchmarks/attention/host_breakdown.py
 [--shape B,H,S,D] [--out rows.jsonl]
@@ -14,6 +18,7 @@ Usage (GPU machine, repo root): PYTHONPATH=src python3 benchmarks/attention/host
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import threading
@@ -80,9 +85,61 @@ class _Nothing(torch.autograd.Function):
         return do, None, None
 
 
+class _Skeleton(torch.autograd.Function):
+    """Flash's Function without its Python or launches: the forward allocates O and L and saves
+    what flash saves, the backward allocates dQ, dK, dV. Against "launches skipped", the share
+    of lmscope's own host code."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        o = torch.empty_like(q)
+        ctx.save_for_backward(q, k, v, o, torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device))
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, _, _ = ctx.saved_tensors
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
 def _single_threaded(fn) -> float:
     """host_us(fn) with the autograd engine running backward on the calling thread."""
     with torch.autograd.set_multithreading_enabled(False):
+        return host_us(fn)
+
+
+LAUNCHERS = ("_FWD_LAUNCH", "_DQ_LAUNCH", "_DKDV_LAUNCH")
+
+
+@contextlib.contextmanager
+def jit_launches():
+    """Every launch through JITFunction.run, as before DirectLaunch."""
+    launchers = [getattr(fa, name).compiled for name in LAUNCHERS]
+    saved = [launcher.supported for launcher in launchers]
+    for launcher in launchers:
+        launcher.supported = False
+    try:
+        yield
+    finally:
+        for launcher, flag in zip(launchers, saved, strict=True):
+            launcher.supported = flag
+
+
+@contextlib.contextmanager
+def no_launches():
+    """The three launchers replaced by no-ops (the host functions look them up per call)."""
+    saved = {name: getattr(fa, name) for name in LAUNCHERS}
+    for name in LAUNCHERS:
+        setattr(fa, name, lambda *args: None)
+    try:
+        yield
+    finally:
+        for name, launcher in saved.items():
+            setattr(fa, name, launcher)
+
+
+def _under(context, fn) -> float:
+    with context():
         return host_us(fn)
 
 
@@ -94,9 +151,12 @@ def parts(shape: tuple[int, int, int, int]) -> dict[str, float]:
     qd, kd, vd = q.detach(), k.detach(), v.detach()
     o, lse = fa.flash_attention_forward(qd, kd, vd, True)
     fa.flash_attention_backward(d_out, qd, kd, vd, o, lse, True)  # tunes once
+    fwd_bwd = lambda: fa.flash_attention(q, k, v, causal=True).backward(d_out)  # noqa: E731
     out = {
-        "flash: forward+backward through autograd": host_us(
-            lambda: fa.flash_attention(q, k, v, causal=True).backward(d_out)),
+        "flash: forward+backward through autograd": host_us(fwd_bwd),
+        "flash: forward+backward through autograd, launches through JITFunction.run": _under(
+            jit_launches, fwd_bwd),
+        "flash: forward+backward through autograd, launches skipped": _under(no_launches, fwd_bwd),
         "flash: forward through autograd": host_us(lambda: fa.flash_attention(q, k, v, causal=True)),
         "flash: flash_attention_forward direct": host_us(
             lambda: fa.flash_attention_forward(qd, kd, vd, True)),
@@ -112,6 +172,8 @@ def parts(shape: tuple[int, int, int, int]) -> dict[str, float]:
             lambda: fa.flash_attention(q, k, v, causal=True).backward(d_out)),
         "autograd: empty Python Function forward+backward": host_us(
             lambda: _Nothing.apply(q, k, v).backward(d_out)),
+        "autograd: Function saving and allocating what flash does, no other work": host_us(
+            lambda: _Skeleton.apply(q, k, v).backward(d_out)),
         "torch.empty x4 (dQ, dK, dV, D)": host_us(
             lambda: [torch.empty(shape, dtype=q.dtype, device="cuda") for _ in range(4)]),
         "sdpa: forward+backward through autograd": host_us(
@@ -119,7 +181,7 @@ def parts(shape: tuple[int, int, int, int]) -> dict[str, float]:
         "sdpa: forward through autograd": host_us(
             lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)),
     }
-    for name in ("_FWD_LAUNCH", "_DQ_LAUNCH", "_DKDV_LAUNCH"):
+    for name in LAUNCHERS:
         launcher, calls = getattr(fa, name), []
 
         def record(*launch_args, _launcher=launcher, _calls=calls):
@@ -132,7 +194,9 @@ def parts(shape: tuple[int, int, int, int]) -> dict[str, float]:
             fa.flash_attention_backward(d_out, qd, kd, vd, o, lse, True)
         finally:
             setattr(fa, name, launcher)
-        out[f"launch: {name} alone"] = host_us(lambda launcher=launcher, a=calls[0]: launcher(*a))
+        one = lambda launcher=launcher, a=calls[0]: launcher(*a)  # noqa: E731
+        out[f"launch: {name} alone"] = host_us(one)
+        out[f"launch: {name} alone, through JITFunction.run"] = _under(jit_launches, one)
     return out
 
 
@@ -160,6 +224,8 @@ def main() -> None:
     args = parser.parse_args()
     shape = tuple(int(x) for x in args.shape.split(","))
     measured = parts(shape)  # type: ignore[arg-type]
+    direct = {name: getattr(fa, name).compiled.direct for name in LAUNCHERS}
+    print(f"launches straight to the compiled kernel (DirectLaunch) during the run: {direct}")
     print(f"shape (B, H, S, d) = {shape}, bf16, causal; host us per call")
     print("| part | host us/call |\n|---|---|")
     for name, us in measured.items():

@@ -80,7 +80,7 @@ def _one_forward_launch(q, k, v) -> dict[str, float]:
     o, lse = torch.empty_like(q), torch.empty(q.shape[:-1], device=q.device)
     bucket = fa._bucket(n)
     key = (d, True, q.dtype, bucket, bucket, False, False)
-    args = (q, k, v, o, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+    args = (q, k, v, o, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
             h, n, n, 1.0 / math.sqrt(d) * fa.LOG2E, bucket, bucket)  # fmt: skip
     consts = {"HEAD_DIM": d, "D_PAD": d, "DOT_PREC": "tf32", "CAUSAL": True}
 

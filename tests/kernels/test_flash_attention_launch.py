@@ -15,6 +15,7 @@ import torch
 triton = pytest.importorskip("triton")
 
 from lmscope.kernels import flash_attention as fa  # noqa: E402
+from lmscope.kernels.triton_launch import DirectLaunch  # noqa: E402
 
 if "do_bench" not in inspect.signature(triton.autotune).parameters:
     pytest.skip("this Triton's autotune takes no do_bench", allow_module_level=True)
@@ -40,6 +41,19 @@ class FakeJit:
         assert not warmup
         meta = {**dict(zip(self.arg_names, args, strict=False)), **kwargs}
         self.launches.append((args, tuple(grid(meta) if callable(grid) else grid), kwargs))
+        return FakeCompiled()
+
+
+class FakeCompiled:
+    """Stands in for the CompiledKernel JITFunction.run returns: records direct launches."""
+
+    function, packed_metadata = "function", "packed"
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def run(self, *call):
+        self.calls.append(call)
 
 
 def _setup():
@@ -120,3 +134,26 @@ def test_many_heads_get_a_head_major_config_after_a_tuning_with_few():
     assert launcher.direct_launches == 1 and jit.launches[-1][1] == grid
     _call(launcher, bh=8)  # the few-heads choice is still known
     assert launcher.direct_launches == 2 and jit.launches[-1][2]["HEAD_MAJOR"] is False
+
+
+def test_known_choice_launches_the_compiled_kernel_with_the_jit_launchs_arguments():
+    """With the direct path on: the first launch at a known key goes through the JIT function
+    (which returns the compiled kernel); the next ones call that kernel's launcher with the grid,
+    stream, and every argument in the kernel's parameter order, constexprs included."""
+    jit, _, launcher = _setup()
+    launcher.compiled = DirectLaunch(jit, supported=True)
+    launcher.compiled._device, launcher.compiled._stream = (lambda: 0), (lambda device: 77)
+    _call(launcher, bh=8)  # autotuned
+    _call(launcher, bh=8)  # known: through the JIT function, which compiles for these arguments
+    jit_args, jit_grid, jit_kwargs = jit.launches[-1]
+    assert launcher.compiled.direct == 0 and launcher.direct_launches == 1
+    q = _call(launcher, bh=8)
+    assert launcher.compiled.direct == 1 and len(jit.launches) == 6
+    (compiled,) = next(iter(launcher.known.values()))[5].values()
+    grid0, grid1, grid2, stream, function, packed, meta, enter, exit_, *args = compiled.calls[-1]
+    assert (grid0, grid1, grid2) == (*jit_grid, 1) and stream == 77
+    assert (function, packed, meta, enter, exit_) == ("function", "packed", None, None, None)
+    assert args[0] is q and args[1:4] == [200, 256, 256]
+    named = dict(zip(ARG_NAMES[1:], args[1:], strict=True))
+    assert named == {**dict(zip(ARG_NAMES[1:], jit_args[1:], strict=False)),
+                     **{n: v for n, v in jit_kwargs.items() if n in ARG_NAMES}}  # fmt: skip

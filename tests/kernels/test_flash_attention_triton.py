@@ -105,18 +105,36 @@ def test_atomic_dq_mode(causal):
     _check_against_reference(q, k, v, do, causal, dq_mode="atomic")
 
 
-def test_autograd_function_saves_one_fp32_lse_and_expanded_grad():
-    """apply(q, k, v, is_causal); o.sum() gives backward an expanded, stride-0 dO."""
+def test_autograd_function_saves_one_fp32_buffer_and_expanded_grad():
+    """apply(q, k, v, is_causal) saves Q, K, V, O and one float32 buffer: L, then room for the
+    backward's D (16-byte aligned); o.sum() gives backward an expanded, stride-0 dO."""
     q, k, v, _ = _inputs((2, 2), 19, 26, 16, torch.float32, seed=5)
     o = fa.FlashAttentionTriton.apply(q, k, v, True)
     saved = o.grad_fn.saved_tensors
     assert len(saved) == 5
-    assert saved[4].shape == (2, 2, 19) and saved[4].dtype == torch.float32
+    _, lse = fa.flash_attention_forward(q.detach(), k.detach(), v.detach(), True)
+    stats = saved[4]
+    # L (76 floats), D at 128, the separate mode's one-float dQ accumulator at 256
+    assert stats.dtype == torch.float32 and stats.ndim == 1 and stats.numel() == 128 + 128 + 1
+    assert torch.equal(stats[:76].view(2, 2, 19), lse)
     o.sum().backward()
     q2, k2, v2 = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
     attention_reference(q2, k2, v2, True)[0].sum().backward()
     for a, b in ((q, q2), (k, k2), (v, v2)):
         assert relative_error(a.grad, b.grad) < 1e-5
+
+
+@pytest.mark.parametrize("dq_mode", ["separate", "atomic"])
+def test_autograd_gives_the_bits_of_the_direct_functions(dq_mode, monkeypatch):
+    """The Function's backward reuses the forward's plan and buffer: same bits as calling
+    flash_attention_forward and flash_attention_backward (5-d input: the plan's reshapes)."""
+    monkeypatch.setattr(fa, "DQ_MODE", dq_mode)
+    q, k, v, do = _inputs((2, 1, 2), 21, 18, 24, torch.bfloat16, seed=31)
+    o = fa.flash_attention(q, k, v, causal=True)
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    direct = _fwd_bwd(q.detach(), k.detach(), v.detach(), do, True, dq_mode)
+    for name, a, b in zip(("O", "dQ", "dK", "dV"), (o, *grads), (direct[0], *direct[2:]), strict=True):
+        assert a.shape == b.shape and torch.equal(a, b), name
 
 
 def test_strided_bthd_inputs():
@@ -257,3 +275,79 @@ def test_gpu_atomic_dq_mode(case):
     b, h, nq, nk, d, causal, dt = case
     q, k, v, do = _inputs((b, h), nq, nk, d, DTYPES[dt], seed=99, device="cuda")
     _check_against_reference(q, k, v, do, causal, dq_mode="atomic")
+
+
+def _launchers():
+    names = ["_FWD_LAUNCH", "_DKDV_LAUNCH"] + (["_DQ_LAUNCH"] if fa.DQ_MODE == "separate" else [])
+    return [getattr(fa, name).compiled for name in names]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("case", [(2, 3, 517, 333, 64, True), (1, 5, 1000, 1000, 80, True),
+                                  (3, 2, 77, 1029, 80, False), (2, 2, 300, 300, 64, False)],
+                         ids=lambda c: f"{c[2]}x{c[3]}-d{c[4]}-c{int(c[5])}")  # fmt: skip
+@pytest.mark.parametrize("misaligned", [False, True], ids=["aligned", "misaligned"])
+def test_gpu_compiled_launch_is_used_and_bit_identical_to_the_jit_launch(case, misaligned, monkeypatch):
+    """After the first calls, every launch goes straight to the kept CompiledKernel
+    (lmscope.kernels.triton_launch) and gives the bits of JITFunction.run's launch. A misaligned
+    q (its data one element off 16 bytes) gets a kernel compiled for that, not the aligned one.
+    Separate dQ mode: no atomics, so equal launches give equal bits."""
+    monkeypatch.setattr(fa, "DQ_MODE", "separate")
+    b, h, nq, nk, d, causal = case
+    launchers = _launchers()
+    assert all(launcher.supported for launcher in launchers), "this Triton's launch is not the expected one"
+    q, k, v, do = _inputs((b, h), nq, nk, d, torch.bfloat16, seed=nq + d, device="cuda")
+    if misaligned:
+        flat = torch.empty(q.numel() + 1, dtype=q.dtype, device="cuda")
+        q = flat[1:].view(q.shape).copy_(q.detach()).requires_grad_(True)
+        assert q.data_ptr() % 16 != 0
+
+    def fwd_bwd():
+        o = fa.flash_attention(q, k, v, causal=causal)
+        return (o, *torch.autograd.grad(o, (q, k, v), do))
+
+    fwd_bwd()
+    fwd_bwd()  # tuned, and each launcher's kernel kept for these arguments
+    before = [launcher.direct for launcher in launchers]
+    direct = fwd_bwd()
+    assert [launcher.direct for launcher in launchers] == [n + 1 for n in before]
+    for launcher in launchers:
+        launcher.supported = False
+    try:
+        through_jit = fwd_bwd()
+    finally:
+        for launcher in launchers:
+            launcher.supported = True
+    assert [launcher.direct for launcher in launchers] == [n + 1 for n in before]
+    for name, a, ref in zip(("O", "dQ", "dK", "dV"), direct, through_jit, strict=True):
+        assert torch.equal(a, ref), name
+    ref_o, _ = attention_reference(q, k, v, causal)
+    assert relative_error(direct[0], ref_o) < 2e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_launch_hooks_see_every_kernel():
+    """With a launch hook installed (what Triton's profiler does) launches go through
+    JITFunction.run, and the hook sees each kernel's name."""
+    from triton import knobs
+
+    q, k, v, do = _inputs((2, 3), 200, 200, 64, torch.bfloat16, seed=4, device="cuda")
+    for _ in range(2):
+        torch.autograd.grad(fa.flash_attention(q, k, v, causal=True), (q, k, v), do)
+    names: list[str] = []
+    chain = knobs.runtime.launch_enter_hook
+    hook = lambda metadata: names.append(metadata.get()["name"])  # noqa: E731
+    chain.add(hook)
+    before = [launcher.direct for launcher in _launchers()]
+    try:
+        torch.autograd.grad(fa.flash_attention(q, k, v, causal=True), (q, k, v), do)
+    finally:
+        chain.remove(hook)
+    assert [launcher.direct for launcher in _launchers()] == before
+    expected = ["_attn_fwd", "_attn_bwd_dq", "_attn_bwd_dkdv"] if fa.DQ_MODE == "separate" else [
+        "_attn_fwd", "_attn_bwd_dkdv"]  # fmt: skip
+    seen = [n for n in names if "_attn_" in n]
+    assert len(seen) == len(expected), names
+    assert all(e in n for e, n in zip(expected, seen, strict=True)), names

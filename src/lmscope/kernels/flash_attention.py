@@ -49,10 +49,16 @@ Kernels
     H100 (docs/kernels/flash_attention.md).
     Tile sizes, warps and pipeline stages are autotuned from a small list per head dim, keyed on
     head dim, causal, dtype and power-of-two buckets of the sequence lengths. Once the
-    autotuner has chosen for a key, the kernels are launched through the JIT function with its
-    choice, skipping ``Autotuner.run``'s per-call work (``_Launcher``); O is written through
-    its strides, dQ, dK, dV are allocated contiguous and indexed without stride arguments
-    (host cost per call: docs).
+    autotuner has chosen for a key, the kernels are launched with its choice, skipping
+    ``Autotuner.run``'s per-call work (``_Launcher``), and once Triton has compiled a kernel for
+    the arguments' specialisation, its launcher is called directly, skipping
+    ``JITFunction.run``'s binder and cache lookup (lmscope.kernels.triton_launch, which falls
+    back to ``JITFunction.run`` wherever it cannot be exact or launch hooks are installed). O is
+    written through its strides, dQ, dK, dV are allocated contiguous and indexed without stride
+    arguments. The autograd Function computes the backward's strides, scalars and launch keys
+    in the forward (``_Plan``) and allocates the backward's float32 scratch with L. Host cost
+    per call, beside SDPA's: docs/kernels/flash_attention.md and
+    docs/kernels/flash_attention_host_notes.md (rows in benchmarks/results/attention/).
 
 Hardware
     Tuned on an NVIDIA H100 80GB HBM3 (sm_90) with Triton 3.6 and PyTorch 2.11 at batch 1, 16
@@ -77,12 +83,14 @@ from __future__ import annotations
 import inspect
 import math
 import os
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
 from lmscope.kernels.attention_reference import check_attention_inputs
+from lmscope.kernels.triton_launch import DirectLaunch
 
 __all__ = [
     "DQ_MODE",
@@ -661,7 +669,10 @@ class _Launcher:
     choice (``kernel.best_config``) is then kept here, and later calls at that key launch the
     JIT function with it directly: the same binary, arguments and launch options that
     ``Autotuner.run`` passes on a cache hit, without its per-call work (naming every argument,
-    building its key from them, merging the config's options) or a grid callback.
+    building its key from them, merging the config's options) or a grid callback. Those
+    launches go through ``DirectLaunch`` (lmscope.kernels.triton_launch), which also skips
+    ``JITFunction.run``'s binder and cache lookup once Triton has compiled the kernel for the
+    arguments' specialisation, and falls back to ``JITFunction.run`` where it cannot.
 
     ``key`` is (head dim, causal, dtype, n_queries bucket, n_keys bucket, atomic dQ,
     batch*heads > 65535). It decides everything Triton's tuning key holds (its dtypes are q's
@@ -686,19 +697,25 @@ class _Launcher:
             params = {}
         usable = hasattr(kernel, "cache") and "grid" in params and "warmup" in params
         self.run = run if usable else None
-        self.known: dict[tuple, tuple] = {}  # key -> (config, block, head_major, launch kwargs)
+        # key -> (config, block, head_major, launch kwargs, constexpr tail, compiled kernels)
+        self.known: dict[tuple, tuple] = {}
         self.n_tuned = 0  # len(kernel.cache) when self.known was last in step with it
         self.direct_launches = 0  # for tests: launches that bypassed the autotuner
+        self.compiled = DirectLaunch(kernel.fn) if self.run is not None else None
 
     def __call__(self, key: tuple, n: int, bh: int, args: tuple) -> None:
         """Launch over (cdiv(n, tile), bh) tiles, or (bh, cdiv(n, tile)) for HEAD_MAJOR."""
         hit = self.known.get(key)
         if hit is not None and len(self.kernel.cache) == self.n_tuned:
-            config, block, head_major, kwargs = hit
+            config, block, head_major, kwargs, tail, compiled = hit
             tiles = -(-n // block)
             self.kernel.best_config = config
             self.direct_launches += 1
-            self.run(*args, grid=(bh, tiles) if head_major else (tiles, bh), warmup=False, **kwargs)
+            grid = (bh, tiles) if head_major else (tiles, bh)
+            if tail is None:
+                self.run(*args, grid=grid, warmup=False, **kwargs)
+            else:
+                self.compiled.launch(compiled, grid, args, tail, kwargs)
             return
         self._autotuned(key, n, bh, args)
 
@@ -735,7 +752,11 @@ class _Launcher:
         config = getattr(kernel, "best_config", None)
         if self.run is not None and config is not None and config.pre_hook is None:
             kwargs = {**consts, **config.all_kwargs()}
-            self.known[key] = (config, config.kwargs[block], bool(config.kwargs["HEAD_MAJOR"]), kwargs)
+            # the constexprs after the positional arguments, in the kernel's parameter order
+            names = getattr(kernel.fn, "arg_names", [])[len(args):]
+            tail = tuple(kwargs[a] for a in names) if set(names) <= kwargs.keys() else None
+            head_major = bool(config.kwargs["HEAD_MAJOR"])
+            self.known[key] = (config, config.kwargs[block], head_major, kwargs, tail, {})
 
 
 _FWD_LAUNCH = _Launcher(_attn_fwd, "BLOCK_M")
@@ -797,36 +818,141 @@ def _bucket(n: int) -> int:
     return 1 << (max(n, 16) - 1).bit_length()
 
 
-def flash_attention_forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Forward kernel only. Returns (O with q's shape and dtype, L float32 (..., n_queries)).
+class _Plan(NamedTuple):
+    """What the kernels need besides the tensors, fixed by q, k, v and causal: computed once in
+    the forward and kept on the autograd context, so the backward only looks at dO."""
 
-    For inputs of 4+ dims O has (..., n_queries, H, d) memory order (module docstring)."""
-    _check_inputs(q, k, v)
+    dtype: torch.dtype
+    q_shape: torch.Size
+    k_shape: torch.Size
+    bh: int  # batch * heads
+    n_q: int
+    d: int
+    d_pad: int
+    strides: tuple  # (z, h, n) strides of Q, K, V as 4-d tensors
+    o_strides: tuple  # the same for O
+    scalars: tuple  # (H, n_q, n_k, qk_scale, sm_scale, NQ_BUCKET, NK_BUCKET)
+    key: tuple  # the launchers' key, atomic dQ off
+
+
+def _plan(q: torch.Tensor, k: torch.Tensor, q4, k4, v4, o4, causal: bool) -> _Plan:
     n_q, d = q.shape[-2], q.shape[-1]
     n_k = k.shape[-2]
-    q4, k4, v4 = _as4d(q), _as4d(k), _as4d(v)
     h = q4.shape[1]
     bh = q4.shape[0] * h
-    o = _empty_out(q)
-    o4 = _as4d(o)  # a view: merging the dims before H keeps O's memory
-    # Contiguous: the kernel indexes L by (batch*head, row) without strides.
-    lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
     nq_bucket, nk_bucket = _bucket(n_q), _bucket(n_k)
-    causal = bool(causal)
-    _FWD_LAUNCH(
-        (d, causal, q.dtype, nq_bucket, nk_bucket, False, bh > 65535), n_q, bh,
-        (q4, k4, v4, o4, lse, *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3],
-         *o4.stride()[:3], h, n_q, n_k, 1.0 / math.sqrt(d) * LOG2E, nq_bucket, nk_bucket),
+    sm_scale = 1.0 / math.sqrt(d)
+    return _Plan(
+        dtype=q.dtype, q_shape=q.shape, k_shape=k.shape, bh=bh, n_q=n_q, d=d,
+        d_pad=_bucket(d),  # max(16, next power of two): no Triton call per call
+        strides=(*q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3]), o_strides=o4.stride()[:3],
+        scalars=(h, n_q, n_k, sm_scale * LOG2E, sm_scale, nq_bucket, nk_bucket),
+        key=(d, causal, q.dtype, nq_bucket, nk_bucket, False, bh > 65535),
     )  # fmt: skip
-    return o, lse
 
 
 def _aligned(n: int) -> int:
     """n elements rounded up to a multiple of 64 (>= 128 bytes): views at that offset keep the
     16-byte alignment Triton specialises pointers on."""
     return (n + 63) // 64 * 64
+
+
+def _scratch(plan: _Plan, atomic: bool) -> int:
+    """Float32 elements the backward needs besides L: D = rowsum(dO * O) (bh, n_q), then the
+    atomic-mode dQ accumulator. In separate mode the kernel never touches that accumulator, but
+    the autotuner zeroes it (reset_to_zero) while benchmarking: it gets one float of its own."""
+    n_rows = plan.bh * plan.n_q
+    return _aligned(n_rows) + (n_rows * plan.d_pad if atomic else 1)
+
+
+def _forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scratch: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple, _Plan]:
+    """The forward launch. Returns (O, L, stats, (Q, K, V) as the kernel read them, plan).
+
+    Without ``scratch``, stats is L; with it, L is the head of stats, a float32 buffer that also
+    holds the separate-mode backward's scratch at ``_aligned(L.numel())`` (one allocation fewer
+    per backward; it holds as many floats as L, plus one)."""
+    _check_inputs(q, k, v)
+    q4, k4, v4 = _as4d(q), _as4d(k), _as4d(v)
+    o = _empty_out(q)
+    o4 = _as4d(o)  # a view: merging the dims before H keeps O's memory
+    plan = _plan(q, k, q4, k4, v4, o4, bool(causal))
+    # Contiguous: the kernel indexes L by (batch*head, row) without strides.
+    if scratch:
+        n_rows = plan.bh * plan.n_q
+        stats = torch.empty(_aligned(n_rows) + _scratch(plan, False), dtype=torch.float32, device=q.device)
+        lse = stats[:n_rows].view(q.shape[:-1])
+    else:
+        lse = stats = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+    h, n_q, n_k, qk_scale, _, nq_bucket, nk_bucket = plan.scalars
+    _FWD_LAUNCH(
+        plan.key, n_q, plan.bh,
+        (q4, k4, v4, o4, lse, *plan.strides, *plan.o_strides, h, n_q, n_k, qk_scale, nq_bucket,
+         nk_bucket),
+    )  # fmt: skip
+    return o, lse, stats, (q4, k4, v4), plan
+
+
+def flash_attention_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward kernel only. Returns (O with q's shape and dtype, L float32 (..., n_queries)).
+
+    For inputs of 4+ dims O has (..., n_queries, H, d) memory order (module docstring)."""
+    o, lse, _, _, _ = _forward(q, k, v, causal, False)
+    return o, lse
+
+
+def _backward(
+    do: torch.Tensor, q4, k4, v4, o4, lse: torch.Tensor, f32: torch.Tensor, plan: _Plan, atomic: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward launches; ``f32`` holds ``_scratch(plan, atomic)`` floats, 16-byte aligned."""
+    if do.dtype != plan.dtype:
+        do = do.to(plan.dtype)
+    do4 = _as4d(do)
+    do_strides = do4.stride()[:3]
+    if 0 in do_strides:  # e.g. the expanded gradient of o.sum()
+        do4 = do4.contiguous()
+        do_strides = do4.stride()[:3]
+    bh, n_q = plan.bh, plan.n_q
+    n_rows = bh * n_q
+    delta, dq_acc = f32[:n_rows], f32[_aligned(n_rows) :]
+    # Contiguous, as the kernels assume (they index dQ, dK, dV without strides). Three tensors of
+    # their own, not views of one buffer: each may become a leaf's .grad as it is.
+    device = do.device
+    dq = torch.empty(plan.q_shape, dtype=plan.dtype, device=device)
+    dk = torch.empty(plan.k_shape, dtype=plan.dtype, device=device)
+    dv = torch.empty(plan.k_shape, dtype=plan.dtype, device=device)
+    strides = (*plan.strides, *do_strides)
+    key = plan.key
+    if atomic:
+        key = (*key[:5], True, key[6])
+        dq_acc.zero_()
+        pre_block = 16 if _INTERPRET else 128
+        _bwd_preprocess[(triton.cdiv(n_q, pre_block), bh)](
+            o4, do4, delta, *plan.o_strides, *do_strides, plan.scalars[0], n_q,
+            HEAD_DIM=plan.d, D_PAD=plan.d_pad, BLOCK_M=pre_block, ACC64=plan.dtype == torch.float32,
+        )  # fmt: skip
+    else:  # the dQ kernel computes D for its rows and stores it: it runs first
+        _DQ_LAUNCH(
+            key, n_q, bh,
+            (q4, k4, v4, do4, o4, lse, delta, dq, *strides, *plan.o_strides, *plan.scalars),
+        )  # fmt: skip
+    _DKDV_LAUNCH(key, plan.scalars[2], bh,
+                 (q4, k4, v4, do4, lse, delta, dk, dv, dq_acc, *strides, *plan.scalars))  # fmt: skip
+    if atomic:
+        acc = dq_acc[: n_rows * plan.d_pad].view(bh, n_q, plan.d_pad)[..., : plan.d]
+        dq.copy_((acc * plan.scalars[4]).reshape(dq.shape))
+    return dq, dk, dv
+
+
+def _is_atomic(dq_mode: str | None) -> bool:
+    """True for atomic dQ (``dq_mode``, default ``DQ_MODE``); ValueError for an unknown mode."""
+    mode = dq_mode or DQ_MODE
+    if mode not in ("separate", "atomic"):
+        raise ValueError(f"dq_mode must be 'separate' or 'atomic', got {mode!r}")
+    return mode == "atomic"
 
 
 def flash_attention_backward(
@@ -840,84 +966,43 @@ def flash_attention_backward(
     dq_mode: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward kernels. Returns (dQ, dK, dV) with the shapes and dtype of q, k, v."""
-    mode = dq_mode or DQ_MODE
-    if mode not in ("separate", "atomic"):
-        raise ValueError(f"dq_mode must be 'separate' or 'atomic', got {mode!r}")
+    atomic = _is_atomic(dq_mode)
     if do.shape != o.shape:
         raise ValueError(f"dO shape {tuple(do.shape)} != O shape {tuple(o.shape)}")
-    n_q, d = q.shape[-2], q.shape[-1]
-    n_k = k.shape[-2]
     q4, k4, v4, o4 = _as4d(q), _as4d(k), _as4d(v), _as4d(o)
-    if do.dtype != q.dtype:
-        do = do.to(q.dtype)
-    do4 = _as4d(do)
-    if 0 in do4.stride()[:3]:  # e.g. the expanded gradient of o.sum()
-        do4 = do4.contiguous()
-    h = q4.shape[1]
-    bh = q4.shape[0] * h
     if not lse.is_contiguous():  # read as (batch*heads, n_q) rows
         lse = lse.contiguous()
-    d_pad = max(16, triton.next_power_of_2(d))
-    sm_scale = 1.0 / math.sqrt(d)
-    atomic = mode == "atomic"
-    device = q.device
-
-    # One float32 allocation: D = rowsum(dO * O) (bh, n_q), then the atomic-mode dQ accumulator.
-    # In separate mode the kernel never touches that accumulator, but the autotuner zeroes it
-    # (reset_to_zero) while benchmarking: it gets one float of its own, never D's memory.
-    n_delta = bh * n_q
-    acc_at = _aligned(n_delta)
-    f32 = torch.empty(acc_at + (bh * n_q * d_pad if atomic else 1), dtype=torch.float32, device=device)
-    delta, dq_acc = f32[:n_delta], f32[acc_at:]
-
-    # Contiguous, as the kernels assume (they index dQ, dK, dV without strides).
-    dq = torch.empty(q.shape, dtype=q.dtype, device=device)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=device)
-    causal = bool(causal)
-    nq_bucket, nk_bucket = _bucket(n_q), _bucket(n_k)
-    qk_scale = sm_scale * LOG2E
-    strides = (*q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3], *do4.stride()[:3])
-    scalars = (h, n_q, n_k, qk_scale, sm_scale, nq_bucket, nk_bucket)
-    if atomic:
-        dq_acc.zero_()
-        pre_block = 16 if _INTERPRET else 128
-        _bwd_preprocess[(triton.cdiv(n_q, pre_block), bh)](
-            o4, do4, delta, *o4.stride()[:3], *do4.stride()[:3], h, n_q,
-            HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=pre_block, ACC64=q.dtype == torch.float32,
-        )  # fmt: skip
-    else:  # the dQ kernel computes D for its rows and stores it: it runs first
-        _DQ_LAUNCH(
-            (d, causal, q.dtype, nq_bucket, nk_bucket, False, bh > 65535), n_q, bh,
-            (q4, k4, v4, do4, o4, lse, delta, dq, *strides, *o4.stride()[:3], *scalars),
-        )
-    _DKDV_LAUNCH(
-        (d, causal, q.dtype, nq_bucket, nk_bucket, atomic, bh > 65535), n_k, bh,
-        (q4, k4, v4, do4, lse, delta, dk, dv, dq_acc, *strides, *scalars),
-    )
-    if atomic:
-        dq.copy_((dq_acc.view(bh, n_q, d_pad)[..., :d] * sm_scale).reshape(dq.shape))
-    return dq, dk, dv
+    plan = _plan(q, k, q4, k4, v4, o4, bool(causal))
+    f32 = torch.empty(_scratch(plan, atomic), dtype=torch.float32, device=q.device)
+    return _backward(do, q4, k4, v4, o4, lse, f32, plan, atomic)
 
 
 class FlashAttentionTriton(torch.autograd.Function):
     """FlashAttention-2 in Triton. ``FlashAttentionTriton.apply(q, k, v, is_causal=False)``.
 
-    Saves Q, K, V, O and one float32 log-sum-exp tensor L of shape (..., n_queries).
+    Saves Q, K, V (as the kernels read them), O, and one float32 buffer holding the
+    log-sum-exp L (..., n_queries) and, in separate dQ mode, the backward's scratch; the
+    strides, scalars and launch keys the forward computed are kept for the backward (``_Plan``).
     """
 
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False):
-        o, lse = flash_attention_forward(q, k, v, bool(is_causal))
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.is_causal = bool(is_causal)
+        atomic = _is_atomic(None)
+        o, _, stats, (q4, k4, v4), plan = _forward(q, k, v, bool(is_causal), not atomic)
+        ctx.save_for_backward(q4, k4, v4, o, stats)
+        ctx.plan, ctx.atomic = plan, atomic
         return o
 
     @staticmethod
     def backward(ctx, do: torch.Tensor):
-        q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = flash_attention_backward(do, q, k, v, o, lse, ctx.is_causal)
-        return dq, dk, dv, None
+        q4, k4, v4, o, stats = ctx.saved_tensors
+        plan, atomic = ctx.plan, ctx.atomic
+        if atomic:  # its dQ accumulator is not kept from forward to backward
+            f32 = torch.empty(_scratch(plan, True), dtype=torch.float32, device=stats.device)
+        else:
+            f32 = stats[_aligned(plan.bh * plan.n_q) :]
+        # the kernels take O and L by pointer: the saved tensors serve as they are
+        return (*_backward(do, q4, k4, v4, o, stats, f32, plan, atomic), None)
 
 
 def flash_attention(

@@ -1,0 +1,211 @@
+"""DirectLaunch and its specialisation key, on CPU with stand-in kernels (no GPU, no interpreter).
+
+The key must separate every pair of arguments that Triton compiles different binaries for: it is
+checked against Triton's own argument specialisation, and the launcher must send each new
+specialisation through JITFunction.run instead of reusing a kernel compiled for another.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+from lmscope.kernels import triton_launch as tlaunch  # noqa: E402
+from lmscope.kernels.triton_launch import DirectLaunch, spec_key  # noqa: E402
+
+
+def _aligned_and_not(dtype=torch.bfloat16):
+    base = torch.empty(64, dtype=dtype)
+    assert base.data_ptr() % 16 == 0
+    return base, base[1:]  # one element on: 2 or 4 bytes off 16-byte alignment
+
+
+INTS = [0, 1, 2, 3, 15, 16, 17, 32, -1, -16, -17, 2**31 - 16, 2**31 - 1, 2**31, 2**31 + 1,
+        -(2**31), -(2**31) - 1, -(2**31) - 16, 2**40, 2**40 + 3, 2**63 - 1, 2**63, 2**63 + 1,
+        2**64 - 16]  # fmt: skip
+
+
+def _samples() -> list:
+    bf_a, bf_u = _aligned_and_not(torch.bfloat16)
+    f32_a, f32_u = _aligned_and_not(torch.float32)
+    return [bf_a, bf_u, bf_a[8:], f32_a, f32_u, torch.empty(3, dtype=torch.float16),
+            *INTS, 0.5, 1.0, -3.0, True, False, None]  # fmt: skip
+
+
+def test_key_separates_whatever_triton_specialises_on():
+    """Equal keys imply equal Triton specialisation (type and attribute), for every pair."""
+    libtriton = pytest.importorskip("triton._C.libtriton")
+    native = getattr(libtriton, "native_specialize_impl", None)
+    if native is None:
+        pytest.skip("this Triton has no native_specialize_impl")
+    from triton.backends.compiler import BaseBackend
+
+    samples = _samples()
+    theirs = [native(BaseBackend, a, False, True, True) for a in samples]
+    ours = [spec_key((a,)) for a in samples]
+    assert None not in ours
+    for (i, a), (j, b) in itertools.combinations(enumerate(samples), 2):
+        if ours[i] == ours[j]:
+            assert theirs[i] == theirs[j], (a, b, theirs[i], theirs[j])
+
+
+def test_key_on_the_cases_that_matter():
+    aligned, misaligned = _aligned_and_not()
+    assert spec_key((aligned,)) != spec_key((misaligned,))
+    assert spec_key((aligned,)) != spec_key((aligned.float(),))
+    assert spec_key((aligned,)) == spec_key((aligned[8:],))  # 16 bytes on: still aligned
+    assert spec_key((1,)) != spec_key((2,)) and spec_key((2,)) == spec_key((2,))
+    assert spec_key((16,)) != spec_key((17,))
+    assert spec_key((2**31 - 1,)) != spec_key((2**31 + 1,))  # int32 -> int64
+    assert spec_key((2**63 + 1,)) != spec_key((2**40 + 1,))  # int64 -> uint64
+    assert spec_key((True,)) != spec_key((1,)) and spec_key((1.0,)) != spec_key((1,))
+    assert spec_key((aligned, 5)) != spec_key((5, aligned))  # per position
+    assert spec_key(("ieee",)) is None and spec_key((aligned, object())) is None
+    assert spec_key((aligned, 3, misaligned)) is None  # tensors only lead
+
+
+class FakeCompiled:
+    """Stands in for a CompiledKernel: records the launcher's calls."""
+
+    function, packed_metadata = "cu-function", ("packed",)
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def run(self, *call):
+        self.calls.append(call)
+
+
+class FakeJit:
+    """Stands in for a JITFunction: each run 'compiles' a new kernel for its specialisation."""
+
+    def __init__(self) -> None:
+        self.runs: list[tuple] = []
+        self.pre_run_hooks: list = []
+
+    def run(self, *args, grid, warmup, **kwargs):
+        assert not warmup
+        self.runs.append((args, grid, kwargs))
+        return FakeCompiled()
+
+
+def _direct(supported=True):
+    jit = FakeJit()
+    launch = DirectLaunch(jit, supported=supported)
+    launch._device, launch._stream = (lambda: 0), (lambda device: 1000 + device)
+    return jit, launch
+
+
+TAIL = (64, "tf32", 128)  # constexprs after the positional arguments
+KW = {"HEAD_DIM": 64, "DOT_PREC": "tf32", "BLOCK": 128, "num_warps": 4}
+
+
+def test_second_launch_goes_straight_to_the_compiled_kernel():
+    jit, launch = _direct()
+    kept: dict = {}
+    x, _ = _aligned_and_not()
+    args = (x, 48, 7, 0.125)
+    launch.launch(kept, (3, 5), args, TAIL, KW)
+    assert len(jit.runs) == 1 and launch.direct == 0 and len(kept) == 1
+    kernel = next(iter(kept.values()))
+    launch.launch(kept, (4, 5), args, TAIL, KW)
+    assert len(jit.runs) == 1 and launch.direct == 1
+    assert kernel.calls == [(4, 5, 1, 1000, "cu-function", ("packed",), None, None, None, *args, *TAIL)]
+
+
+@pytest.mark.parametrize("change", ["misaligned", "int becomes 1", "int loses 16", "int64", "dtype",
+                                    "device"])  # fmt: skip
+def test_a_new_specialisation_is_not_given_another_kernel(change):
+    jit, launch = _direct()
+    kept: dict = {}
+    x, misaligned = _aligned_and_not()
+    launch.launch(kept, (1, 1), (x, 48, 7), TAIL, KW)
+    args = {
+        "misaligned": (misaligned, 48, 7),
+        "int becomes 1": (x, 48, 1),
+        "int loses 16": (x, 47, 7),
+        "int64": (x, 48, 2**33 + 7),
+        "dtype": (x.float(), 48, 7),
+        "device": (x, 48, 7),
+    }[change]
+    if change == "device":
+        launch._device = lambda: 1
+    launch.launch(kept, (1, 1), args, TAIL, KW)
+    assert launch.direct == 0 and len(jit.runs) == 2 and jit.runs[-1][0] == args
+    assert len(kept) == 2
+    launch.launch(kept, (1, 1), args, TAIL, KW)  # now known too
+    assert launch.direct == 1 and len(jit.runs) == 2
+
+
+def test_launch_hooks_send_every_launch_through_the_jit_function():
+    from triton import knobs
+
+    jit, launch = _direct()
+    kept: dict = {}
+    x, _ = _aligned_and_not()
+    launch.launch(kept, (1, 1), (x, 3), TAIL, KW)
+    seen = []
+
+    def hook(metadata):
+        seen.append(metadata)
+
+    chain = knobs.runtime.launch_enter_hook
+    if hasattr(chain, "add"):
+        chain.add(hook)
+        restore = lambda: chain.remove(hook)  # noqa: E731
+    else:  # a Triton whose hook is a plain attribute
+        knobs.runtime.launch_enter_hook = hook
+        restore = lambda: setattr(knobs.runtime, "launch_enter_hook", chain)  # noqa: E731
+    try:
+        launch.launch(kept, (1, 1), (x, 3), TAIL, KW)
+    finally:
+        restore()
+    assert launch.direct == 0 and len(jit.runs) == 2
+    launch.launch(kept, (1, 1), (x, 3), TAIL, KW)
+    assert launch.direct == 1
+
+
+def test_pre_run_hooks_and_unknown_arguments_and_unsupported_triton_use_the_jit_function():
+    x, _ = _aligned_and_not()
+    jit, launch = _direct()
+    kept: dict = {}
+    for _ in range(2):
+        launch.launch(kept, (1, 1), (x, "not a kernel argument kind"), TAIL, KW)
+    assert launch.direct == 0 and len(jit.runs) == 2 and not kept
+
+    jit.pre_run_hooks.append(lambda *a, **k: None)
+    for _ in range(2):
+        launch.launch(kept, (1, 1), (x, 3), TAIL, KW)
+    assert launch.direct == 0 and len(jit.runs) == 4
+
+    jit, launch = _direct(supported=False)
+    for _ in range(2):
+        launch.launch(kept, (1, 1), (x, 3), TAIL, KW)
+    assert launch.direct == 0 and len(jit.runs) == 2
+
+
+def test_the_interpreter_kernel_is_not_launched_directly():
+    assert not DirectLaunch(object()).supported  # not a JITFunction
+
+
+def test_this_triton_launches_as_expected():
+    """Triton 3.4 to 3.9 launch from JITFunction.run with the call DirectLaunch repeats; a
+    failure here means a new Triton changed it (DirectLaunch then stays off: slower, correct)."""
+    major, minor = (int(p) for p in triton.__version__.split(".")[:2])
+    if not (3, 4) <= (major, minor) <= (3, 9):
+        pytest.skip(f"Triton {triton.__version__} not checked")
+    assert tlaunch.SUPPORTED
+
+
+def test_kept_kernels_stay_bounded(monkeypatch):
+    monkeypatch.setattr(tlaunch, "_MAX_KEPT", 2)
+    jit, launch = _direct()
+    kept: dict = {}
+    x, _ = _aligned_and_not()
+    for n in (5, 6, 7, 7):
+        launch.launch(kept, (1, 1), (x, n), TAIL, KW)
+    assert len(kept) == 1 and len(jit.runs) == 3 and launch.direct == 1  # cleared at the third

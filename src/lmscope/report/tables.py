@@ -17,7 +17,7 @@ from lmscope.results import Record, point_key
 METRIC_COLUMNS: dict[str, list[str]] = {
     "bench": [
         "mean_ms", "std_ms", "median_ms", "forward_ms", "backward_ms", "optimizer_ms",
-        "tokens_per_s", "tflops", "mfu", "peak_allocated_gib", "compile_s",
+        "tokens_per_s", "samples_per_s", "tflops", "mfu", "peak_allocated_gib", "compile_s",
     ],
     "attention": [
         "fwd_ms", "bwd_ms", "fwd_bwd_ms", "fwd_tflops", "bwd_tflops", "fwd_bwd_tflops",
@@ -32,7 +32,7 @@ METRIC_COLUMNS: dict[str, list[str]] = {
     "ddp": [
         "step_ms", "step_std_ms", "forward_ms", "backward_ms", "comm_wait_ms", "optimizer_ms",
         "comm_overhead_pct", "predicted_comm_wait_ms", "comm_wait_error_pct", "tokens_per_s",
-        "init_allocated_gib", "peak_before_optimizer_gib", "peak_after_optimizer_gib",
+        "samples_per_s",        "init_allocated_gib", "peak_before_optimizer_gib", "peak_after_optimizer_gib",
     ],
     "memory": [
         "after_init_gib", "forward_peak_gib", "predicted_forward_peak_gib", "backward_peak_gib",

@@ -10,7 +10,8 @@ allocations with where they come from, in `<artifacts_dir>/<point slug>/`.
 
 On GPUs the numbers are the CUDA caching allocator's (allocated and reserved); on CPUs they are the
 bytes of live tensors (no reserved memory; times include the tracking's overhead). Every phase
-carries `predicted_*` from `lmscope.accounting.memory.predict_memory` and the error in percent.
+carries `predicted_*` from `lmscope.accounting.memory.predict_memory` and the error in percent
+(lmscope's presets; for transformers and user models the predictions are None).
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ import torch
 from lmscope.accounting.memory import GIB, checkpointed_blocks, predict_memory
 from lmscope.measure.memory import MemoryMeter, PhasePeaks, build_timeline, load_snapshot, top_allocations
 from lmscope.measure.timer import synchronize
-from lmscope.model.checkpointing import apply_checkpointing
+from lmscope.model.checkpointing import checkpoint_blocks
 from lmscope.report.memory_plots import plot_timeline
-from lmscope.workloads.model_spec import ModelPointSpec
+from lmscope.workloads.model_spec import ModelPointSpec, model_slug
 from lmscope.workloads.train_step import TrainStep, device_facts, resolve_device
 
 PHASES = ("after_init", "forward_peak", "backward_peak", "optimizer_peak", "step_peak")
@@ -64,10 +65,14 @@ class Spec(ModelPointSpec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        checkpointed_blocks(self.checkpoint, self.model_config().num_layers)
         if self.fast and self.checkpoint != "none":
             raise ValueError("activation checkpointing wraps the eager blocks; the fast model's "
                              "forward does not run them: drop --checkpoint or --fast")
+        blocks = self.source().blocks
+        checkpointed_blocks(self.checkpoint, blocks or 0)
+        if self.checkpoint != "none" and blocks is None:
+            raise ValueError(f"--checkpoint {self.checkpoint}: {self.size} exposes no blocks to checkpoint "
+                             "(a factory names them with UserModel(blocks=...)): use --checkpoint none")
         for name, low in (("warmup", 0), ("steps", 1), ("top", 1), ("max_entries", 1000)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
@@ -83,8 +88,8 @@ def point_slug(spec: Spec) -> str:
     fields.pop("artifacts_dir")
     digest = hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:8]
     checkpoint = "" if spec.checkpoint == "none" else "-ckpt-" + spec.checkpoint.replace(":", "")
-    return (f"{spec.size}-ctx{spec.context_length}-b{spec.batch_size}-{spec.mode}-{spec.precision}"
-            f"-{spec.attention}{checkpoint}-{digest}")
+    return (f"{model_slug(spec.size)}-ctx{spec.context_length}-b{spec.batch_size}-{spec.mode}"
+            f"-{spec.precision}-{spec.attention}{checkpoint}-{digest}")
 
 
 def run_point(point: dict[str, Any]) -> dict[str, Any]:
@@ -93,7 +98,7 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
     device = resolve_device(spec.device)
     with MemoryMeter(device) as meter:
         step = TrainStep(spec)
-        apply_checkpointing(step.model, spec.checkpoint)
+        checkpointed = checkpoint_blocks(step.built.blocks or [], spec.checkpoint)
         synchronize(device)
         measured: dict[str, float | None] = {
             "after_init_gib": meter.current() / GIB, "after_init_reserved_gib": _gib(meter.reserved()),
@@ -105,17 +110,18 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
         peaks, times, start = _measured_steps(step, meter, spec.steps)
         measured.update(peaks)
         artifacts = _snapshot_or_error(step, meter, spec) if spec.snapshot else {}
-    prediction = predict_memory(
-        spec.model_config(), batch_size=spec.batch_size, seq_len=spec.context_length, mode=spec.mode,
+    config = spec.model_config()  # the memory model predicts lmscope's presets only
+    predicted = predict_memory(
+        config, batch_size=spec.batch_size, seq_len=spec.context_length, mode=spec.mode,
         precision=spec.precision, attention=spec.attention, checkpoint=spec.checkpoint,
-    )
-    predicted = prediction.as_record()
+    ).as_record() if config is not None else {f"predicted_{name}_gib": None for name in PHASES}
     errors = {
         f"{name}_error_pct": _error_pct(predicted[f"predicted_{name}_gib"], measured.get(f"{name}_gib"))
         for name in PHASES
     }
     return {
         **device_facts(device),
+        **step.model_facts(),
         **measured,
         **predicted,
         **errors,
@@ -123,7 +129,7 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
         "median_ms": statistics.median(times),
         "times_ms": [round(t, 4) for t in times],
         "compile_s": compile_s,
-        "checkpointed_blocks": len(checkpointed_blocks(spec.checkpoint, spec.model_config().num_layers)),
+        "checkpointed_blocks": len(checkpointed),
         **artifacts,
     }
 

@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from lmscope.commands import model_axes, run_and_report, show, split_list
+from lmscope.commands import model_axes, model_flag, run_and_report, show, split_list
 from lmscope.report import console
 from lmscope.results import read_records
 from lmscope.runner import expand_grid, spec_fields
@@ -39,7 +39,10 @@ ReuseWorker = Annotated[
 ]
 
 # Options shared by the commands that run the Transformer LM (bench, profile, memory, ddp).
-Size = Annotated[str | None, typer.Option(help="preset(s): tiny,small,medium,large,xl,2.7B")]
+ModelOpt = Annotated[str | None, typer.Option(
+    "--model", help="model source(s), list ok: a preset (tiny,small,medium,large,xl,2.7B), "
+    "hf:<model_type or config.json> (random weights, no download), or <module or file.py>:<factory>")]
+Size = Annotated[str | None, typer.Option(help="alias of --model (presets)")]
 DModel = Annotated[int | None, typer.Option(help="override d_model")]
 DFf = Annotated[int | None, typer.Option(help="override d_ff")]
 NumLayers = Annotated[int | None, typer.Option(help="override num_layers")]
@@ -69,6 +72,7 @@ def _default_size() -> str:
 
 @app.command()
 def bench(
+    model: ModelOpt = None,
     size: Size = None,
     d_model: DModel = None,
     d_ff: DFf = None,
@@ -105,7 +109,8 @@ def bench(
                  vocab_size=vocab_size, model_context_length=model_context_length,
                  steps=steps, device=device)
     swept = {
-        **model_axes(size=size or _default_size(), context_length=context_length, batch_size=batch_size,
+        **model_axes(size=model_flag(model, size) or _default_size(), context_length=context_length,
+                     batch_size=batch_size,
                      mode=mode, precision=precision, compile=compile, attention=attention),
         "warmup": split_list(warmup, int, "--warmup"),
         "fast": split_list(fast, bool, "--fast"),
@@ -120,6 +125,7 @@ def bench(
 
 @app.command()
 def profile(
+    model: ModelOpt = None,
     size: Size = None,
     d_model: DModel = None,
     d_ff: DFf = None,
@@ -154,7 +160,7 @@ def profile(
     fixed = dict(d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
                  vocab_size=vocab_size, warmup=warmup, steps=steps, device=device,
                  artifacts_dir=str(out.parent / "profile"))
-    swept = {**model_axes(size=size or _default_size(), context_length=context_length,
+    swept = {**model_axes(size=model_flag(model, size) or _default_size(), context_length=context_length,
                           batch_size=batch_size, mode=mode, precision=precision, compile=compile,
                           attention=attention),
              "fast": split_list(fast, bool, "--fast"),
@@ -257,6 +263,7 @@ def comm(
 
 @app.command()
 def ddp(
+    model: ModelOpt = None,
     size: Size = None,
     d_model: DModel = None,
     d_ff: DFf = None,
@@ -291,7 +298,8 @@ def ddp(
                  vocab_size=vocab_size, attention=attention, backend=backend, device=device,
                  warmup=warmup, steps=steps, timeout_s=timeout)
     swept = {
-        **model_axes(size=size or _default_size(), context_length=context_length, batch_size=batch_size,
+        **model_axes(size=model_flag(model, size) or _default_size(), context_length=context_length,
+                     batch_size=batch_size,
                      precision=precision),
         "world_size": split_list(nproc, int, "--nproc") if nproc else default_world_sizes(),
         "strategy": split_list(strategy, str, "--strategy"),
@@ -305,6 +313,7 @@ def ddp(
 
 @app.command()
 def memory(
+    model: ModelOpt = None,
     size: Size = None,
     d_model: DModel = None,
     d_ff: DFf = None,
@@ -344,7 +353,8 @@ def memory(
                  steps=steps, snapshot=split_list(snapshot, bool, "--snapshot")[0], top=top,
                  max_entries=max_entries, device=device, artifacts_dir=str(out.parent / "memory"))
     swept = {
-        **model_axes(size=size or _default_size(), context_length=context_length, batch_size=batch_size,
+        **model_axes(size=model_flag(model, size) or _default_size(), context_length=context_length,
+                     batch_size=batch_size,
                      mode=mode, precision=precision, compile=compile, attention=attention),
         "checkpoint": split_list(checkpoint, str, "--checkpoint"),
     }

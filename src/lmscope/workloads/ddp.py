@@ -1,6 +1,7 @@
-"""`lmscope ddp`: a data-parallel training step of the Transformer LM on N ranks, phase by phase.
+"""`lmscope ddp`: a data-parallel training step of a model on N ranks, phase by phase.
 
-Each rank builds the model on its device (the wrapper broadcasts rank 0's weights), draws its
+Each rank builds the model of the point's source (a preset, hf:..., or a user's factory) on its
+device (the wrapper broadcasts rank 0's weights), draws its
 own batch of `batch_size` sequences (the batch is per rank), wraps the model with a strategy
 (`lmscope.parallel.ddp`) and runs AdamW, whole or sharded (`ShardedOptimizer`). A step is
 timed like `bench` (synchronize, host clock) with CUDA-event phases: forward, backward,
@@ -29,7 +30,6 @@ from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from lmscope.accounting.comms import (
     exposed_comm_s,
@@ -40,7 +40,6 @@ from lmscope.accounting.comms import (
 )
 from lmscope.measure.ranges import phase
 from lmscope.measure.timer import PhaseClock, synchronize, time_phased_steps
-from lmscope.model.transformer import TransformerLM
 from lmscope.parallel.ddp import (
     MIB,
     TORCH_DDP_BUCKET_MB,
@@ -95,6 +94,9 @@ class Spec(ModelPointSpec):
             raise ValueError("lmscope ddp does not support torch.compile: run it without --compile")
         if self.fast:
             raise ValueError("lmscope ddp runs the eager TransformerLM: the fast path is not wrapped yet")
+        if self.shard_optimizer and self.source().has_optimizer:
+            raise ValueError(f"--shard-optimizer on shards lmscope's AdamW, but {self.size} brings its own "
+                             "optimizer: use --shard-optimizer off")
         if self.strategy == "single":
             if self.world_size != 1 or self.shard_optimizer:
                 raise ValueError("strategy single is the 1-GPU baseline: it runs with --nproc 1, unsharded")
@@ -130,22 +132,27 @@ class _Setup:
 
     def __init__(self, spec: Spec, ctx: RankContext) -> None:
         self.spec, self.device = spec, ctx.device
-        torch.manual_seed(0)
-        self.config = spec.model_config()
-        with self.device:  # build and initialize the weights on the device itself
-            self.model = TransformerLM(self.config, attention=spec.attention)
-        generator = torch.Generator(device=self.device).manual_seed(1000 + ctx.rank)
-        shape = (spec.batch_size, spec.context_length)
-        self.inputs, self.targets = (
-            torch.randint(0, self.config.vocab_size, shape, device=self.device, generator=generator)
-            for _ in range(2)
-        )
+        torch.manual_seed(0)  # the same weights on every rank (the wrapper broadcasts rank 0's)
+        self.source = spec.source()
+        self.built = self.source.build(self.device)
+        self.model = self.built.model
+        torch.manual_seed(1000 + ctx.rank)  # each rank its own batch
+        self.batch = self.built.make_batch(spec.batch_size, spec.context_length, self.device)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=spec.precision == "fp16")
         self.options = {"lr": 1e-4, "fused": self.device.type == "cuda"}
         self.wrapped: torch.nn.Module = self.model
         self.finish = None
-        self.optimizer: torch.optim.Optimizer = torch.optim.AdamW(self.model.parameters(), **self.options)
+        self.optimizer: torch.optim.Optimizer = self._optimizer()
         self.measures_wait = False
+
+    def _optimizer(self) -> torch.optim.Optimizer:
+        """The source's optimizer, else AdamW; sharded (ZeRO-1) with --shard-optimizer on."""
+        params = self.model.parameters()
+        if self.spec.shard_optimizer:
+            return ShardedOptimizer(params, torch.optim.AdamW, **self.options)
+        if self.built.optimizer is not None:
+            return self.built.optimizer(self.model)
+        return torch.optim.AdamW(params, **self.options)
 
     def wrap(self) -> None:
         """Wrap the model with the strategy and build a fresh (maybe sharded) optimizer."""
@@ -157,19 +164,15 @@ class _Setup:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=spec.precision == "fp16")
         self.wrapped = data_parallel(spec.strategy, self.model)
         self.finish = getattr(self.wrapped, "finish_gradient_synchronization", None)
-        params = self.model.parameters()
-        self.optimizer = (ShardedOptimizer(params, torch.optim.AdamW, **self.options)
-                          if spec.shard_optimizer else torch.optim.AdamW(params, **self.options))
+        self.optimizer = self._optimizer()
         self.measures_wait = parse_strategy(spec.strategy)[0] != "torch-ddp"
 
     def step(self, clock: PhaseClock) -> float | None:
         """One training step with phases; returns the peak GiB allocated before the optimizer."""
         clock.start()
         self.optimizer.zero_grad(set_to_none=True)
-        with phase("forward"):
-            with autocast_context(self.spec.precision, self.device):
-                logits = self.wrapped(self.inputs)
-            loss = F.cross_entropy(logits.float().flatten(0, 1), self.targets.flatten())
+        with phase("forward"), autocast_context(self.spec.precision, self.device):
+            loss = self.built.loss(self.wrapped, self.batch)
         clock.mark("forward")
         with phase("backward"):
             self.scaler.scale(loss).backward()
@@ -226,7 +229,8 @@ def train(ctx: RankContext, point: dict[str, Any]) -> dict[str, Any]:
     if not run.measures_wait:
         local["comm_wait_ms"] = None
     metrics = across_ranks(local)
-    tokens = ctx.world_size * spec.batch_size * spec.context_length
+    unit = run.source.unit
+    items = ctx.world_size * spec.batch_size * (spec.context_length if unit == "tokens" else 1)
     if metrics["local_step_ms"] is not None:
         metrics["overhead_vs_local_pct"] = 100 * (metrics["step_ms"] / metrics["local_step_ms"] - 1)
     metrics.update(
@@ -234,7 +238,9 @@ def train(ctx: RankContext, point: dict[str, Any]) -> dict[str, Any]:
         backend_used=ctx.backend,
         parameters=sum(p.numel() for p in run.model.parameters()),
         ddp_settings=describe(run.wrapped),
-        tokens_per_s=tokens / (metrics["step_ms"] / 1e3),
+        model_source=run.source.kind,
+        unit=unit,
+        **{f"{unit}_per_s": items / (metrics["step_ms"] / 1e3)},
         comm_overhead_pct=(100 * metrics["comm_wait_ms"] / metrics["step_ms"]
                            if metrics["comm_wait_ms"] is not None else None),
     )

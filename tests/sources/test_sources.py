@@ -148,3 +148,9 @@ def test_without_transformers_hf_says_what_to_install(monkeypatch):
 def test_spec_refuses_what_a_source_cannot_do(fields, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         ModelPointSpec(device="cpu", **{**SMALL_HF, **fields})
+
+
+@pytest.mark.parametrize("example", ["own_lm.py", "mlp.py"])
+def test_the_docs_show_the_example_files_as_they_are(example):
+    text = (ROOT / "examples" / example).read_text()
+    assert f"```python\n{text}```" in (ROOT / "docs" / "own_model.md").read_text()

@@ -115,6 +115,15 @@ def test_ddp_of_a_user_model_on_two_gloo_ranks(tmp_path, capsys):
     assert flat["parameters"] == by_strategy["single"]["parameters"] > 0
 
 
+def test_a_model_that_does_not_fit_is_an_oom_row_and_the_sweep_goes_on(tmp_path, capsys, support_on_path):
+    out = tmp_path / "bench.jsonl"
+    code, _, _ = run_cli(capsys, "bench", "--model", "own_models:too_big,own_models:regression", *QUICK,
+                         "--out", out)
+    assert code == 0
+    big, small = rows(out)
+    assert (big["status"], small["status"]) == ("oom", "ok") and "out of memory" in big["error"]
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["bench", "--model", "own_models:raises"], "own_models:raises raised RuntimeError"),
     (["profile", "--model", "own_models:wrong_type"], "returned a Linear, not an lmscope.sources.UserModel"),

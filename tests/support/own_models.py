@@ -42,3 +42,10 @@ def needs_cuda() -> UserModel:
     if float(model.weight.detach().abs().sum()) < 0:
         raise AssertionError
     return regression(d_model=4)
+
+
+def too_big() -> UserModel:
+    """Checks fine on the meta device; building it for real runs out of memory (an `oom` row)."""
+    if torch.get_default_device().type != "meta":
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
+    return regression()

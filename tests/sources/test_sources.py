@@ -53,6 +53,12 @@ def test_hf_overrides_map_to_the_config_names_and_positions_grow_to_the_context(
     assert all(p.dtype == torch.float32 for p in model.parameters())
 
 
+def test_hf_num_heads_keeps_multi_head_configs_multi_head():
+    source = resolve_source(ModelRequest(name="hf:qwen2", **SMALL_HF))
+    config = source.build(torch.device("meta")).model.lm.config
+    assert (config.num_attention_heads, config.num_key_value_heads) == (4, 4)
+
+
 def test_hf_config_json_and_naive_attention_is_eager(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"model_type": "qwen2", "hidden_size": 40, "intermediate_size": 72,
@@ -65,6 +71,26 @@ def test_hf_config_json_and_naive_attention_is_eager(tmp_path):
     assert config._attn_implementation == "eager"
     mlp = model.lm.model.layers[0].mlp
     assert mlp.gate_proj.weight.shape == (56, 40)
+
+
+def test_hf_grouped_query_model_with_lmscope_flash_attention_matches_sdpa(tmp_path):
+    path = tmp_path / "gqa.json"
+    path.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "intermediate_size": 96,
+                                "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                "vocab_size": 101}))
+    fields = {"size": f"hf:{path}", "device": "cpu", "batch_size": 2, "context_length": 13,
+              "mode": "forward-backward"}
+    results = []
+    for attention in ("sdpa", "flash-torch"):
+        step = TrainStep(ModelPointSpec(attention=attention, **fields), seed=5)
+        config = step.model.lm.config
+        assert (config.num_attention_heads, config.num_key_value_heads) == (4, 2)
+        step()
+        results.append((step.last_loss, [p.grad for p in step.model.parameters()]))
+    (loss, grads), (flash_loss, flash_grads) = results
+    torch.testing.assert_close(flash_loss, loss, rtol=1e-5, atol=1e-6)
+    for ours, theirs in zip(flash_grads, grads, strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-6)
 
 
 def test_checkpointed_hf_layers_give_the_same_gradients():
@@ -141,7 +167,7 @@ def test_without_transformers_hf_says_what_to_install(monkeypatch):
 @pytest.mark.parametrize(("fields", "message"), [
     ({"size": "hf:gpt2", "fast": True, "attention": "flash"}, "--fast on runs lmscope's own model family"),
     ({"size": OWN_LM, "fast": True}, "--fast on runs lmscope's own model family"),
-    ({"size": "hf:gpt2", "attention": "flash"}, "pass --attention naive (eager) or sdpa"),
+    ({"size": "hf:gpt2", "attention": "flash"}, "attn_pdrop is 0.1, and lmscope's --attention flash has no"),
     ({"size": "hf:gpt2", "model_context_length": 64, "context_length": 100},
      "exceeds the model's context_length 64"),
 ])

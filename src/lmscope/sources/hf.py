@@ -5,10 +5,12 @@ of that model type; ``hf:path/to/config.json`` a local config. Nothing is downlo
 tokenizer, no ``from_pretrained``, only ``AutoConfig.for_model`` and
 ``AutoModelForCausalLM.from_config``. The size overrides map to the config's own names
 (d_model -> hidden_size or n_embd, d_ff -> intermediate_size or n_inner, num_layers,
-num_heads, vocab_size); the position table is raised to the context length when shorter
+num_heads, vocab_size; a config without grouped-query attention keeps one key/value head per
+head); the position table is raised to the context length when shorter
 (--model-context-length sets it). ``--attention`` picks ``attn_implementation``: naive -> eager,
-sdpa -> sdpa. The loss is fp32 cross-entropy of the logits against random targets, as for the
-presets; --checkpoint wraps the decoder layers (the largest ModuleList of the model).
+sdpa -> sdpa, flash and flash-torch -> lmscope's kernels (`lmscope.sources.hf_attention`). The loss is fp32
+cross-entropy of the logits against random targets, as for the presets; --checkpoint wraps
+the decoder layers (the largest ModuleList of the model).
 """
 
 from __future__ import annotations
@@ -21,12 +23,13 @@ import torch
 from torch import nn
 
 from lmscope.sources.contract import ModelSource, UserModel
+from lmscope.sources.hf_attention import IMPLEMENTATIONS, check_config, register
 from lmscope.sources.preset import token_batch
 from lmscope.sources.request import ModelRequest
 
 PREFIX = "hf:"
-ATTENTION = {"naive": "eager", "sdpa": "sdpa"}
-"""lmscope's --attention -> transformers' attn_implementation."""
+ATTENTION = {"naive": "eager", "sdpa": "sdpa", **IMPLEMENTATIONS}
+"""lmscope's --attention -> transformers' attn_implementation (flash: lmscope's kernels)."""
 NAMES = {
     "d_model": ("hidden_size", "n_embd", "d_model"),
     "d_ff": ("intermediate_size", "n_inner", "ffn_dim"),
@@ -47,9 +50,11 @@ def hf_source(request: ModelRequest) -> ModelSource:
         raise ValueError(f"--peer hf is a peer of lmscope's presets; {request.name} is itself a "
                          "transformers model: drop --peer")
     if request.attention not in ATTENTION:
-        raise ValueError(f"{request.name} runs transformers' attention: pass --attention naive (eager) "
-                         f"or sdpa, not {request.attention}")
+        raise ValueError(f"{request.name}: --attention {request.attention} has no transformers "
+                         f"implementation here: choose one of {', '.join(ATTENTION)}")
     config = hf_config(request)
+    if request.attention in IMPLEMENTATIONS:
+        check_config(config, request.name, request.attention)
     with torch.device("meta"):
         model = _causal_lm(config, request)
     return ModelSource(
@@ -83,6 +88,9 @@ def hf_config(request: ModelRequest) -> Any:
                              "such as llama, gpt2, qwen2, mistral, or a config.json path") from None
         raise ValueError(f"{request.name}: transformers refused the config: {_line(error)}") from None
     changes = {_config_name(base, key, request.name): value for key, value in request.overrides().items()}
+    heads = _config_name(base, "num_heads", request.name) if request.num_heads else None
+    if heads and getattr(base, "num_key_value_heads", None) == getattr(base, heads):
+        changes["num_key_value_heads"] = request.num_heads  # multi-head attention stays multi-head
     positions = next((name for name in POSITIONS if name in base.to_dict()), None)
     if positions is not None:
         limit = request.model_context_length or max(getattr(base, positions), request.context_length)
@@ -166,6 +174,7 @@ def _transformers() -> Any:
         raise ValueError("hf: models need HF transformers: install lmscope[hf] "
                          "(pip install 'lmscope[hf]')") from None
     transformers.logging.set_verbosity_error()
+    register(transformers)
     return transformers
 
 

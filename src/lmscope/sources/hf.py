@@ -54,6 +54,9 @@ def hf_source(request: ModelRequest) -> ModelSource:
                          f"implementation here: choose one of {', '.join(ATTENTION)}")
     config = hf_config(request)
     if request.attention in IMPLEMENTATIONS:
+        if not hasattr(_transformers(), "AttentionInterface"):
+            raise ValueError(f"--attention {request.attention} with {request.name} needs transformers' "
+                             "AttentionInterface (transformers >= 4.50): upgrade it or use --attention sdpa")
         check_config(config, request.name, request.attention)
     with torch.device("meta"):
         model = _causal_lm(config, request)
@@ -132,11 +135,12 @@ class _Logits(nn.Module):
 def _causal_lm(config: Any, request: ModelRequest) -> nn.Module:
     transformers = _transformers()
     try:
-        return transformers.AutoModelForCausalLM.from_config(
-            config, attn_implementation=ATTENTION[request.attention], dtype=torch.float32)
+        model = transformers.AutoModelForCausalLM.from_config(
+            config, attn_implementation=ATTENTION[request.attention])
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise ValueError(f"{request.name}: transformers cannot build a causal LM from this config: "
                          f"{_line(error)}") from None
+    return model.float()  # fp32 master weights, whatever dtype the config names
 
 
 def _config_name(config: Any, key: str, source: str) -> str:

@@ -22,7 +22,9 @@ DROPOUT_FIELDS = ("attention_dropout", "attn_pdrop")
 
 
 def register(transformers: Any) -> None:
-    """Register both implementations with transformers (idempotent)."""
+    """Register both implementations with transformers (idempotent; a no-op before 4.50)."""
+    if not hasattr(transformers, "AttentionInterface"):
+        return
     for backend, name in IMPLEMENTATIONS.items():
         transformers.AttentionInterface.register(name, _attention(backend))
 

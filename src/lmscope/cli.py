@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from lmscope.commands import model_axes, run_and_report, show, split_list
+from lmscope.commands import model_axes, model_flag, run_and_report, show, split_list
 from lmscope.report import console
 from lmscope.results import read_records
 from lmscope.runner import expand_grid, spec_fields
@@ -41,8 +41,11 @@ ReuseWorker = Annotated[
 ]
 
 # Options shared by the commands that run the Transformer LM (bench, profile, memory, ddp).
-Size = Annotated[str | None, typer.Option(help="preset(s): tiny,small,medium,large,xl,2.7B, "
-                                                "xl-2025,10b-2025,8b-long (lmscope plan presets)")]
+ModelOpt = Annotated[str | None, typer.Option(
+    "--model", help="model source(s), list ok: a preset (tiny,small,medium,large,xl,2.7B,xl-2025,10b-2025,"
+    "8b-long: lmscope plan presets), hf:<model_type or config.json> (random weights, no download), or "
+    "<module or file.py>:<factory>")]
+Size = Annotated[str | None, typer.Option(help="alias of --model (presets)")]
 DModel = Annotated[int | None, typer.Option(help="override d_model")]
 DFf = Annotated[int | None, typer.Option(help="override d_ff")]
 NumLayers = Annotated[int | None, typer.Option(help="override num_layers")]
@@ -72,6 +75,7 @@ def _default_size() -> str:
 
 @app.command()
 def bench(
+    model: ModelOpt = None,
     size: Size = None,
     d_model: DModel = None,
     d_ff: DFf = None,
@@ -114,7 +118,8 @@ def bench(
                  vocab_size=vocab_size, model_context_length=model_context_length,
                  steps=steps, device=device)
     swept = {
-        **model_axes(size=size or _default_size(), context_length=context_length, batch_size=batch_size,
+        **model_axes(size=model_flag(model, size) or _default_size(), context_length=context_length,
+                     batch_size=batch_size,
                      mode=mode, precision=precision, compile=compile, attention=attention),
         "warmup": split_list(warmup, int, "--warmup"),
         "fast": split_list(fast, bool, "--fast"),
@@ -131,6 +136,7 @@ def bench(
 
 @app.command()
 def profile(
+    model: ModelOpt = None,
     size: Size = None,
     d_model: DModel = None,
     d_ff: DFf = None,
@@ -166,7 +172,7 @@ def profile(
     fixed = dict(d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
                  vocab_size=vocab_size, warmup=warmup, steps=steps, device=device,
                  artifacts_dir=str(out.parent / "profile"))
-    swept = {**model_axes(size=size or _default_size(), context_length=context_length,
+    swept = {**model_axes(size=model_flag(model, size) or _default_size(), context_length=context_length,
                           batch_size=batch_size, mode=mode, precision=precision, compile=compile,
                           attention=attention),
              "fast": split_list(fast, bool, "--fast"),
@@ -272,6 +278,7 @@ def comm(
 
 @app.command()
 def ddp(
+    model: ModelOpt = None,
     size: Size = None,
     d_model: DModel = None,
     d_ff: DFf = None,
@@ -311,7 +318,8 @@ def ddp(
                  warmup=warmup, steps=steps, timeout_s=timeout, checkpoint=checkpoint,
                  fast=split_list(fast, bool, "--fast")[0], model_context_length=model_context_length)
     swept = {
-        **model_axes(size=size or _default_size(), context_length=context_length, batch_size=batch_size,
+        **model_axes(size=model_flag(model, size) or _default_size(), context_length=context_length,
+                     batch_size=batch_size,
                      precision=precision),
         "world_size": split_list(nproc, int, "--nproc") if nproc else default_world_sizes(),
         "strategy": split_list(strategy, str, "--strategy"),
@@ -325,6 +333,7 @@ def ddp(
 
 @app.command()
 def memory(
+    model: ModelOpt = None,
     size: Size = None,
     d_model: DModel = None,
     d_ff: DFf = None,
@@ -370,7 +379,8 @@ def memory(
                  max_entries=max_entries, device=device, artifacts_dir=str(out.parent / "memory"),
                  activations=split_list(activations, bool, "--activations")[0])
     swept = {
-        **model_axes(size=size or _default_size(), context_length=context_length, batch_size=batch_size,
+        **model_axes(size=model_flag(model, size) or _default_size(), context_length=context_length,
+                     batch_size=batch_size,
                      mode=mode, precision=precision, compile=compile, attention=attention),
         "checkpoint": checkpoint_values(checkpoint),
     }

@@ -52,6 +52,13 @@ def split_list(value: str, cast: type, flag: str) -> list[Any]:
     return list(dict.fromkeys(out))
 
 
+def model_flag(model: str | None, size: str | None) -> str | None:
+    """--model, or its alias --size; both at once is a mistake."""
+    if model is not None and size is not None:
+        raise ValueError("--model and --size name the same thing: give one of them")
+    return model if model is not None else size
+
+
 def model_axes(
     *,
     size: str,

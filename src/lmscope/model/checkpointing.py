@@ -1,10 +1,12 @@
 """Activation checkpointing of transformer blocks: keep a block's input, recompute the rest in backward.
 
 `apply_checkpointing(model, policy)` wraps the forward of the chosen blocks of a TransformerLM in
-torch.utils.checkpoint (use_reentrant=False): the forward keeps only each checkpointed block's
-input, and the backward runs that block's forward again (under the same autocast state) before
-its own backward. Memory goes down by what the blocks would have saved; the step does about one
-more forward's worth of work. Parameter names and the state dict are unchanged.
+torch.utils.checkpoint (use_reentrant=False); `checkpoint_blocks(blocks, policy)` does the same for
+any list of blocks (a transformers model's decoder layers, a user model's blocks). The forward
+keeps only each checkpointed block's input (all its arguments), and the backward runs that
+block's forward again (under the same autocast state) before its own backward. Memory goes down
+by what the blocks would have saved; the step does about one more forward's worth of work.
+Parameter names and the state dict are unchanged.
 
 Policies (see `lmscope.accounting.memory.checkpointed_blocks`): none, block (every block), every:K
 (blocks 0, K, 2K, ...: a dial between the two).
@@ -12,7 +14,8 @@ Policies (see `lmscope.accounting.memory.checkpointed_blocks`): none, block (eve
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -30,6 +33,11 @@ def apply_checkpointing(model: nn.Module, policy: str) -> tuple[int, ...]:
     layers = getattr(model, "layers", None)
     if not isinstance(layers, nn.ModuleList):
         raise ValueError("activation checkpointing needs a model with a `layers` ModuleList of blocks")
+    return checkpoint_blocks(layers, policy)
+
+
+def checkpoint_blocks(layers: Sequence[nn.Module], policy: str) -> tuple[int, ...]:
+    """Checkpoint the blocks of `layers` chosen by `policy` (each called with any arguments)."""
     chosen = checkpointed_blocks(policy, len(layers))
     if any(getattr(block, _MARK, False) for block in layers):
         raise ValueError("the model's blocks are checkpointed already: apply a policy once")
@@ -40,8 +48,8 @@ def apply_checkpointing(model: nn.Module, policy: str) -> tuple[int, ...]:
     return chosen
 
 
-def _checkpointed(forward: Callable[..., object]) -> Callable[..., object]:
-    def run(*args: object) -> object:
-        return checkpoint(forward, *args, use_reentrant=False)
+def _checkpointed(forward: Callable[..., Any]) -> Callable[..., Any]:
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
     return run

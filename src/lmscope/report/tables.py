@@ -19,8 +19,8 @@ from lmscope.results import Record, point_key
 METRIC_COLUMNS: dict[str, list[str]] = {
     "bench": [
         "mean_ms", "std_ms", "median_ms", "forward_ms", "backward_ms", "optimizer_ms",
-        "tokens_per_s", "tflops", "mfu", "tflops_counted", "mfu_counted", "peak_allocated_gib",
-        "avg_watts", "joules_per_token", "compile_s",
+        "tokens_per_s", "samples_per_s", "tflops", "mfu", "tflops_counted", "mfu_counted",
+        "peak_allocated_gib", "avg_watts", "joules_per_token", "compile_s",
     ],
     "attention": [
         "fwd_ms", "bwd_ms", "fwd_bwd_ms", "fwd_tflops", "bwd_tflops", "fwd_bwd_tflops",
@@ -35,7 +35,7 @@ METRIC_COLUMNS: dict[str, list[str]] = {
     "ddp": [
         "step_ms", "step_std_ms", "forward_ms", "backward_ms", "comm_wait_ms", "optimizer_ms",
         "comm_overhead_pct", "predicted_comm_wait_ms", "comm_wait_error_pct", "tokens_per_s",
-        "init_allocated_gib", "peak_before_optimizer_gib", "peak_after_optimizer_gib",
+        "samples_per_s",        "init_allocated_gib", "peak_before_optimizer_gib", "peak_after_optimizer_gib",
     ],
     "memory": [
         "after_init_gib", "forward_peak_gib", "predicted_forward_peak_gib", "backward_peak_gib",

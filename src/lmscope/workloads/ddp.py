@@ -1,6 +1,7 @@
-"""`lmscope ddp`: a data-parallel training step of the Transformer LM on N ranks, phase by phase.
+"""`lmscope ddp`: a data-parallel training step of a model on N ranks, phase by phase.
 
-Each rank builds the model on its device (the wrapper broadcasts rank 0's weights), draws its
+Each rank builds the model of the point's source (a preset, hf:..., or a user's factory) on its
+device (the wrapper broadcasts rank 0's weights), draws its
 own batch of `batch_size` sequences (the batch is per rank), wraps the model with a strategy
 (`lmscope.parallel.ddp`) and runs AdamW, whole or sharded (`ShardedOptimizer`). A step is
 timed like `bench` (synchronize, host clock) with CUDA-event phases: forward, backward,
@@ -37,7 +38,6 @@ from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from lmscope.accounting.comms import (
     exposed_comm_s,
@@ -50,9 +50,7 @@ from lmscope.accounting.fsdp import predict_fsdp
 from lmscope.accounting.memory import checkpointed_blocks
 from lmscope.measure.ranges import phase
 from lmscope.measure.timer import PhaseClock, synchronize, time_phased_steps
-from lmscope.model.checkpointing import apply_checkpointing
-from lmscope.model.fast_transformer import FastTransformerLM
-from lmscope.model.transformer import TransformerLM
+from lmscope.model.checkpointing import checkpoint_blocks
 from lmscope.parallel.ddp import (
     MIB,
     SHARDED,
@@ -121,7 +119,14 @@ class Spec(ModelPointSpec):
         if name in SHARDED and self.shard_optimizer:
             raise ValueError("fsdp and torch-fsdp2 shard the optimizer state already: "
                              "drop --shard-optimizer on")
-        checkpointed_blocks(self.checkpoint, self.model_config().num_layers)
+        if self.shard_optimizer and self.source().has_optimizer:
+            raise ValueError(f"--shard-optimizer on shards lmscope's AdamW, but {self.size} brings its own "
+                             "optimizer: use --shard-optimizer off")
+        if self.checkpoint != "none":
+            if self.source().blocks is None:
+                raise ValueError(f"--checkpoint needs blocks to wrap, and {self.size} exposes none: "
+                                 "use --checkpoint none (or return blocks from the factory)")
+            checkpointed_blocks(self.checkpoint, self.source().blocks)
         if self.strategy == "single":
             if self.world_size != 1 or self.shard_optimizer:
                 raise ValueError("strategy single is the 1-GPU baseline: it runs with --nproc 1, unsharded")
@@ -157,27 +162,31 @@ class _Setup:
 
     def __init__(self, spec: Spec, ctx: RankContext) -> None:
         self.spec, self.device = spec, ctx.device
-        torch.manual_seed(0)
-        self.config = spec.model_config()
-        with self.device:  # build and initialize the weights on the device itself
-            model_class = FastTransformerLM if spec.fast else TransformerLM
-            self.model = model_class(self.config, attention=spec.attention)
+        torch.manual_seed(0)  # the same weights on every rank (the wrapper broadcasts rank 0's)
+        self.source = spec.source()
+        self.built = self.source.build(self.device)
+        self.model = self.built.model
         if spec.checkpoint != "none":
-            apply_checkpointing(self.model, spec.checkpoint)
+            checkpoint_blocks(self.built.blocks, spec.checkpoint)
         self.parameter_count = sum(p.numel() for p in self.model.parameters())
-        generator = torch.Generator(device=self.device).manual_seed(1000 + ctx.rank)
-        shape = (spec.batch_size, spec.context_length)
-        self.inputs, self.targets = (
-            torch.randint(0, self.config.vocab_size, shape, device=self.device, generator=generator)
-            for _ in range(2)
-        )
+        torch.manual_seed(1000 + ctx.rank)  # each rank its own batch
+        self.batch = self.built.make_batch(spec.batch_size, spec.context_length, self.device)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=spec.precision == "fp16")
         self.options = {"lr": 1e-4, "fused": self.device.type == "cuda"}
         self.wrapped: torch.nn.Module = self.model
         self.finish = None
-        self.optimizer: torch.optim.Optimizer = torch.optim.AdamW(self.model.parameters(), **self.options)
+        self.optimizer: torch.optim.Optimizer = self._optimizer()
         self.measures_wait = False
         self.settings: str | None = None
+
+    def _optimizer(self) -> torch.optim.Optimizer:
+        """The source's optimizer, else AdamW; sharded (ZeRO-1) with --shard-optimizer on."""
+        params = self.model.parameters()
+        if self.spec.shard_optimizer:
+            return ShardedOptimizer(params, torch.optim.AdamW, **self.options)
+        if self.built.optimizer is not None:
+            return self.built.optimizer(self.model)
+        return torch.optim.AdamW(params, **self.options)
 
     def wrap(self) -> None:
         """Wrap the model with the strategy and build a fresh (maybe sharded) optimizer."""
@@ -202,23 +211,15 @@ class _Setup:
         self.wrapped = data_parallel(spec.strategy, self.model)
         self.settings = describe(self.wrapped)
         self.finish = getattr(self.wrapped, "finish_gradient_synchronization", None)
-        params = self.model.parameters()
-        self.optimizer = (ShardedOptimizer(params, torch.optim.AdamW, **self.options)
-                          if spec.shard_optimizer else torch.optim.AdamW(params, **self.options))
+        self.optimizer = self._optimizer()
         self.measures_wait = name != "torch-ddp"
 
     def step(self, clock: PhaseClock) -> float | None:
         """One training step with phases; returns the peak GiB allocated before the optimizer."""
         clock.start()
         self.optimizer.zero_grad(set_to_none=True)
-        with phase("forward"):
-            with autocast_context(self.spec.precision, self.device):
-                if self.spec.fast:  # the fused LM head + loss
-                    loss = self.wrapped(self.inputs, self.targets)
-                else:
-                    logits = self.wrapped(self.inputs)
-            if not self.spec.fast:
-                loss = F.cross_entropy(logits.float().flatten(0, 1), self.targets.flatten())
+        with phase("forward"), autocast_context(self.spec.precision, self.device):
+            loss = self.built.loss(self.wrapped, self.batch)
         clock.mark("forward")
         with phase("backward"):
             self.scaler.scale(loss).backward()
@@ -285,7 +286,8 @@ def train(ctx: RankContext, point: dict[str, Any]) -> dict[str, Any]:
     dist.broadcast_object_list(first, src=0)
     metrics = across_ranks(local)
     metrics.update({k.replace("_gib", "_rank0_gib"): v for k, v in first[0].items()})
-    tokens = ctx.world_size * spec.batch_size * spec.context_length
+    unit = run.source.unit
+    items = ctx.world_size * spec.batch_size * (spec.context_length if unit == "tokens" else 1)
     if metrics["local_step_ms"] is not None:
         metrics["overhead_vs_local_pct"] = 100 * (metrics["step_ms"] / metrics["local_step_ms"] - 1)
     metrics.update(
@@ -293,7 +295,9 @@ def train(ctx: RankContext, point: dict[str, Any]) -> dict[str, Any]:
         backend_used=ctx.backend,
         parameters=run.parameter_count,
         ddp_settings=run.settings,
-        tokens_per_s=tokens / (metrics["step_ms"] / 1e3),
+        model_source=run.source.kind,
+        unit=unit,
+        **{f"{unit}_per_s": items / (metrics["step_ms"] / 1e3)},
         comm_overhead_pct=(100 * metrics["comm_wait_ms"] / metrics["step_ms"]
                            if metrics["comm_wait_ms"] is not None else None),
     )

@@ -10,7 +10,8 @@ allocations with where they come from, in `<artifacts_dir>/<point slug>/`.
 
 On GPUs the numbers are the CUDA caching allocator's (allocated and reserved); on CPUs they are the
 bytes of live tensors (no reserved memory; times include the tracking's overhead). Every phase
-carries `predicted_*` from `lmscope.accounting.memory.predict_memory` and the error in percent.
+carries `predicted_*` from `lmscope.accounting.memory.predict_memory` and the error in percent
+(lmscope's presets; for transformers and user models the predictions are None).
 """
 
 from __future__ import annotations
@@ -35,10 +36,10 @@ from lmscope.accounting.checkpoint_plan import (
 from lmscope.accounting.memory import GIB, checkpointed_blocks, predict_memory
 from lmscope.measure.memory import MemoryMeter, PhasePeaks, build_timeline, load_snapshot, top_allocations
 from lmscope.measure.timer import synchronize
-from lmscope.model.checkpointing import apply_checkpointing
+from lmscope.model.checkpointing import checkpoint_blocks
 from lmscope.report.memory_plots import plot_timeline
 from lmscope.workloads.activations import activations_step
-from lmscope.workloads.model_spec import ModelPointSpec
+from lmscope.workloads.model_spec import ModelPointSpec, model_slug
 from lmscope.workloads.train_step import TrainStep, device_facts, resolve_device
 
 PHASES = ("after_init", "forward_peak", "backward_peak", "optimizer_peak", "step_peak")
@@ -95,7 +96,17 @@ class Spec(ModelPointSpec):
 
 
     def checkpoint_policy(self) -> str:
-        """The concrete checkpoint policy (plan:BUDGET resolved by the planner)."""
+        """The concrete checkpoint policy (plan:BUDGET resolved by the planner, for presets)."""
+        if self.checkpoint != "none" and self.source().blocks is None:
+            raise ValueError(f"--checkpoint {self.checkpoint}: {self.size} exposes no blocks to checkpoint "
+                             "(a factory names them with UserModel(blocks=...)): use --checkpoint none")
+        if self.model_config() is None:
+            if self.checkpoint.startswith(PLAN_PREFIX):
+                raise ValueError(f"--checkpoint {self.checkpoint} plans from lmscope's memory model, "
+                                 f"which knows its presets only, not {self.size}: pass block, every:K "
+                                 "or blocks:LIST")
+            checkpointed_blocks(self.checkpoint, self.source().blocks or 0)
+            return self.checkpoint
         return resolve_checkpoint(self.checkpoint, self.model_config(), batch_size=self.batch_size,
                                   seq_len=self.context_length, mode=self.mode, precision=self.precision,
                                   attention=self.attention)
@@ -122,8 +133,8 @@ def point_slug(spec: Spec) -> str:
     digest = hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:8]
     policy = spec.checkpoint.replace(":", "").replace(",", "_")
     checkpoint = "" if spec.checkpoint == "none" else "-ckpt-" + policy
-    return (f"{spec.size}-ctx{spec.context_length}-b{spec.batch_size}-{spec.mode}-{spec.precision}"
-            f"-{spec.attention}{checkpoint}-{digest}")
+    return (f"{model_slug(spec.size)}-ctx{spec.context_length}-b{spec.batch_size}-{spec.mode}"
+            f"-{spec.precision}-{spec.attention}{checkpoint}-{digest}")
 
 
 def run_point(point: dict[str, Any]) -> dict[str, Any]:
@@ -133,7 +144,7 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
     policy = spec.checkpoint_policy()
     with MemoryMeter(device) as meter:
         step = TrainStep(spec)
-        apply_checkpointing(step.model, policy)
+        checkpointed = checkpoint_blocks(step.built.blocks or [], policy)
         synchronize(device)
         measured: dict[str, float | None] = {
             "after_init_gib": meter.current() / GIB, "after_init_reserved_gib": _gib(meter.reserved()),
@@ -146,18 +157,18 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
         measured.update(peaks)
         saved = activations_step(step, meter, spec) if spec.activations else {}
         artifacts = _snapshot_or_error(step, meter, spec) if spec.snapshot else {}
-    blocks = len(checkpointed_blocks(policy, spec.model_config().num_layers))
-    prediction = predict_memory(
-        spec.model_config(), batch_size=spec.batch_size, seq_len=spec.context_length, mode=spec.mode,
+    config = spec.model_config()  # the memory model predicts lmscope's presets only
+    predicted = predict_memory(
+        config, batch_size=spec.batch_size, seq_len=spec.context_length, mode=spec.mode,
         precision=spec.precision, attention=spec.attention, checkpoint=policy,
-    )
-    predicted = prediction.as_record()
+    ).as_record() if config is not None else {f"predicted_{name}_gib": None for name in PHASES}
     errors = {
         f"{name}_error_pct": _error_pct(predicted[f"predicted_{name}_gib"], measured.get(f"{name}_gib"))
         for name in PHASES
     }
     return {
         **device_facts(device),
+        **step.model_facts(),
         **measured,
         **predicted,
         **errors,
@@ -168,10 +179,10 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
         "checkpoint_policy": policy,
         "checkpoint_budget_gib": (parse_bytes(spec.checkpoint.removeprefix(PLAN_PREFIX)) / GIB
                                   if spec.checkpoint.startswith(PLAN_PREFIX) else None),
-        "checkpointed_blocks": blocks,
-        "predicted_recompute_share_pct": (recompute_share_pct(spec.model_config(), spec.batch_size,
-                                                              spec.context_length, spec.mode, blocks)
-                                          if spec.mode != "forward" else None),
+        "checkpointed_blocks": len(checkpointed),
+        "predicted_recompute_share_pct": (recompute_share_pct(config, spec.batch_size, spec.context_length,
+                                                              spec.mode, len(checkpointed))
+                                          if spec.mode != "forward" and config is not None else None),
         **saved,
         **artifacts,
     }

@@ -1,14 +1,18 @@
-"""The spec fields shared by every workload that runs the Transformer LM (bench, profile, memory)."""
+"""The spec fields shared by every workload that runs a model's training step (bench, profile,
+memory, ddp). `size` names the model source (--model; --size is its alias): a preset, hf:<model_type
+or config.json>, or <module or file.py>:<factory> (see `lmscope.sources`)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
 
 from lmscope.accounting.flops import MODES
-from lmscope.config import ModelConfig, preset
+from lmscope.config import ModelConfig
 from lmscope.model.attention import attention_backends
+from lmscope.sources import ModelRequest, ModelSource, resolve_source, source_kind
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 """fp32: no autocast; bf16/fp16: torch.autocast over fp32 master weights."""
@@ -19,7 +23,8 @@ class ModelPointSpec:
     """One model, batch, mode and precision to run: the identity of a measured point."""
 
     size: str = "tiny"
-    """Preset name (tiny, small, medium, large, xl, 2.7B); fields below override it."""
+    """The model source (--model): a preset (tiny, small, medium, large, xl, 2.7B), hf:<model_type or
+    config.json>, or <module or file.py>:<factory>; the fields below override its sizes."""
     vocab_size: int | None = None
     """Override of the preset's vocabulary size."""
     d_model: int | None = None
@@ -69,6 +74,10 @@ class ModelPointSpec:
                 f"unknown attention backend {self.attention!r}: "
                 f"choose one of {', '.join(attention_backends())}"
             )
+        if not isinstance(self.size, str):
+            raise ValueError(f"--model takes a string, got {self.size!r}")
+        if self.fast and source_kind(self.size) != "preset":
+            raise ValueError(f"--fast on runs lmscope's own model family, not {self.size}: drop --fast")
         if self.fast and self.attention == "naive":
             raise ValueError("--fast on needs a fused attention: pass --attention flash (or sdpa)")
         if self.fast and self.compile:
@@ -80,24 +89,26 @@ class ModelPointSpec:
             raise ValueError("--optimizer-in-backward on is lmscope's FusedAdamW stepping inside the "
                              "backward: it needs --fast on --precision bf16 --mode train-step")
         check_device(self.device)
-        config = self.model_config()
-        if self.context_length > config.context_length:
+        source = self.source()
+        limit = source.context_limit
+        if source.unit == "tokens" and limit is not None and self.context_length > limit:
             raise ValueError(
                 f"context length {self.context_length} exceeds the model's context_length "
-                f"{config.context_length}: raise --model-context-length or shorten --context-length"
+                f"{limit}: raise --model-context-length or shorten --context-length"
             )
 
-    def model_config(self) -> ModelConfig:
-        """The validated ModelConfig of this point."""
-        return preset(
-            self.size,
-            vocab_size=self.vocab_size,
-            d_model=self.d_model,
-            d_ff=self.d_ff,
-            num_layers=self.num_layers,
-            num_heads=self.num_heads,
-            context_length=self.model_context_length or self.context_length,
-        )
+    def source(self) -> ModelSource:
+        """The point's model source, resolved (once per process)."""
+        return resolve_source(ModelRequest.of(self))
+
+    def model_config(self) -> ModelConfig | None:
+        """The reference model's ModelConfig for a preset (analytic FLOPs, memory); None otherwise."""
+        return self.source().config
+
+
+def model_slug(name: str) -> str:
+    """--model as a folder-name part: a preset as is, paths and colons made safe."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_.") or "model"
 
 
 def check_device(device: str) -> None:

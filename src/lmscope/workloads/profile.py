@@ -48,7 +48,7 @@ from lmscope.measure.ranges import phase
 from lmscope.measure.timer import synchronize, time_steps
 from lmscope.report import profile_report
 from lmscope.workloads.counted_flops import count_step_flops, flop_metrics
-from lmscope.workloads.model_spec import ModelPointSpec
+from lmscope.workloads.model_spec import ModelPointSpec, model_slug
 from lmscope.workloads.train_step import TrainStep, device_facts
 
 ATTENTION_PARTS = ("scores", "mask", "softmax", "output")
@@ -88,8 +88,8 @@ def point_slug(spec: Spec) -> str:
     digest = hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:8]
     compiled = "-compile" if spec.compile else ""
     fast = "-fast" if spec.fast else ""
-    return (f"{spec.size}-ctx{spec.context_length}-b{spec.batch_size}-{spec.mode}-{spec.precision}"
-            f"-{spec.attention}{fast}{compiled}-{digest}")
+    return (f"{model_slug(spec.size)}-ctx{spec.context_length}-b{spec.batch_size}-{spec.mode}"
+            f"-{spec.precision}-{spec.attention}{fast}{compiled}-{digest}")
 
 
 def point_folder(spec: Spec) -> Path:
@@ -108,9 +108,9 @@ def attention_breakdown(trace: Trace, steps: list[Span], spec: Spec) -> dict[str
     """Per part and per layer: kernel time, host time, launches, FLOPs and TFLOP/s (forward only)."""
     forwards = [span for step in steps for span in trace.spans_named("forward", within=step)]
     calls = range_calls(trace, [f"attention/{p}" for p in ATTENTION_PARTS], forwards)
-    if not calls:
-        return None
     config = spec.model_config()
+    if not calls or config is None:
+        return None
     flops = attention_flops(config, spec.batch_size, spec.context_length)
     by_part = {p: [c for c in calls if c.name == f"attention/{p}"] for p in ATTENTION_PARTS}
     layers = max(len(v) for v in by_part.values())
@@ -201,10 +201,12 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
     }
     _write_artifacts(profile)
     phase_wall_ms = {name: stats["wall_ms_per_step"] for name, stats in phases.items() if name in PHASES}
-    analytic = step_flops(spec.model_config(), spec.batch_size, spec.context_length, spec.mode)
+    config = spec.model_config()
+    analytic = (step_flops(config, spec.batch_size, spec.context_length, spec.mode)
+                if config is not None else None)
     flops = flop_metrics(counted, step_ms, phase_wall_ms, device_name=facts.get("device_name"),
                          precision=spec.precision, analytic_flops=analytic)
-    return {**facts, **summary_metrics(profile), "compile_s": compile_s, **flops}
+    return {**facts, **step.model_facts(), **summary_metrics(profile), "compile_s": compile_s, **flops}
 
 
 def _write_artifacts(profile: dict[str, Any]) -> None:

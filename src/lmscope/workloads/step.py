@@ -46,17 +46,26 @@ class Spec(ModelPointSpec):
 def throughput_metrics(
     spec: ModelPointSpec, step_ms: float, device_name: str | None, parameters: int
 ) -> dict[str, Any]:
-    """Tokens/s, analytic FLOPs per step, achieved TFLOP/s and MFU (None for unknown devices)."""
-    flops = step_flops(spec.model_config(), spec.batch_size, spec.context_length, spec.mode)
-    tflops = flops / (step_ms / 1e3) / 1e12
+    """Tokens/s (samples/s for models without a sequence), FLOPs per step, TFLOP/s and MFU.
+
+    FLOPs are analytic where the source has a ModelConfig (lmscope's presets); for other
+    sources they are None here (counted ones come from a FLOP counter over a step).
+    """
+    source = spec.source()
+    per_sample = spec.context_length if source.unit == "tokens" else 1
+    config = source.config
+    flops = step_flops(config, spec.batch_size, spec.context_length, spec.mode) if config else None
+    tflops = flops / (step_ms / 1e3) / 1e12 if flops else None
     peak = peak_tflops(device_name, spec.precision) if device_name else None
     return {
         "parameters": parameters,
-        "tokens_per_s": spec.batch_size * spec.context_length / (step_ms / 1e3),
+        "model_source": source.kind,
+        "unit": source.unit,
+        f"{source.unit}_per_s": spec.batch_size * per_sample / (step_ms / 1e3),
         "flops_per_step": flops,
         "tflops": tflops,
         "peak_tflops": peak,
-        "mfu": tflops / peak if peak else None,
+        "mfu": tflops / peak if peak and tflops else None,
     }
 
 
@@ -99,5 +108,10 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
         metrics["peak_allocated_gib"] = peak / GIB
         metrics["peak_reserved_gib"] = torch.cuda.max_memory_reserved(device) / GIB
     # extra untimed steps after the timed ones, as many as the energy counter's window needs
-    metrics.update(step_energy(step, device=device, tokens_per_step=spec.batch_size * spec.context_length))
+    unit = throughput["unit"]
+    items = spec.batch_size * (spec.context_length if unit == "tokens" else 1)
+    energy = step_energy(step, device=device, tokens_per_step=items)
+    if unit == "samples":  # a model without a sequence: energy per sample, not per token
+        energy["joules_per_sample"] = energy.pop("joules_per_token", None)
+    metrics.update(energy)
     return metrics

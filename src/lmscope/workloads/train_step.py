@@ -1,4 +1,7 @@
-"""One step of the Transformer LM in a given mode and precision, with named phases.
+"""One step of a model in a given mode and precision, with named phases.
+
+The model, its batch, its loss and optionally its optimizer come from the point's model source
+(`lmscope.sources`: a preset, a transformers config or a user's factory); the step is the same.
 
 Shared by `bench`, `profile` and `memory`: they differ only in the probe around the steps.
 `lmscope.workloads.cuda_graph_step` replays the same phases from CUDA graphs.
@@ -7,19 +10,15 @@ Shared by `bench`, `profile` and `memory`: they differ only in the probe around 
 from __future__ import annotations
 
 import contextlib
-import os
 import platform
 import timeit
 from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-from lmscope.config import ModelConfig
 from lmscope.measure.ranges import phase
 from lmscope.measure.timer import PhaseClock
-from lmscope.model.transformer import TransformerLM
 from lmscope.workloads.model_spec import ModelPointSpec
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -55,46 +54,20 @@ def check_model_choice(fast: bool, peer: str, attention: str) -> None:
         raise ValueError("--peer hf runs transformers' Llama with SDPA attention: pass --attention sdpa")
 
 
-def build_model(spec: ModelPointSpec, config: ModelConfig, device: torch.device) -> torch.nn.Module:
-    """The point's model: eager TransformerLM, FastTransformerLM (fast) or HF's Llama (peer hf)."""
-    if getattr(spec, "peer", "none") == "hf":
-        from lmscope.model.hf_peer import HFLlamaPeer
-
-        return HFLlamaPeer(config)
-    if spec.fast:
-        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-            raise ValueError("--fast runs Triton kernels: it needs a CUDA GPU (or TRITON_INTERPRET=1)")
-        from lmscope.model.fast_transformer import FastTransformerLM
-
-        return FastTransformerLM(config, attention=spec.attention)
-    return TransformerLM(config, attention=spec.attention)
-
-
-def build_optimizer(
-    model: torch.nn.Module, spec: ModelPointSpec, device: torch.device, capturable: bool
+def default_optimizer(
+    model: torch.nn.Module, device: torch.device, capturable: bool
 ) -> torch.optim.Optimizer:
-    """AdamW (lr 1e-4, torch's defaults otherwise) for the point's model.
+    """lmscope's AdamW (lr 1e-4, torch's defaults otherwise), for sources without their own.
 
-    The fast path with bf16/fp16 compute gets lmscope's FusedAdamW, which also writes the model's
-    bf16 weight copies (and, with optimizer_in_backward, updates each weight inside the
-    backward); every other point gets torch's fused AdamW on CUDA (capturable: the step count
-    lives on the GPU, so a CUDA graph can replay the update) and the for-each one on CPU.
+    torch's fused AdamW on CUDA (capturable: the step count lives on the GPU, so a CUDA graph can
+    replay the update) and the for-each one on CPU. (The fast path brings lmscope's FusedAdamW.)
     """
-    if spec.fast and spec.precision != "fp32":
-        from lmscope.kernels.adamw import FusedAdamW
-
-        model.shadow_weights(AUTOCAST_DTYPES[spec.precision])  # turns the bf16 copies on
-        optimizer = FusedAdamW(model.parameters(), lr=1e-4, shadows=model.current_shadows,
-                               step_in_backward=spec.optimizer_in_backward)
-        if spec.optimizer_in_backward:  # the block matmuls hand their bf16 weight gradients over
-            model.update_weights_in_backward(optimizer)
-        return optimizer
     fused = device.type == "cuda"
     return torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused, capturable=capturable)
 
 
 class TrainStep:
-    """Model, optimizer and a random batch on a device; calling it runs one step of `mode`."""
+    """The source's model, optimizer and batch on a device; calling it runs one step of `mode`."""
 
     def __init__(self, spec: ModelPointSpec, *, seed: int = 0, capturable: bool = False) -> None:
         self.spec = spec
@@ -103,28 +76,26 @@ class TrainStep:
             # Triton kernels and CUDA-graph capture streams use the current device
             torch.cuda.set_device(self.device)
         torch.manual_seed(seed)
-        self.config = spec.model_config()
+        self.source = spec.source()
+        self.config = self.source.config
         self.fast = spec.fast
-        with self.device:  # build and initialize the weights on the device itself
-            self.model = build_model(spec, self.config, self.device)
+        self.built = self.source.build(self.device)
+        self.model = self.built.model
         self.runnable = torch.compile(self.model) if spec.compile else self.model
-        shape = (spec.batch_size, spec.context_length)
-        self.inputs = torch.randint(0, self.config.vocab_size, shape, device=self.device)
-        self.targets = torch.randint(0, self.config.vocab_size, shape, device=self.device)
+        self.batch = self.built.make_batch(spec.batch_size, spec.context_length, self.device)
         self.optimizer = None
         if spec.mode == "train-step":
-            self.optimizer = build_optimizer(self.model, spec, self.device, capturable)
+            make = self.built.optimizer
+            self.optimizer = (make(self.model) if make is not None
+                              else default_optimizer(self.model, self.device, capturable))
         use_scaler = spec.precision == "fp16" and spec.mode == "train-step"
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=use_scaler)
         self.last_loss: torch.Tensor | None = None
 
     def loss(self) -> torch.Tensor:
-        """Forward and cross-entropy (in fp32) under the point's autocast (fused when fast)."""
+        """The source's loss (forward included) under the point's autocast."""
         with autocast_context(self.spec.precision, self.device):
-            if self.fast:
-                return self.runnable(self.inputs, self.targets)
-            logits = self.runnable(self.inputs)
-        return F.cross_entropy(logits.float().flatten(0, 1), self.targets.flatten())
+            return self.built.loss(self.runnable, self.batch)
 
     def phases(self) -> list[tuple[str, Callable[[], None]]]:
         """The step's phases in order, as (name, run): forward, then backward and optimizer.
@@ -151,7 +122,7 @@ class TrainStep:
 
     def _forward_only(self) -> None:
         with torch.no_grad(), autocast_context(self.spec.precision, self.device):
-            self.runnable(self.inputs)
+            self.built.run_forward(self.runnable, self.batch)
 
     def _forward(self) -> None:
         self.last_loss = self.loss()
@@ -184,6 +155,11 @@ class TrainStep:
     def parameter_count(self) -> int:
         """Parameters of the model."""
         return sum(p.numel() for p in self.model.parameters())
+
+    def model_facts(self) -> dict[str, Any]:
+        """Which kind of source the model came from, its unit and its parameter count."""
+        return {"model_source": self.source.kind, "unit": self.source.unit,
+                "parameters": self.parameter_count()}
 
 
 class _NullClock:

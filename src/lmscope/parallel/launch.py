@@ -31,10 +31,11 @@ import multiprocessing as mp
 import multiprocessing.connection
 import os
 import pickle
+import select
 import signal
 import statistics
 import sys
-import tempfile
+import threading
 import time
 import traceback
 import types
@@ -45,6 +46,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from lmscope.tempdirs import owned_tempdir, pid_running
 
 NO_MULTICAST_ENV = {
     "NCCL_NVLS_ENABLE": "0",
@@ -263,11 +266,47 @@ def _leave_together(store: dist.Store, rank: int, world_size: int) -> None:
 
 
 def _die_with_parent() -> None:
-    """Linux: SIGKILL this process when its parent (the forkserver, then the launcher) dies."""
+    """Linux: SIGKILL this process when its parent (the forkserver) dies."""
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         pr_set_pdeathsig = 1
         libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+LAUNCHER_POLL_S = 0.5
+"""Where the launcher cannot be watched through a pidfd: how often a rank checks it is alive."""
+
+
+def _die_with_launcher(launcher_pid: int) -> None:
+    """SIGKILL this rank as soon as the launcher process ends, however it ends (kill -9 too).
+
+    A rank's parent is the forkserver, not the launcher, and the forkserver stays up while any
+    rank it forked lives (each holds its liveness pipe): without this watch, a launcher killed
+    with SIGKILL left the forkserver, the resource tracker and every rank running until the
+    collectives' timeout. A daemon thread waits on a pidfd of the launcher (Linux >= 5.3), else
+    polls for it; the forkserver and the resource tracker exit once their ranks are gone.
+    """
+
+    def kill_self() -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    try:
+        pidfd = os.pidfd_open(launcher_pid)
+    except ProcessLookupError:
+        kill_self()
+        return
+    except (AttributeError, OSError):
+        pidfd = None
+
+    def watch() -> None:
+        if pidfd is not None:
+            select.select([pidfd], [], [])
+        else:
+            while pid_running(launcher_pid):
+                time.sleep(LAUNCHER_POLL_S)
+        kill_self()
+
+    threading.Thread(target=watch, name="lmscope-launcher-watch", daemon=True).start()
 
 
 def _local_rank_main(
@@ -280,9 +319,11 @@ def _local_rank_main(
     backend: str,
     timeout_s: float,
     workdir: str,
+    launcher_pid: int,
 ) -> None:
     """Body of one local rank: import fn, init, run, write rank 0's value or this rank's error."""
     _die_with_parent()
+    _die_with_launcher(launcher_pid)
     os.environ.clear()  # the launcher's environment now, not the forkserver's from its start
     os.environ.update(environ)
     _rank_env()
@@ -383,11 +424,12 @@ def _run_local(fn: Callable[..., Any], args: tuple[Any, ...], nproc: int, backen
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                            timeout=dt.timedelta(seconds=timeout_s))
     port = server.port
-    with tempfile.TemporaryDirectory(prefix="lmscope-ranks-") as workdir:
+    with owned_tempdir("lmscope-ranks-") as workdir:
         processes = [
             context.Process(
                 target=_local_rank_main,
-                args=(payload, origin, dict(os.environ), rank, nproc, port, backend, timeout_s, workdir),
+                args=(payload, origin, dict(os.environ), rank, nproc, port, backend, timeout_s, workdir,
+                      os.getpid()),
                 name=f"lmscope-rank{rank}",
             )
             for rank in range(nproc)

@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from lmscope.commands import model_axes, run_and_report, show, split_list
+from lmscope.commands import exit_status, model_axes, run_and_report, show, split_list
 from lmscope.report import console
 from lmscope.results import read_records
 from lmscope.runner import expand_grid, spec_fields
@@ -114,8 +114,9 @@ def bench(
         "cuda_graph": split_list(cuda_graph, str, "--cuda-graph"),
     }
     specs = [Spec(**point) for point in expand_grid(fixed, swept)]
-    run_and_report("bench", specs, out=out, resume=resume, timeout_s=timeout, fmt=fmt,
-                   compare=compare, title="lmscope bench", reuse_worker=reuse_worker)
+    records = run_and_report("bench", specs, out=out, resume=resume, timeout_s=timeout, fmt=fmt,
+                             compare=compare, title="lmscope bench", reuse_worker=reuse_worker)
+    raise typer.Exit(exit_status(records))
 
 
 @app.command()
@@ -165,6 +166,7 @@ def profile(
     show_point_reports(records)
     for spec in specs if nsys else []:
         show_nsys(nsys_capture(spec, timeout_s=timeout))
+    raise typer.Exit(exit_status(records))
 
 
 @app.command()
@@ -214,6 +216,7 @@ def attention(
     path = plot_sweep(records, out, specs[0].passes, [s.seq_len for s in specs], plot)
     if path:
         console.say(f"wrote {path}")
+    raise typer.Exit(exit_status(records))
 
 
 Nproc = Annotated[str | None, typer.Option(help="ranks, list ok (default 2; torchrun: WORLD_SIZE)")]
@@ -352,6 +355,7 @@ def memory(
     records = run_and_report("memory", specs, out=out, resume=resume, timeout_s=timeout, fmt=fmt,
                              compare=compare, title="lmscope memory")
     show_top_allocations(records)
+    raise typer.Exit(exit_status(records))
 
 
 @app.command()

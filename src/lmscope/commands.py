@@ -73,6 +73,19 @@ def model_axes(
     }
 
 
+EXIT_RULE = "0 when every point is ok or oom, 1 when any point is an error or a timeout"
+
+
+def exit_status(records: Sequence[Record]) -> int:
+    """The exit code of a command that ran points: 0 when every point is `ok` or `oom`, else 1.
+
+    An `oom` row is an answer (this size does not fit on this device), as the study tables
+    show it; an `error` or a `timeout` means something did not run as asked. Interrupts exit
+    with 130 and bad input with 2 before anything runs.
+    """
+    return 0 if all(r.get("status") in ("ok", "oom") for r in records) else 1
+
+
 def default_out() -> Path:
     """runs/<UTC timestamp>/results.jsonl."""
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")

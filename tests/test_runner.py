@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lmscope.results import append_record, read_records
-from lmscope.runner import classify_failure, expand_grid, pending_count, run_sweep
+from lmscope.runner import classify_failure, expand_grid, failure_record, pending_count, run_sweep
 
 SUPPORT = Path(__file__).parent / "support"
 FAULTS = "lmscope_test_faults"
@@ -115,3 +115,11 @@ def test_records_are_json_lines(tmp_path):
     run_sweep(FAULTS, [point("ok", 2)], out=out, isolate=False)
     line = out.read_text().splitlines()[0]
     assert json.loads(line)["status"] == "ok"
+
+
+def test_failure_record_keeps_the_line_that_says_what_went_wrong():
+    assert failure_record("error", 'RuntimeError: Trying to create tensor with negative dimension\n"') == {
+        "status": "error", "error": "RuntimeError: Trying to create tensor with negative dimension"}
+    chained = "BackendCompilerFailed: backend raised:\nRuntimeError: the cause\n\nSet TORCH_LOGS=+dynamo"
+    assert failure_record("error", chained)["error"] == "RuntimeError: the cause"
+    assert failure_record("timeout", "")["error"] == "timeout"

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from lmscope.limits import check_timeout
 from lmscope.report import console
 from lmscope.report.tables import FORMATS, build_table, render
 from lmscope.results import Record, read_records
@@ -113,8 +114,7 @@ def run_and_report(
     """Run the points (isolated, resumable, with progress), then print and save the table."""
     check_format(fmt)
     check_compare(compare, specs)
-    if not timeout_s > 0:
-        raise ValueError(f"--timeout must be a positive number of seconds, got {timeout_s:g}")
+    check_timeout(timeout_s)
     out = out or default_out()
     if resume and not out.exists():
         console.say(f"--resume: {out} does not exist yet; starting a new results file")

@@ -8,6 +8,7 @@ import torch
 
 from lmscope.accounting.flops import MODES
 from lmscope.config import ModelConfig, preset
+from lmscope.limits import check_size
 from lmscope.model.attention import attention_backends
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -54,10 +55,7 @@ class ModelPointSpec:
 
     def __post_init__(self) -> None:
         for name in ("context_length", "batch_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                flag = "--" + name.replace("_", "-")
-                raise ValueError(f"{name} must be a positive integer, got {value!r}: pass {flag} N")
+            check_size(name, getattr(self, name))
         if self.mode not in MODES:
             raise ValueError(f"unknown mode {self.mode!r}: choose one of {', '.join(MODES)}")
         if self.precision not in PRECISIONS:

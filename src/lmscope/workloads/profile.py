@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from lmscope.config import ModelConfig
+from lmscope.limits import check_steps
 from lmscope.measure import nsys
 from lmscope.measure.kernel_categories import CATEGORIES, short_name
 from lmscope.measure.kernels import (
@@ -71,10 +72,8 @@ class Spec(ModelPointSpec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not isinstance(self.warmup, int) or isinstance(self.warmup, bool) or self.warmup < 0:
-            raise ValueError(f"warmup must be 0 or more steps, got {self.warmup!r}: pass --warmup N")
-        if not isinstance(self.steps, int) or isinstance(self.steps, bool) or self.steps < 1:
-            raise ValueError(f"steps must be at least 1, got {self.steps!r}: pass --steps N")
+        check_steps("warmup", self.warmup, 0)
+        check_steps("steps", self.steps, 1)
         if not str(self.artifacts_dir).strip():
             raise ValueError("artifacts_dir is empty: give a folder for the traces and reports")
 

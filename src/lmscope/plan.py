@@ -25,12 +25,14 @@ from lmscope.accounting.parallelism import (
     Mesh,
     ModelShape,
     PrecisionPlan,
+    check_mesh,
     comm_seconds,
     compute_bound_tokens,
     dp_critical_batch,
     dtype_bytes,
     math_seconds,
     memory_per_device,
+    mesh_problem,
     mixed_critical_batch,
     mixed_min_batch_per_device,
     tp_max_degree,
@@ -221,6 +223,7 @@ def transformer_shape(name: str, config: ModelConfig, seq_len: int, *, activatio
         d_ff=config.d_ff, num_layers=config.num_layers,
         forward_flops_per_token=forward_flops(config, 1, seq_len)["total"] / seq_len,
         activation_elements_per_token=saved / seq_len / dtype_bytes(activations), tp_blocks_per_layer=2,
+        num_heads=config.num_heads,
     )
 
 
@@ -253,6 +256,10 @@ def comm_plan(
     rows = []
     for axis in ("dp", "fsdp", "tp"):
         mesh = Mesh(**{axis: devices})
+        problem = mesh_problem(shape, mesh)
+        if problem:
+            rows.append({"strategy": axis, "devices": devices, "collectives": f"cannot hold: {problem}"})
+            continue
         moved = traffic(shape, mesh, precision, tokens, hw, ring_factors=ring_factors)
         step_bytes = sum(t.step_bytes for t in moved)
         comm = sum(comm_seconds(shape, mesh, precision, tokens, hw, p, ring_factors=ring_factors)
@@ -280,6 +287,7 @@ def parallel_plan(
 ) -> Sections:
     """Per-device memory, traffic per axis, pass times and compute-bound batch of a sharded step."""
     _positive(tokens, "--batch-size x --context-length")
+    check_mesh(shape, mesh)
     memory = memory_per_device(shape, mesh, precision, tokens)
     memory_rows: list[Record] = [
         {"component": key, "gib": value / GIB, "gb": value / 1e9, "share_pct": _pct(value, memory["total"])}
@@ -345,6 +353,9 @@ def _threshold_rows(shape: ModelShape, mesh: Mesh, precision: PrecisionPlan, hw:
 def _threshold(rule: str, formula: str, tokens: float | None, devices: int) -> Record:
     if tokens is None:
         return {"rule": rule, "formula": formula, "value": None, "result": "never compute bound"}
+    if tokens == 0:
+        return {"rule": rule, "formula": formula, "value": 0.0,
+                "result": "compute bound at any batch (the math outgrows what is communicated)"}
     return {"rule": rule, "formula": formula, "value": tokens,
             "result": f"B > {tokens:,.0f} tokens = {tokens / devices:,.1f} per device"}
 

@@ -24,6 +24,7 @@ T_FSDP + T_MP = T_math). The Book drops the ring factors (n-1)/n; `ring_factors=
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from lmscope.accounting.devices import lookup
@@ -61,6 +62,37 @@ class ModelShape:
     """Elements saved for the backward pass per token, whole model, no checkpointing."""
     tp_blocks_per_layer: int = 1
     """Sub-blocks per layer that TP shards (MLP only: 1; attention and MLP: 2)."""
+    num_heads: int | None = None
+    """Attention heads (TP gives each shard whole heads); None for an FFN-only model."""
+
+
+def mesh_problem(shape: ModelShape, mesh: Mesh) -> str | None:
+    """Why `mesh` cannot shard `shape` (a TP degree that splits a head or d_ff unevenly, more
+    pipeline stages than layers), or None when it can."""
+    if shape.num_heads is not None and shape.num_heads % mesh.tp:
+        return (f"tensor parallelism {mesh.tp} does not divide the {shape.num_heads} heads of "
+                f"{shape.name} (each shard holds whole heads)")
+    if shape.d_ff % mesh.tp:
+        return f"tensor parallelism {mesh.tp} does not divide d_ff {shape.d_ff} of {shape.name}"
+    if mesh.pp > shape.num_layers:
+        return f"{mesh.pp} pipeline stages are more than the {shape.num_layers} layers of {shape.name}"
+    return None
+
+
+def _divisors(n: int, most: int = 12) -> str:
+    divisors = [d for d in range(1, n + 1) if n % d == 0]
+    return ", ".join(map(str, divisors[:most])) + (", ..." if len(divisors) > most else "")
+
+
+def check_mesh(shape: ModelShape, mesh: Mesh) -> None:
+    """ValueError saying why `mesh` cannot shard `shape`, with the degrees that can."""
+    problem = mesh_problem(shape, mesh)
+    if problem is None:
+        return
+    if mesh.pp > shape.num_layers:
+        raise ValueError(f"{problem}: pass --pp {shape.num_layers} or fewer")
+    whole = math.gcd(shape.num_heads or shape.d_ff, shape.d_ff)
+    raise ValueError(f"{problem}: pass --tp among {_divisors(whole)}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -6,6 +6,7 @@ exit code 2, never a traceback.
 
 from __future__ import annotations
 
+import inspect
 import signal
 import sys
 from collections.abc import Iterator
@@ -59,6 +60,22 @@ OptimizerInBackward = Annotated[str, typer.Option(
     "overlapped with it: off | on | off,on")]
 Attention = Annotated[str, typer.Option(help="naive | sdpa | flash | flash-torch, list ok")]
 Device = Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")]
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        from lmscope.version import version_line
+
+        console.say(version_line())
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_show_version,
+                                          help="print lmscope's version and git sha, then exit")] = False,
+) -> None:
+    """Measure, profile and speed up the training step of Transformer language models."""
 
 
 def _default_size() -> str:
@@ -555,6 +572,14 @@ def _is(error: BaseException, name: str) -> bool:
 INTERRUPTED = "interrupted: finished points are saved; rerun with --resume to go on"
 
 
+def _interrupted_message(argv: list[str] | None) -> str:
+    """The interrupt line; only a command that has --resume suggests it."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    resumable = {(c.name or c.callback.__name__) for c in app.registered_commands
+                 if c.callback and "resume" in inspect.signature(c.callback).parameters}
+    return INTERRUPTED if words and words[0] in resumable else "interrupted"
+
+
 @contextmanager
 def _termination_interrupts() -> Iterator[None]:
     """While a command runs, SIGTERM/SIGHUP (a cancelled job, a closed terminal) stop it like
@@ -596,7 +621,7 @@ def main(argv: list[str] | None = None) -> None:
             console.fail(f"{message} (see: {command} --help)")
             sys.exit(2)
     if code == 130:
-        console.fail(INTERRUPTED)
+        console.fail(_interrupted_message(argv))
     if isinstance(code, int) and code:
         sys.exit(code)
 

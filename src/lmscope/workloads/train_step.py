@@ -60,18 +60,26 @@ def check_model_choice(fast: bool, peer: str, attention: str) -> None:
         raise ValueError("--peer hf runs transformers' Llama with SDPA attention: pass --attention sdpa")
 
 
+FLASH_ON_CPU = ("--attention flash runs lmscope's Triton kernels, which need a CUDA GPU: on the CPU "
+                "use --attention flash-torch (the same FlashAttention-2 algorithm in PyTorch)")
+
+
 def build_model(spec: ModelPointSpec, config: ModelConfig, device: torch.device) -> torch.nn.Module:
     """The point's model: eager TransformerLM, FastTransformerLM (fast) or HF's Llama (peer hf)."""
     if getattr(spec, "peer", "none") == "hf":
         from lmscope.model.hf_peer import HFLlamaPeer
 
         return HFLlamaPeer(config)
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"  # the tests' CPU interpreter
     if spec.fast:
-        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-            raise ValueError("--fast runs Triton kernels: it needs a CUDA GPU (or TRITON_INTERPRET=1)")
+        if device.type != "cuda" and not interpreted:
+            raise ValueError("--fast on runs lmscope's Triton kernels, which need a CUDA GPU: "
+                             "on the CPU drop --fast (or time --attention flash-torch)")
         from lmscope.model.fast_transformer import FastTransformerLM
 
         return FastTransformerLM(config, attention=spec.attention)
+    if spec.attention == "flash" and device.type != "cuda" and not interpreted:
+        raise ValueError(FLASH_ON_CPU)
     return TransformerLM(config, attention=spec.attention)
 
 

@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from lmscope.commands import exit_status, model_axes, run_and_report, show, split_list
+from lmscope.commands import check_format, exit_status, model_axes, run_and_report, show, split_list
 from lmscope.report import console
 from lmscope.results import read_records
 from lmscope.runner import expand_grid, spec_fields
@@ -78,7 +78,10 @@ def _root(
     """Measure, profile and speed up the training step of Transformer language models."""
 
 
-def _default_size() -> str:
+def _size(size: str | None) -> str:
+    """--size as given, else the default preset: small on a GPU, tiny on the CPU."""
+    if size is not None:
+        return size
     import torch
 
     return "small" if torch.cuda.is_available() else "tiny"
@@ -122,7 +125,7 @@ def bench(
                  vocab_size=vocab_size, model_context_length=model_context_length,
                  steps=steps, device=device)
     swept = {
-        **model_axes(size=size or _default_size(), context_length=context_length, batch_size=batch_size,
+        **model_axes(size=_size(size), context_length=context_length, batch_size=batch_size,
                      mode=mode, precision=precision, compile=compile, attention=attention),
         "warmup": split_list(warmup, int, "--warmup"),
         "fast": split_list(fast, bool, "--fast"),
@@ -172,7 +175,7 @@ def profile(
     fixed = dict(d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
                  vocab_size=vocab_size, warmup=warmup, steps=steps, device=device,
                  artifacts_dir=str(out.parent / "profile"))
-    swept = {**model_axes(size=size or _default_size(), context_length=context_length,
+    swept = {**model_axes(size=_size(size), context_length=context_length,
                           batch_size=batch_size, mode=mode, precision=precision, compile=compile,
                           attention=attention),
              "fast": split_list(fast, bool, "--fast"),
@@ -265,7 +268,7 @@ def comm(
 
     swept = {
         "op": list(COLLECTIVES) if op == "all" else split_list(op, str, "--op"),
-        "world_size": split_list(nproc, int, "--nproc") if nproc else default_world_sizes(),
+        "world_size": split_list(nproc, int, "--nproc") if nproc is not None else default_world_sizes(),
         "size_mb": [parse_size_mb(s) for s in split_list(size, str, "--size")],
     }
     fixed = dict(backend=backend, dtype=dtype, warmup=warmup, iters=iters, timeout_s=timeout)
@@ -311,9 +314,9 @@ def ddp(
                  vocab_size=vocab_size, attention=attention, backend=backend, device=device,
                  warmup=warmup, steps=steps, timeout_s=timeout)
     swept = {
-        **model_axes(size=size or _default_size(), context_length=context_length, batch_size=batch_size,
+        **model_axes(size=_size(size), context_length=context_length, batch_size=batch_size,
                      precision=precision),
-        "world_size": split_list(nproc, int, "--nproc") if nproc else default_world_sizes(),
+        "world_size": split_list(nproc, int, "--nproc") if nproc is not None else default_world_sizes(),
         "strategy": split_list(strategy, str, "--strategy"),
         "shard_optimizer": split_list(shard_optimizer, bool, "--shard-optimizer"),
     }
@@ -364,7 +367,7 @@ def memory(
                  steps=steps, snapshot=split_list(snapshot, bool, "--snapshot")[0], top=top,
                  max_entries=max_entries, device=device, artifacts_dir=str(out.parent / "memory"))
     swept = {
-        **model_axes(size=size or _default_size(), context_length=context_length, batch_size=batch_size,
+        **model_axes(size=_size(size), context_length=context_length, batch_size=batch_size,
                      mode=mode, precision=precision, compile=compile, attention=attention),
         "checkpoint": split_list(checkpoint, str, "--checkpoint"),
     }
@@ -383,10 +386,11 @@ def table(
     workload: Annotated[str | None, typer.Option(help="which workload's rows (default: first)")] = None,
 ) -> None:
     """Re-render a results file without re-running anything."""
+    check_format(fmt)
     records = read_records(results)
     if not records:
         raise ValueError(f"{results} holds no records")
-    chosen = workload or records[0].get("workload", "bench")
+    chosen = workload if workload is not None else records[0].get("workload", "bench")
     rows = [r for r in records if r.get("workload") == chosen]
     if not rows:
         raise ValueError(f"{results} has no {chosen!r} rows")
@@ -538,9 +542,10 @@ def precision_accumulate(
     fmt: PlanFormat = "table",
 ) -> None:
     """Sum a small value many times with fp32, fp16, bf16 and mixed accumulators; errors vs exact."""
-    from lmscope.plan import show
+    from lmscope.plan import check_format, show
     from lmscope.precision import accumulate
 
+    check_format(fmt)
     rows = [r for n in split_list(count, int, "--count") for r in accumulate(n, value, device)]
     show({"accumulation": rows}, fmt, title="lmscope precision accumulate", command=_command_line(),
          full_digits=True)
@@ -554,10 +559,11 @@ def precision_autocast(
     fmt: PlanFormat = "table",
 ) -> None:
     """Dtypes of parameters, each submodule's output, the loss and the gradients under autocast."""
-    from lmscope.plan import show
+    from lmscope.plan import check_format, show
     from lmscope.precision import autocast_dtypes
     from lmscope.workloads.train_step import resolve_device
 
+    check_format(fmt)
     target = str(resolve_device(device))
     sections = {f"{m} under {d} autocast on {target}": autocast_dtypes(m, d, target)
                 for m in split_list(model, str, "--model") for d in split_list(dtype, str, "--dtype")}

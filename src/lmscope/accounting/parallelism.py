@@ -42,6 +42,10 @@ def dtype_bytes(dtype: str) -> int:
     return DTYPE_BYTES[dtype]
 
 
+MAX_DEGREE = 2**20
+"""Largest degree of a mesh axis: a million devices, more than any machine has."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelShape:
     """What the planner needs of a model: sizes for memory, FLOPs and per-layer communication."""
@@ -147,8 +151,9 @@ class Mesh:
     def __post_init__(self) -> None:
         for name in ("dp", "fsdp", "tp", "pp", "dp_axes", "fsdp_axes", "tp_axes"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}: pass --{name} N")
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_DEGREE:
+                raise ValueError(f"{name} must be an integer from 1 to {MAX_DEGREE:,} (devices in a mesh), "
+                                 f"got {value!r}: pass --{name.replace('_', '-')} N")
 
     @property
     def devices(self) -> int:
@@ -193,8 +198,9 @@ def hardware(
             f"device {device_name!r} has no catalogued {what}: pass {flag}, or a catalogued device "
             "(H100 SXM, H100 PCIe, H200, A100, B200, TPU v5p)"
         )
-    if peak <= 0 or bandwidth <= 0:
-        raise ValueError("peak TFLOP/s and bandwidth must be positive: pass positive values")
+    if not all(math.isfinite(v) and v > 0 for v in (peak, bandwidth)):
+        raise ValueError(f"peak TFLOP/s and bandwidth must be positive finite numbers, got {peak!r} and "
+                         f"{bandwidth!r}: pass --peak-tflops and --bandwidth-gbps")
     return Hardware(name=spec.name if spec else device_name, peak_flops=peak * 1e12,
                     axis_bandwidth=bandwidth * 1e9,
                     memory_bytes=spec.hbm_gb * 1e9 if spec else None)

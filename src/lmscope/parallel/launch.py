@@ -61,6 +61,8 @@ FORKSERVER_PRELOAD_ENV = "LMSCOPE_FORKSERVER_PRELOAD"
 test process whose launches need different ones: 'torch._dynamo,pytest'. A speed-up only."""
 
 BACKENDS = ("auto", "gloo", "nccl")
+MAX_LOCAL_RANKS = 1024
+"""Most ranks one launcher starts on its machine (each is a process that imports torch)."""
 FAILURE_GRACE_S = 2.0
 """After a first rank fails, how long the others get to fail on their own (their reasons help)."""
 
@@ -108,6 +110,9 @@ def check_world(world_size: int, backend: str) -> None:
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ValueError(f"world size must be a positive integer, got {world_size!r}: pass --nproc N")
     backend = resolve_backend(backend)
+    if torchrun_env() is None and world_size > MAX_LOCAL_RANKS:
+        raise ValueError(f"{world_size} local ranks are {world_size} processes on this machine: at most "
+                         f"{MAX_LOCAL_RANKS}; run under torchrun across nodes for more")
     env = torchrun_env()
     if env is not None:
         if world_size not in (1, env["world_size"]):

@@ -46,7 +46,8 @@ def say(message: str) -> None:
 
 def fail(message: str) -> None:
     """One line on stderr saying what is wrong and how to fix it."""
-    errors.print(f"lmscope: error: {message}", highlight=False, markup=False, soft_wrap=True)
+    line = " ".join(message.splitlines())  # a value may hold line breaks (\n, \x1e, \u2028)
+    errors.print(f"lmscope: error: {line}", highlight=False, markup=False, soft_wrap=True)
 
 
 @contextmanager

@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from lmscope.limits import MAX_TIMEOUT_S, check_size, check_steps
+from lmscope.limits import MAX_SIZE, MAX_TIMEOUT_S, check_size, check_steps
 from lmscope.measure.timer import summarize, synchronize, time_steps
 from lmscope.workloads.attention_impls import impl_names, prepare
 from lmscope.workloads.train_step import device_facts, resolve_device
@@ -115,8 +115,9 @@ class Spec:
                 f"{self.warmup_ms}, {self.rep_ms}: "
                 "pass --warmup-ms and --rep-ms in milliseconds"
             )
-        if not isinstance(self.check_max_seq, int) or self.check_max_seq < 0:
-            raise ValueError(f"check_max_seq must be 0 or more, got {self.check_max_seq!r}")
+        if not isinstance(self.check_max_seq, int) or not 0 <= self.check_max_seq <= MAX_SIZE:
+            raise ValueError(f"check_max_seq must be from 0 to {MAX_SIZE:,}, got {self.check_max_seq!r}: "
+                             "pass --check-max-seq N (0: never)")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ValueError(f"unknown device {self.device!r}: use auto, cpu, cuda or cuda:N")
 

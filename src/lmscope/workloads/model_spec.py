@@ -77,6 +77,8 @@ class ModelPointSpec:
         ):
             raise ValueError("--optimizer-in-backward on is lmscope's FusedAdamW stepping inside the "
                              "backward: it needs --fast on --precision bf16 --mode train-step")
+        if self.model_context_length is not None:
+            check_size("model_context_length", self.model_context_length)
         check_device(self.device)
         config = self.model_config()
         if self.context_length > config.context_length:

@@ -24,7 +24,7 @@ METRIC_COLUMNS: dict[str, list[str]] = {
         "mem_before_backward_mib", "peak_mib", "saved_bytes_per_seq2", "max_error", "max_grad_error",
     ],
     "profile": [
-        "step_ms", "profiled_step_ms", "overhead_pct", "launches_per_step", "gpu_busy_frac",
+        "step_ms", "profiled_step_ms", "overhead_pct", "launches_per_step", "gpu_busy_frac", "cpu_busy_frac",
         "matmul_frac", "attention_frac", "elementwise_frac", "reduction_frac", "optimizer_frac",
         "forward_matmul_frac", "softmax_time_vs_scores", "top_kernel", "invariant_ok",
     ],

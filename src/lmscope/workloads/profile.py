@@ -210,6 +210,7 @@ def summary_metrics(profile: dict[str, Any]) -> dict[str, Any]:
     """The flat row of a point: timing, categories, launches, idle, top kernels, artifacts."""
     timing, phases = profile["timing"], profile["phases"]
     whole = phases[STEP]
+    device = "gpu" if profile["on_gpu"] else "cpu"  # what was busy: CUDA kernels or CPU operators
     metrics: dict[str, Any] = {
         "step_ms": timing["step_ms"],
         "profiled_step_ms": timing["profiled_step_ms"],
@@ -218,8 +219,8 @@ def summary_metrics(profile: dict[str, Any]) -> dict[str, Any]:
         "profiled_times_ms": [round(t, 4) for t in timing["profiled_times_ms"]],
         "kernels_are": "cuda" if profile["on_gpu"] else "cpu_ops",
         "launches_per_step": whole["launches_per_step"],
-        "gpu_busy_frac": whole["busy_frac"],
-        "gpu_busy_ms": whole["busy_ms_per_step"],
+        f"{device}_busy_frac": whole["busy_frac"],
+        f"{device}_busy_ms": whole["busy_ms_per_step"],
         "kernel_ms_per_step": whole["kernel_ms_per_step"],
         "idle_ms_per_step": whole["idle_ms_per_step"],
         "max_gap_ms": whole["gaps"][0]["gap_ns"] / 1e6 if whole["gaps"] else 0.0,

@@ -121,7 +121,7 @@ def run_and_report(
     check_writable(out)
     todo = pending_count(workload, specs, out, resume)
     console.say(f"{len(specs)} point(s), {todo} to run -> {out}")
-    with console.sweep_progress(todo, workload) as (on_start, on_done):
+    with console.sweep_progress(todo, workload, [spec_dict(s) for s in specs]) as (on_start, on_done):
         run_sweep(workload, specs, out=out, resume=resume, timeout_s=timeout_s,
                   reuse_worker=reuse_worker, on_start=on_start, on_done=on_done)
     spec_keys = spec_fields(workload)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -18,7 +18,7 @@ from rich.progress import (
 )
 from rich.table import Table as RichTable
 
-from lmscope.report.tables import Table, format_value
+from lmscope.report.tables import Table, format_value, shown_fields
 
 console = Console(width=None if sys.stdout.isatty() else 200)
 errors = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
@@ -51,8 +51,13 @@ def fail(message: str) -> None:
 
 
 @contextmanager
-def sweep_progress(total: int, label: str) -> Iterator[Any]:
-    """A progress bar with ETA; yields callbacks (on_start, on_done) for `run_sweep`."""
+def sweep_progress(total: int, label: str, points: Sequence[dict[str, Any]] = ()) -> Iterator[Any]:
+    """A progress bar with ETA; yields callbacks (on_start, on_done) for `run_sweep`.
+
+    Each point is named by the fields that differ between `points` (and any dimension that
+    overrides the preset), so two points never share a name.
+    """
+    keys = shown_fields(points, list(points[0])) if points else []
     with Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
         TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
@@ -61,19 +66,25 @@ def sweep_progress(total: int, label: str) -> Iterator[Any]:
         task = progress.add_task(label, total=total, point="")
 
         def on_start(index: int, spec: dict[str, Any]) -> None:
-            progress.update(task, point=_describe(spec))
+            progress.update(task, point=describe(spec, keys))
 
         def on_done(record: dict[str, Any]) -> None:
             status = record.get("status")
             if status != "ok":
-                progress.console.print(f"  {_describe(record)}: {status} ({record.get('error')})",
+                progress.console.print(f"  {describe(record, keys)}: {status} ({record.get('error')})",
                                        highlight=False, markup=False)
             progress.advance(task)
 
         yield on_start, on_done
 
 
-def _describe(spec: dict[str, Any]) -> str:
-    keys = ("size", "context_length", "batch_size", "mode", "precision", "attention", "impl",
-            "op", "size_mb", "world_size", "strategy")
-    return " ".join(f"{spec[k]}" for k in keys if k in spec and spec[k] is not None)
+DEFAULT_LABEL_KEYS = ("size", "context_length", "batch_size", "mode", "precision", "attention", "impl",
+                      "op", "size_mb", "world_size", "strategy")
+"""What names a point when nothing varies (a sweep of one point)."""
+
+
+def describe(spec: dict[str, Any], keys: Sequence[str] = ()) -> str:
+    """'compile=on precision=bf16': the point's values of `keys` (or of DEFAULT_LABEL_KEYS)."""
+    if keys:
+        return " ".join(f"{k}={format_value(spec.get(k))}" for k in keys)
+    return " ".join(f"{spec[k]}" for k in DEFAULT_LABEL_KEYS if k in spec and spec[k] is not None)

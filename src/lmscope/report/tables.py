@@ -47,6 +47,8 @@ PRIMARY_METRIC: dict[str, str] = {"bench": "mean_ms", "attention": "fwd_bwd_ms",
 """Per workload, the metric that `--compare` pivots (lower is better for *_ms)."""
 
 IDENTITY_SKIP = {"workload"}
+OVERRIDES = ("vocab_size", "d_model", "d_ff", "num_layers", "num_heads", "model_context_length")
+"""Spec fields that change a preset's model: shown beside `size` whenever a point sets them."""
 FORMATS = ("table", "md", "csv", "latex", "json")
 
 Table = tuple[list[str], list[list[Any]]]
@@ -70,6 +72,17 @@ def varying_fields(records: Sequence[Record], spec_keys: Sequence[str]) -> list[
     ]
 
 
+def shown_fields(records: Sequence[Record], spec_keys: Sequence[str]) -> list[str]:
+    """The spec columns of a table: the swept fields, and the preset with every dimension a point
+    overrides (a `--d-model 512` point is not labelled as the preset alone), in spec order."""
+    varying = set(varying_fields(records, spec_keys))
+    overridden = {k for k in OVERRIDES if any(r.get(k) is not None for r in records)}
+    shown = varying | overridden
+    if (overridden or not varying) and "size" in spec_keys:
+        shown.add("size")
+    return [k for k in spec_keys if k in shown]
+
+
 def _cell(record: Record, column: str) -> Any:
     status = record.get("status", "ok")
     if status != "ok" and column not in record:
@@ -87,7 +100,7 @@ def build_table(
         return [], []
     workload = records[0].get("workload", "")
     records = latest_per_point(records, spec_keys)
-    axes = varying_fields(records, spec_keys) or [k for k in ("size",) if k in spec_keys]
+    axes = shown_fields(records, spec_keys)
     metrics = [
         m for m in METRIC_COLUMNS.get(workload, [])
         if any(r.get(m) is not None for r in records)

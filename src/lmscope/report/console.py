@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -24,19 +26,61 @@ console = Console(width=None if sys.stdout.isatty() else 200)
 errors = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 
 
+NUMBER = re.compile(r"^-?[\d,]*\.?\d+(e[-+]?\d+)?%?$|^-$")
+TEXT_COLUMN_WIDTH = 30
+"""Width a text column is counted at when columns are fitted (its words wrap within it)."""
+
+
 def show_table(table: Table, title: str | None = None) -> None:
-    """Print a table; failed cells (OOM, TIMEOUT, ERROR) in red."""
+    """Print a table; failed cells (OOM, TIMEOUT, ERROR) in red.
+
+    Numbers and headers are never broken across lines: columns that do not fit the terminal
+    are left out, from the right (the status stays), and named in a line under the table;
+    every column stays in the results file and in --format exports.
+    """
     header, rows = table
+    texts = [[format_value(value) for value in row] for row in rows]
+    widths, numeric = [], []
+    for index, name in enumerate(header):
+        cells = [row[index] for row in texts]
+        is_number = all(NUMBER.match(c) or c in FAILED for c in cells)
+        longest = max((len(c) for c in cells), default=0)
+        numeric.append(is_number)
+        widths.append(max(len(name), longest if is_number else min(longest, TEXT_COLUMN_WIDTH)))
+    kept = fit_columns(header, widths, console.width)
     rich_table = RichTable(title=title, show_lines=False)
-    for name in header:
-        rich_table.add_column(name, overflow="fold")
-    for row in rows:
-        cells = []
-        for value in row:
-            text = format_value(value)
-            cells.append(f"[red]{text}[/red]" if text in ("OOM", "TIMEOUT", "ERROR") else text)
-        rich_table.add_row(*cells)
+    for index in kept:
+        if numeric[index]:
+            rich_table.add_column(escape(header[index]), no_wrap=True, min_width=widths[index])
+        else:
+            rich_table.add_column(escape(header[index]), overflow="fold", min_width=len(header[index]))
+    for row in texts:
+        rich_table.add_row(*[f"[red]{row[i]}[/red]" if row[i] in FAILED else escape(row[i]) for i in kept])
     console.print(rich_table)
+    left_out = [header[i] for i in range(len(header)) if i not in kept]
+    if left_out:
+        console.print(f"not shown (terminal too narrow; in the results file and --format csv): "
+                      f"{', '.join(left_out)}", highlight=False, markup=False)
+
+
+FAILED = ("OOM", "TIMEOUT", "ERROR")
+
+
+def fit_columns(header: Sequence[str], widths: Sequence[int], width: int) -> list[int]:
+    """Indices of the columns that fit in `width` characters, first to last; the first column and
+    a last `status` column are always kept."""
+    border = 3  # a column's padding and its rule
+    always = [0] + ([len(header) - 1] if len(header) > 1 and header[-1] == "status" else [])
+    used = 1 + sum(widths[i] + border for i in always)
+    kept = set(always)
+    for index in range(len(header)):
+        if index in kept:
+            continue
+        if used + widths[index] + border > width:
+            break
+        kept.add(index)
+        used += widths[index] + border
+    return sorted(kept)
 
 
 def say(message: str) -> None:

@@ -206,9 +206,7 @@ def kernels_csv(profile: dict[str, Any]) -> str:
 
 
 def _show(table: Table, title: str) -> None:
-    header, rows = table
-    console.show_table(([escape(h) for h in header],
-                        [[escape(v) if isinstance(v, str) else v for v in row] for row in rows]), title=title)
+    console.show_table(table, title=title)  # it escapes markup in every cell
 
 
 def show_profile(profile: dict[str, Any], top: int = 12) -> None:

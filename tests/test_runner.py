@@ -39,7 +39,7 @@ def test_each_failure_costs_its_point_only(tmp_path):
     records = run_sweep(FAULTS, points, out=out, timeout_s=5)
     assert [r["status"] for r in records] == ["ok", "oom", "error", "error", "timeout", "ok"]
     assert records[0]["value_squared"] == 9 and records[-1]["value_squared"] == 25
-    assert records[2]["error"] == "the last line says why"
+    assert records[2]["error"] == "RuntimeError: the first line says why"
     assert "code 3" in records[3]["error"] and "simulated crash" in records[3]["error"]
     assert "within 5 s" in records[4]["error"]
     with pytest.raises(ProcessLookupError):

@@ -137,7 +137,7 @@ TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_ch
                min_size=1, max_size=12)
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_generated_bad_values(data, results_file):
     path, option, name, base = data.draw(st.sampled_from(OPTIONS))

@@ -42,13 +42,14 @@ def test_sigkill_of_the_launcher_ends_every_rank(tmp_path):
     mark = uuid.uuid4().hex
     env = {**os.environ, MARK: mark, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
     command = [sys.executable, "-m", "lmscope", "comm", "--nproc", "2", "--backend", "gloo",
-               "--size", "1MB", "--warmup", "1", "--iters", "100000000", "--timeout", "300",
+               "--size", "1MB", "--warmup", "1", "--iters", "1000000", "--timeout", "300",
                "--out", str(tmp_path / "r.jsonl")]
-    main = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = (tmp_path / "log").open("w")
+    main = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 180
         while len(_marked(mark)) < 6 and time.monotonic() < deadline:  # main, worker, 2 + 2 ranks
-            assert main.poll() is None, "the run ended before its ranks were up"
+            assert main.poll() is None, f"the run ended early: {(tmp_path / 'log').read_text()}"
             time.sleep(0.2)
         assert len(_marked(mark)) >= 6, f"ranks not up: {_marked(mark)}"
         time.sleep(1.0)  # the ranks are inside their collectives
@@ -60,6 +61,7 @@ def test_sigkill_of_the_launcher_ends_every_rank(tmp_path):
         left = _marked(mark)
         assert not left, f"processes of the run still alive 10 s after kill -9: {left}"
     finally:
+        log.close()
         for pid in _marked(mark):
             os.kill(pid, signal.SIGKILL)
 

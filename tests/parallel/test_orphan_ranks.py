@@ -60,6 +60,9 @@ def test_sigkill_of_the_launcher_ends_every_rank(tmp_path):
             time.sleep(0.2)
         left = _marked(mark)
         assert not left, f"processes of the run still alive 10 s after kill -9: {left}"
+        for prefix in ("lmscope-worker-", "lmscope-ranks-"):  # what the next start does
+            remove_stale(prefix)
+        assert not list(Path(tempfile.gettempdir()).glob(f"lmscope-worker-{main.pid}-*"))
     finally:
         log.close()
         for pid in _marked(mark):

@@ -35,13 +35,16 @@ def remove_stale(prefix: str, root: str | None = None) -> list[Path]:
 
 
 def pid_running(pid: int) -> bool:
-    """Whether a process with this pid exists (one of another user counts)."""
+    """Whether a process with this pid runs (one of another user counts; a zombie, dead but not
+    yet reaped by its parent, does not)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):
         return False
     except PermissionError:
         return True
-    except OverflowError:
-        return False
-    return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state != "Z"

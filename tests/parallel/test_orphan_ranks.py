@@ -31,6 +31,13 @@ def _marked(mark: str) -> list[int]:
     return pids
 
 
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _dead_pid() -> int:
     child = subprocess.Popen(["true"])
     child.wait()
@@ -52,6 +59,7 @@ def test_sigkill_of_the_launcher_ends_every_rank(tmp_path):
             assert main.poll() is None, f"the run ended early: {(tmp_path / 'log').read_text()}"
             time.sleep(0.2)
         assert len(_marked(mark)) >= 6, f"ranks not up: {_marked(mark)}"
+        worker = next(pid for pid in _marked(mark) if _parent(pid) == main.pid)
         time.sleep(1.0)  # the ranks are inside their collectives
         main.send_signal(signal.SIGKILL)
         main.wait()
@@ -63,6 +71,7 @@ def test_sigkill_of_the_launcher_ends_every_rank(tmp_path):
         for prefix in ("lmscope-worker-", "lmscope-ranks-"):  # what the next start does
             remove_stale(prefix)
         assert not list(Path(tempfile.gettempdir()).glob(f"lmscope-worker-{main.pid}-*"))
+        assert not list(Path(tempfile.gettempdir()).glob(f"lmscope-ranks-{worker}-*"))
     finally:
         log.close()
         for pid in _marked(mark):

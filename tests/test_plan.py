@@ -178,3 +178,29 @@ def test_cli_plan_memory_and_flops_markdown(capsys):
           "--format", "md"])
     out = capsys.readouterr().out
     assert "## mfu" in out and "H100 SXM" in out and "## context" in out
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--model", "xl", "--tp", "3"], "tensor parallelism 3 does not divide the 25 heads of xl"),
+    (["--model", "small", "--tp", "7"], "tensor parallelism 7 does not divide the 12 heads of small"),
+    (["--model", "small", "--tp", "2", "--d-ff", "3069"], "does not divide d_ff 3069"),
+    (["--model", "xxl", "--tp", "7"], "does not divide d_ff"),
+    (["--model", "small", "--pp", "13"], "13 pipeline stages are more than the 12 layers"),
+])
+def test_plan_parallel_refuses_a_mesh_that_cannot_shard_the_model(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", "parallel", *argv])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_plans_never_claim_a_zero_token_threshold(capsys):
+    shape = model_shape("small", 1024)
+    for mesh in (Mesh(), Mesh(tp=2)):  # nothing communicated; activations only, slower than the math
+        plan = parallel_plan(shape, mesh, PrecisionPlan(), tokens=8192, hw=V5P)
+        first = plan["compute-bound batch"][0]
+        assert first["value"] == 0 and first["result"].startswith("compute bound at any batch")
+    comm = comm_plan(model_shape("small", 1024), devices=7, tokens=8192, hw=V5P)
+    rows = {r["strategy"]: r for r in comm["communication per step"]}
+    assert rows["tp"]["collectives"].startswith("cannot hold: tensor parallelism 7")
+    assert rows["dp"]["step_mb"] > 0

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lmscope.results import append_record, read_records
-from lmscope.runner import classify_failure, expand_grid, pending_count, run_sweep
+from lmscope.runner import classify_failure, expand_grid, failure_record, pending_count, run_sweep
 
 SUPPORT = Path(__file__).parent / "support"
 FAULTS = "lmscope_test_faults"
@@ -39,7 +39,7 @@ def test_each_failure_costs_its_point_only(tmp_path):
     records = run_sweep(FAULTS, points, out=out, timeout_s=5)
     assert [r["status"] for r in records] == ["ok", "oom", "error", "error", "timeout", "ok"]
     assert records[0]["value_squared"] == 9 and records[-1]["value_squared"] == 25
-    assert records[2]["error"] == "the last line says why"
+    assert records[2]["error"] == "RuntimeError: the first line says why"
     assert "code 3" in records[3]["error"] and "simulated crash" in records[3]["error"]
     assert "within 5 s" in records[4]["error"]
     with pytest.raises(ProcessLookupError):
@@ -152,3 +152,11 @@ def test_records_are_json_lines(tmp_path):
     run_sweep(FAULTS, [point("ok", 2)], out=out, isolate=False)
     line = out.read_text().splitlines()[0]
     assert json.loads(line)["status"] == "ok"
+
+
+def test_failure_record_keeps_the_line_that_says_what_went_wrong():
+    assert failure_record("error", 'RuntimeError: Trying to create tensor with negative dimension\n"') == {
+        "status": "error", "error": "RuntimeError: Trying to create tensor with negative dimension"}
+    chained = "BackendCompilerFailed: backend raised:\nRuntimeError: the cause\n\nSet TORCH_LOGS=+dynamo"
+    assert failure_record("error", chained)["error"] == "RuntimeError: the cause"
+    assert failure_record("timeout", "")["error"] == "timeout"

@@ -6,6 +6,7 @@ exit code 2, never a traceback.
 
 from __future__ import annotations
 
+import inspect
 import signal
 import sys
 from collections.abc import Iterator
@@ -15,7 +16,15 @@ from typing import Annotated
 
 import typer
 
-from lmscope.commands import model_axes, model_flag, run_and_report, show, split_list
+from lmscope.commands import (
+    check_format,
+    exit_status,
+    model_axes,
+    model_flag,
+    run_and_report,
+    show,
+    split_list,
+)
 from lmscope.report import console
 from lmscope.results import read_records
 from lmscope.runner import expand_grid, spec_fields
@@ -67,7 +76,26 @@ Attention = Annotated[str, typer.Option(help="naive | sdpa | flash | flash-torch
 Device = Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")]
 
 
-def _default_size() -> str:
+def _show_version(value: bool) -> None:
+    if value:
+        from lmscope.version import version_line
+
+        console.say(version_line())
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_show_version,
+                                          help="print lmscope's version and git sha, then exit")] = False,
+) -> None:
+    """Measure, profile and speed up the training step of Transformer language models."""
+
+
+def _size(size: str | None) -> str:
+    """--size as given, else the default preset: small on a GPU, tiny on the CPU."""
+    if size is not None:
+        return size
     import torch
 
     return "small" if torch.cuda.is_available() else "tiny"
@@ -118,7 +146,7 @@ def bench(
                  vocab_size=vocab_size, model_context_length=model_context_length,
                  steps=steps, device=device)
     swept = {
-        **model_axes(size=model_flag(model, size) or _default_size(), context_length=context_length,
+        **model_axes(size=_size(model_flag(model, size)), context_length=context_length,
                      batch_size=batch_size,
                      mode=mode, precision=precision, compile=compile, attention=attention),
         "warmup": split_list(warmup, int, "--warmup"),
@@ -128,10 +156,10 @@ def bench(
         "cuda_graph": split_list(cuda_graph, str, "--cuda-graph"),
     }
     specs = [Spec(**point) for point in expand_grid(fixed, swept)]
-    run_and_report("bench", specs, out=out, resume=resume, timeout_s=timeout, fmt=fmt,
-                   compare=compare, compare_base=compare_base, rounds=rounds, only_round=round_,
-                   title="lmscope bench",
-                   reuse_worker=reuse_worker)
+    records = run_and_report("bench", specs, out=out, resume=resume, timeout_s=timeout, fmt=fmt,
+                             compare=compare, compare_base=compare_base, rounds=rounds, only_round=round_,
+                             title="lmscope bench", reuse_worker=reuse_worker)
+    raise typer.Exit(exit_status(records))
 
 
 @app.command()
@@ -172,7 +200,7 @@ def profile(
     fixed = dict(d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
                  vocab_size=vocab_size, warmup=warmup, steps=steps, device=device,
                  artifacts_dir=str(out.parent / "profile"))
-    swept = {**model_axes(size=model_flag(model, size) or _default_size(), context_length=context_length,
+    swept = {**model_axes(size=_size(model_flag(model, size)), context_length=context_length,
                           batch_size=batch_size, mode=mode, precision=precision, compile=compile,
                           attention=attention),
              "fast": split_list(fast, bool, "--fast"),
@@ -184,6 +212,7 @@ def profile(
     show_point_reports(records)
     for spec in specs if nsys else []:
         show_nsys(nsys_capture(spec, timeout_s=timeout))
+    raise typer.Exit(exit_status(records))
 
 
 @app.command()
@@ -235,6 +264,7 @@ def attention(
     path = plot_sweep(records, out, specs[0].passes, [s.seq_len for s in specs], plot)
     if path:
         console.say(f"wrote {path}")
+    raise typer.Exit(exit_status(records))
 
 
 Nproc = Annotated[str | None, typer.Option(help="ranks, list ok (default 2; torchrun: WORLD_SIZE)")]
@@ -266,7 +296,7 @@ def comm(
 
     swept = {
         "op": list(COLLECTIVES) if op == "all" else split_list(op, str, "--op"),
-        "world_size": split_list(nproc, int, "--nproc") if nproc else default_world_sizes(),
+        "world_size": split_list(nproc, int, "--nproc") if nproc is not None else default_world_sizes(),
         "size_mb": [parse_size_mb(s) for s in split_list(size, str, "--size")],
     }
     fixed = dict(backend=backend, dtype=dtype, warmup=warmup, iters=iters, timeout_s=timeout)
@@ -318,10 +348,10 @@ def ddp(
                  warmup=warmup, steps=steps, timeout_s=timeout, checkpoint=checkpoint,
                  fast=split_list(fast, bool, "--fast")[0], model_context_length=model_context_length)
     swept = {
-        **model_axes(size=model_flag(model, size) or _default_size(), context_length=context_length,
+        **model_axes(size=_size(model_flag(model, size)), context_length=context_length,
                      batch_size=batch_size,
                      precision=precision),
-        "world_size": split_list(nproc, int, "--nproc") if nproc else default_world_sizes(),
+        "world_size": split_list(nproc, int, "--nproc") if nproc is not None else default_world_sizes(),
         "strategy": split_list(strategy, str, "--strategy"),
         "shard_optimizer": split_list(shard_optimizer, bool, "--shard-optimizer"),
     }
@@ -379,7 +409,7 @@ def memory(
                  max_entries=max_entries, device=device, artifacts_dir=str(out.parent / "memory"),
                  activations=split_list(activations, bool, "--activations")[0])
     swept = {
-        **model_axes(size=model_flag(model, size) or _default_size(), context_length=context_length,
+        **model_axes(size=_size(model_flag(model, size)), context_length=context_length,
                      batch_size=batch_size,
                      mode=mode, precision=precision, compile=compile, attention=attention),
         "checkpoint": checkpoint_values(checkpoint),
@@ -389,6 +419,7 @@ def memory(
                              compare=compare, compare_base=compare_base, title="lmscope memory")
     show_top_allocations(records)
     show_saved_activations(records)
+    raise typer.Exit(exit_status(records))
 
 
 @app.command()
@@ -400,10 +431,11 @@ def table(
     workload: Annotated[str | None, typer.Option(help="which workload's rows (default: first)")] = None,
 ) -> None:
     """Re-render a results file without re-running anything."""
+    check_format(fmt)
     records = read_records(results)
     if not records:
         raise ValueError(f"{results} holds no records")
-    chosen = workload or records[0].get("workload", "bench")
+    chosen = workload if workload is not None else records[0].get("workload", "bench")
     rows = [r for r in records if r.get("workload") == chosen]
     if not rows:
         raise ValueError(f"{results} has no {chosen!r} rows")
@@ -614,9 +646,10 @@ def precision_accumulate(
     fmt: PlanFormat = "table",
 ) -> None:
     """Sum a small value many times with fp32, fp16, bf16 and mixed accumulators; errors vs exact."""
-    from lmscope.plan import show
+    from lmscope.plan import check_format, show
     from lmscope.precision import accumulate
 
+    check_format(fmt)
     rows = [r for n in split_list(count, int, "--count") for r in accumulate(n, value, device)]
     show({"accumulation": rows}, fmt, title="lmscope precision accumulate", command=_command_line(),
          full_digits=True)
@@ -630,10 +663,11 @@ def precision_autocast(
     fmt: PlanFormat = "table",
 ) -> None:
     """Dtypes of parameters, each submodule's output, the loss and the gradients under autocast."""
-    from lmscope.plan import show
+    from lmscope.plan import check_format, show
     from lmscope.precision import autocast_dtypes
     from lmscope.workloads.train_step import resolve_device
 
+    check_format(fmt)
     target = str(resolve_device(device))
     sections = {f"{m} under {d} autocast on {target}": autocast_dtypes(m, d, target)
                 for m in split_list(model, str, "--model") for d in split_list(dtype, str, "--dtype")}
@@ -646,6 +680,14 @@ def _is(error: BaseException, name: str) -> bool:
 
 
 INTERRUPTED = "interrupted: finished points are saved; rerun with --resume to go on"
+
+
+def _interrupted_message(argv: list[str] | None) -> str:
+    """The interrupt line; only a command that has --resume suggests it."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    resumable = {(c.name or c.callback.__name__) for c in app.registered_commands
+                 if c.callback and "resume" in inspect.signature(c.callback).parameters}
+    return INTERRUPTED if words and words[0] in resumable else "interrupted"
 
 
 @contextmanager
@@ -689,7 +731,7 @@ def main(argv: list[str] | None = None) -> None:
             console.fail(f"{message} (see: {command} --help)")
             sys.exit(2)
     if code == 130:
-        console.fail(INTERRUPTED)
+        console.fail(_interrupted_message(argv))
     if isinstance(code, int) and code:
         sys.exit(code)
 

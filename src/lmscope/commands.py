@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from lmscope.limits import check_timeout
 from lmscope.report import console
 from lmscope.report.compare import find_base
 from lmscope.report.tables import FORMATS, build_table, render
@@ -89,6 +90,19 @@ def model_axes(
     }
 
 
+EXIT_RULE = "0 when every point is ok or oom, 1 when any point is an error or a timeout"
+
+
+def exit_status(records: Sequence[Record]) -> int:
+    """The exit code of a command that ran points: 0 when every point is `ok` or `oom`, else 1.
+
+    An `oom` row is an answer (this size does not fit on this device), as the study tables
+    show it; an `error` or a `timeout` means something did not run as asked. Interrupts exit
+    with 130 and bad input with 2 before anything runs.
+    """
+    return 0 if all(r.get("status") in ("ok", "oom") for r in records) else 1
+
+
 def default_out() -> Path:
     """runs/<UTC timestamp>/results.jsonl."""
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
@@ -120,8 +134,7 @@ def run_and_report(
     check_format(fmt)
     check_compare(compare, specs, compare_base)
     round_indices(rounds, only_round)
-    if not timeout_s > 0:
-        raise ValueError(f"--timeout must be a positive number of seconds, got {timeout_s:g}")
+    check_timeout(timeout_s)
     out = out or default_out()
     if resume and not out.exists():
         console.say(f"--resume: {out} does not exist yet; starting a new results file")
@@ -130,7 +143,7 @@ def run_and_report(
     each = (f", round {only_round} of {rounds}" if only_round is not None
             else f" x {rounds} rounds" if rounds > 1 else "")
     console.say(f"{len(specs)} point(s){each}, {todo} to run -> {out}")
-    with console.sweep_progress(todo, workload) as (on_start, on_done):
+    with console.sweep_progress(todo, workload, [spec_dict(s) for s in specs]) as (on_start, on_done):
         run_sweep(workload, specs, out=out, resume=resume, timeout_s=timeout_s,
                   reuse_worker=reuse_worker, rounds=rounds, only_round=only_round, on_start=on_start,
                   on_done=on_done)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from lmscope.limits import check_size
+
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
@@ -30,10 +32,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "context_length", "d_model", "d_ff", "num_layers", "num_heads"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                flag = "--" + name.replace("_", "-")
-                raise ValueError(f"{name} must be a positive integer, got {value!r}: pass {flag} N")
+            check_size(name, getattr(self, name))
         if self.d_model % self.num_heads:
             raise ValueError(
                 f"d_model {self.d_model} is not divisible by num_heads {self.num_heads}: "

@@ -8,6 +8,7 @@ whose keys carry their units, shown as terminal tables, markdown or JSON.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from lmscope.accounting.devices import lookup, peak_tflops
@@ -26,12 +27,14 @@ from lmscope.accounting.parallelism import (
     Mesh,
     ModelShape,
     PrecisionPlan,
+    check_mesh,
     comm_seconds,
     compute_bound_tokens,
     dp_critical_batch,
     dtype_bytes,
     math_seconds,
     memory_per_device,
+    mesh_problem,
     mixed_critical_batch,
     mixed_min_batch_per_device,
     tp_max_degree,
@@ -39,12 +42,15 @@ from lmscope.accounting.parallelism import (
 )
 from lmscope.accounting.xxl import FFN_MODELS, FFNStack, worked_example
 from lmscope.config import ModelConfig, preset
+from lmscope.limits import MAX_SIZE
 from lmscope.report import console
 from lmscope.report.tables import Table, render
 from lmscope.results import Record
 
 Sections = dict[str, list[Record]]
 PLAN_FORMATS = ("table", "md", "json")
+MFU_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
+"""The dtypes of the device peak table (`accounting.devices`)."""
 HIDDEN_IN_TABLES = ("value", "unit")
 """Record keys kept in JSON but left out of tables (the `result` column shows them)."""
 GIB, GFLOP = 2**30, 1e9
@@ -53,6 +59,15 @@ GIB, GFLOP = 2**30, 1e9
 def _positive(value: Any, flag: str) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ValueError(f"{flag} must be a positive integer, got {value!r}: pass {flag} N")
+    if value > MAX_SIZE:
+        raise ValueError(f"{flag} {value} is too large: at most {MAX_SIZE:,} (nothing larger fits on a "
+                         "device)")
+
+
+def check_format(fmt: str) -> None:
+    """Reject an unknown plan --format before anything is computed."""
+    if fmt not in PLAN_FORMATS:
+        raise ValueError(f"unknown format {fmt!r}: choose one of {', '.join(PLAN_FORMATS)}")
 
 
 def _check_mode(mode: str) -> None:
@@ -87,6 +102,11 @@ def flops_plan(
     _positive(batch_size, "--batch-size")
     _positive(seq_len, "--context-length")
     _check_mode(mode)
+    if precision not in MFU_DTYPES:
+        raise ValueError(f"unknown precision {precision!r} for the MFU peak: "
+                         f"choose one of {', '.join(MFU_DTYPES)}")
+    for length in contexts or []:
+        _positive(length, "--contexts")
     tokens = batch_size * seq_len
     counts = parameter_counts(config)
     in_matmuls = {"attention", "ffn", "lm_head"}
@@ -129,7 +149,7 @@ def _context_row(config: ModelConfig, batch_size: int, seq_len: int, factor: flo
 
 def mfu_record(step_flops: float, step_ms: float, device_name: str | None, precision: str) -> Record:
     """Achieved TFLOP/s of a measured step and its MFU (None for a device not in the catalog)."""
-    if not step_ms > 0:
+    if not (isinstance(step_ms, int | float) and math.isfinite(step_ms) and step_ms > 0):
         raise ValueError(f"--step-ms must be a positive time in ms, got {step_ms!r}")
     achieved = step_flops / (step_ms / 1e3) / 1e12
     peak = peak_tflops(device_name, precision)
@@ -239,6 +259,7 @@ def transformer_shape(name: str, config: ModelConfig, seq_len: int, *, activatio
         d_ff=config.d_ff, num_layers=config.num_layers,
         forward_flops_per_token=forward_flops(config, 1, seq_len)["total"] / seq_len,
         activation_elements_per_token=saved / seq_len / dtype_bytes(activations), tp_blocks_per_layer=2,
+        num_heads=config.num_heads,
     )
 
 
@@ -271,6 +292,10 @@ def comm_plan(
     rows = []
     for axis in ("dp", "fsdp", "tp"):
         mesh = Mesh(**{axis: devices})
+        problem = mesh_problem(shape, mesh)
+        if problem:
+            rows.append({"strategy": axis, "devices": devices, "collectives": f"cannot hold: {problem}"})
+            continue
         moved = traffic(shape, mesh, precision, tokens, hw, ring_factors=ring_factors)
         step_bytes = sum(t.step_bytes for t in moved)
         comm = sum(comm_seconds(shape, mesh, precision, tokens, hw, p, ring_factors=ring_factors)
@@ -298,6 +323,7 @@ def parallel_plan(
 ) -> Sections:
     """Per-device memory, traffic per axis, pass times and compute-bound batch of a sharded step."""
     _positive(tokens, "--batch-size x --context-length")
+    check_mesh(shape, mesh)
     memory = memory_per_device(shape, mesh, precision, tokens)
     memory_rows: list[Record] = [
         {"component": key, "gib": value / GIB, "gb": value / 1e9, "share_pct": _pct(value, memory["total"])}
@@ -363,6 +389,9 @@ def _threshold_rows(shape: ModelShape, mesh: Mesh, precision: PrecisionPlan, hw:
 def _threshold(rule: str, formula: str, tokens: float | None, devices: int) -> Record:
     if tokens is None:
         return {"rule": rule, "formula": formula, "value": None, "result": "never compute bound"}
+    if tokens == 0:
+        return {"rule": rule, "formula": formula, "value": 0.0,
+                "result": "compute bound at any batch (the math outgrows what is communicated)"}
     return {"rule": rule, "formula": formula, "value": tokens,
             "result": f"B > {tokens:,.0f} tokens = {tokens / devices:,.1f} per device"}
 
@@ -406,8 +435,7 @@ def render_plan(sections: Sections, fmt: str, *, title: str, command: str | None
 def show(sections: Sections, fmt: str = "table", *, title: str, command: str | None = None,
          full_digits: bool = False) -> None:
     """Print the plan: one terminal table per section, or markdown / JSON text."""
-    if fmt not in PLAN_FORMATS:
-        raise ValueError(f"unknown format {fmt!r}: choose one of {', '.join(PLAN_FORMATS)}")
+    check_format(fmt)
     if fmt == "table":
         console.say(title)
         for name, records in sections.items():

@@ -17,10 +17,11 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from lmscope.tempdirs import owned_tempdir
 
 POLL_S = 0.05
 STARTUP_TIMEOUT_S = 300.0
@@ -31,7 +32,7 @@ class PointWorker:
     """One worker process; `run(spec)` returns the point's metrics or its failure record."""
 
     def __init__(self, workload: str) -> None:
-        self._tmp = tempfile.TemporaryDirectory(prefix="lmscope-worker-")
+        self._tmp = owned_tempdir("lmscope-worker-")
         self._dir = Path(self._tmp.name)
         self._log_path = self._dir / "log"
         self._log = self._log_path.open("w")

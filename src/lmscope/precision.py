@@ -21,6 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lmscope.limits import MAX_STEPS
+from lmscope.workloads.train_step import resolve_device
+
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 AUTOCAST_DTYPES = ("fp16", "bf16")
 
@@ -59,6 +62,10 @@ def accumulate(count: int, value: float = 0.01, device: str = "cpu") -> list[dic
         raise ValueError(f"count must be a positive integer, got {count!r}: pass --count N")
     if not math.isfinite(value):
         raise ValueError(f"value must be a finite number, got {value!r}: pass --value 0.01")
+    if count > MAX_STEPS:
+        raise ValueError(f"count {count} is too many additions: at most {MAX_STEPS:,} (each is a "
+                         "separate add on the device): pass a smaller --count")
+    device = str(resolve_device(device))
     exact = float(Fraction(str(value)) * count)
     records = []
     for variant in ACCUMULATIONS:

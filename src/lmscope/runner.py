@@ -19,6 +19,7 @@ import dataclasses
 import gc
 import importlib
 import itertools
+import re
 import sys
 import timeit
 from collections.abc import Callable, Iterable
@@ -81,9 +82,19 @@ def spec_fields(workload: str) -> list[str]:
     return [field.name for field in dataclasses.fields(resolve_workload(workload).Spec)]
 
 
+ERROR_LINE = re.compile(r"^[\w.]*(Error|Exception|Failure|Interrupt):")
+
+
 def failure_record(status: str, message: str) -> dict[str, Any]:
-    """Metrics part of a failed point: its status and one line saying why."""
-    line = next((ln.strip() for ln in message.strip().splitlines()[::-1] if ln.strip()), "")
+    """Metrics part of a failed point: its status and one line saying why.
+
+    The line kept is the last one that names an exception (`RuntimeError: ...`: a chained
+    error names its cause last), else the first line: never a stray line of detail that a
+    multi-line message ends with.
+    """
+    lines = [ln.strip() for ln in message.strip().splitlines() if ln.strip()]
+    named = [ln for ln in lines if ERROR_LINE.match(ln)]
+    line = named[-1] if named else (lines[0] if lines else "")
     return {"status": status, "error": line[:400] or status}
 
 

@@ -72,3 +72,23 @@ def test_format_value():
     assert format_value(None) == "-" and format_value(True) == "true"
     assert format_value(1234567.0) == "1,234,567" and format_value(0.000123) == "0.000123"
     assert format_value(12.345) == "12.35" and format_value(3.14159) == "3.14"
+
+
+def test_overridden_dimensions_are_shown_beside_the_preset():
+    records = [{"workload": "bench", "size": "tiny", "d_model": 512, "d_ff": 1536, "num_layers": None,
+                "context_length": c, "status": "ok", "mean_ms": 1.0} for c in (16, 32)]
+    header, rows = build_table(records, ["size", "d_model", "d_ff", "num_layers", "context_length"])
+    assert header[:4] == ["size", "d_model", "d_ff", "context_length"]
+    assert rows[0][:3] == ["tiny", 512, 1536]
+
+
+def test_failed_points_that_differ_in_one_flag_get_different_labels(capsys):
+    from lmscope.report import console
+
+    points = [{"size": "tiny", "compile": flag, "precision": "fp32"} for flag in (False, True)]
+    with console.sweep_progress(2, "bench", points) as (on_start, on_done):
+        for point in points:
+            on_start(0, point)
+            on_done({**point, "status": "error", "error": "boom"})
+    lines = [line.strip() for line in capsys.readouterr().out.splitlines() if "boom" in line]
+    assert len(lines) == 2 and lines[0] != lines[1] and "compile=true" in lines[1]

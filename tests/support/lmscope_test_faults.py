@@ -34,7 +34,7 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
     if spec.behaviour == "oom":
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
     if spec.behaviour == "raise":
-        raise RuntimeError("first line\nthe last line says why")
+        raise RuntimeError("the first line says why\n  a detail\n\"")
     if spec.behaviour == "crash":
         print("fatal: simulated crash", flush=True)
         sys.stdout.flush()

@@ -60,3 +60,21 @@ def test_sweep_plots_beside_results_when_more_than_one_length(tmp_path):
 def test_latency_metric_follows_the_passes():
     assert latency_metrics("fwd,bwd,fwd_bwd") == ["fwd_bwd_ms"]
     assert latency_metrics("fwd,bwd") == ["fwd_ms", "bwd_ms"]
+
+
+def test_log_ticks_are_plain_numbers_and_the_legend_is_off_the_data():
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    rows = [{"impl": impl, "seq_len": seq, "status": "ok",
+             "fwd_ms": scale * random.uniform(1.0, 1.5) * seq / 256}
+            for impl, scale in (("naive", 2.0), ("flash", 1.0)) for seq in (256, 512, 1024)]
+    figure = Figure(figsize=(6, 3), layout="constrained")
+    canvas = FigureCanvasAgg(figure)
+    ax = figure.subplots()
+    plots._panel(ax, rows, "fwd_ms", [], "t")
+    canvas.draw()
+    labels = [t.get_text() for t in ax.yaxis.get_ticklabels(which="both") if t.get_text()]
+    assert labels and all(float(text) > 0 for text in labels)  # '2', '5', '10', never '2×10⁰'
+    renderer = canvas.get_renderer()
+    assert ax.get_legend().get_window_extent(renderer).x0 >= ax.get_window_extent(renderer).x1

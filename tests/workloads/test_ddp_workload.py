@@ -12,14 +12,8 @@ import torch
 
 from lmscope.accounting.flops import parameter_counts
 from lmscope.cli import main
-from lmscope.parallel.commands import (
-    ddp_points,
-    ddp_summary,
-    exit_code,
-    fsdp_summary,
-    overhead_model_line,
-    results_path,
-)
+from lmscope.commands import exit_status
+from lmscope.parallel.commands import ddp_points, ddp_summary, fsdp_summary, overhead_model_line, results_path
 from lmscope.parallel.launch import launch
 from lmscope.report.tables import format_value
 from lmscope.stats import ratio_interval
@@ -85,7 +79,7 @@ def test_summary_against_single_and_the_model_line():
     expected_mib = (7622 * 2**20 * 150e9 * 25e-6) ** 0.5 / 2**20
     assert f"optimal bucket {format_value(expected_mib)} MiB" in line
     assert "best measured: bucketed:100" in line
-    assert exit_code(records) == 1 and exit_code(records[:3]) == 0
+    assert exit_status(records) == 1 and exit_status(records[:3]) == 0
 
 
 def test_torchrun_ranks_write_their_own_results(monkeypatch):

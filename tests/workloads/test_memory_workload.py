@@ -85,9 +85,9 @@ def test_a_failed_snapshot_keeps_the_measured_peaks(tmp_path, monkeypatch):
     ("fields", "message"),
     [
         ({"checkpoint": "every:0"}, "checkpoint policy"),
-        ({"steps": 0}, "steps must be an integer >= 1"),
-        ({"max_entries": 10}, "max_entries must be an integer >= 1000"),
-        ({"top": 0}, "top must be an integer >= 1"),
+        ({"steps": 0}, "steps must be at least 1"),
+        ({"max_entries": 10}, "max_entries must be an integer from 1000"),
+        ({"top": 0}, "top must be an integer from 1"),
         ({"artifacts_dir": " "}, "artifacts_dir is empty"),
         ({"mode": "inference"}, "unknown mode"),
     ],

@@ -40,12 +40,14 @@ def test_profile_writes_every_artifact(profiled: tuple[dict, dict]) -> None:
     trace = load_trace(Path(metrics["trace_path"]))
     assert len(step_spans(trace)) == POINT["steps"] and not trace.on_gpu
     report = Path(metrics["report_path"]).read_text()
-    for heading in ("## Launches and idle time per step", "## GPU time by category", "## Kernels: forward",
+    for heading in ("## Launches and idle time per step", "## CPU time by category", "## Kernels: forward",
                     "## Kernels: backward", "## Kernels: optimizer", "## Kernels: step",
                     "## Attention breakdown (naive backend)", "forward pass only"):
         assert heading in report
     assert set(profile["phases"]) == {"forward", "backward", "optimizer", "step"}
     assert metrics["kernels_are"] == "cpu_ops"
+    assert "GPU" not in report.split("## Full names")[0] and "gpu_busy_frac" not in metrics
+    assert 0 < metrics["cpu_busy_frac"] <= 1
 
 
 def test_fractions_sum_to_one_and_kernel_time_stays_below_wall_time(profiled: tuple[dict, dict]) -> None:
@@ -197,7 +199,8 @@ def test_terminal_view_shows_the_tables_of_a_single_point(profiled: tuple[dict, 
     metrics, _ = profiled
     show_point_reports([{"status": "ok", **metrics}])
     shown = capsys.readouterr().out
-    for title in ("launches and idle time per step", "GPU time by category", "kernels: forward",
+    assert "GPU" not in shown
+    for title in ("launches and idle time per step", "CPU time by category", "kernels: forward",
                   "kernels: optimizer", "largest idle gaps in a step", "attention breakdown", "report: "):
         assert title in shown
 

@@ -24,6 +24,7 @@ T_FSDP + T_MP = T_math). The Book drops the ring factors (n-1)/n; `ring_factors=
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from lmscope.accounting.devices import lookup
@@ -39,6 +40,10 @@ def dtype_bytes(dtype: str) -> int:
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPE_BYTES)}")
     return DTYPE_BYTES[dtype]
+
+
+MAX_DEGREE = 2**20
+"""Largest degree of a mesh axis: a million devices, more than any machine has."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,6 +66,37 @@ class ModelShape:
     """Elements saved for the backward pass per token, whole model, no checkpointing."""
     tp_blocks_per_layer: int = 1
     """Sub-blocks per layer that TP shards (MLP only: 1; attention and MLP: 2)."""
+    num_heads: int | None = None
+    """Attention heads (TP gives each shard whole heads); None for an FFN-only model."""
+
+
+def mesh_problem(shape: ModelShape, mesh: Mesh) -> str | None:
+    """Why `mesh` cannot shard `shape` (a TP degree that splits a head or d_ff unevenly, more
+    pipeline stages than layers), or None when it can."""
+    if shape.num_heads is not None and shape.num_heads % mesh.tp:
+        return (f"tensor parallelism {mesh.tp} does not divide the {shape.num_heads} heads of "
+                f"{shape.name} (each shard holds whole heads)")
+    if shape.d_ff % mesh.tp:
+        return f"tensor parallelism {mesh.tp} does not divide d_ff {shape.d_ff} of {shape.name}"
+    if mesh.pp > shape.num_layers:
+        return f"{mesh.pp} pipeline stages are more than the {shape.num_layers} layers of {shape.name}"
+    return None
+
+
+def _divisors(n: int, most: int = 12) -> str:
+    divisors = [d for d in range(1, n + 1) if n % d == 0]
+    return ", ".join(map(str, divisors[:most])) + (", ..." if len(divisors) > most else "")
+
+
+def check_mesh(shape: ModelShape, mesh: Mesh) -> None:
+    """ValueError saying why `mesh` cannot shard `shape`, with the degrees that can."""
+    problem = mesh_problem(shape, mesh)
+    if problem is None:
+        return
+    if mesh.pp > shape.num_layers:
+        raise ValueError(f"{problem}: pass --pp {shape.num_layers} or fewer")
+    whole = math.gcd(shape.num_heads or shape.d_ff, shape.d_ff)
+    raise ValueError(f"{problem}: pass --tp among {_divisors(whole)}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,8 +151,9 @@ class Mesh:
     def __post_init__(self) -> None:
         for name in ("dp", "fsdp", "tp", "pp", "dp_axes", "fsdp_axes", "tp_axes"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}: pass --{name} N")
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_DEGREE:
+                raise ValueError(f"{name} must be an integer from 1 to {MAX_DEGREE:,} (devices in a mesh), "
+                                 f"got {value!r}: pass --{name.replace('_', '-')} N")
 
     @property
     def devices(self) -> int:
@@ -161,8 +198,9 @@ def hardware(
             f"device {device_name!r} has no catalogued {what}: pass {flag}, or a catalogued device "
             "(H100 SXM, H100 PCIe, H200, A100, B200, TPU v5p)"
         )
-    if peak <= 0 or bandwidth <= 0:
-        raise ValueError("peak TFLOP/s and bandwidth must be positive: pass positive values")
+    if not all(math.isfinite(v) and v > 0 for v in (peak, bandwidth)):
+        raise ValueError(f"peak TFLOP/s and bandwidth must be positive finite numbers, got {peak!r} and "
+                         f"{bandwidth!r}: pass --peak-tflops and --bandwidth-gbps")
     return Hardware(name=spec.name if spec else device_name, peak_flops=peak * 1e12,
                     axis_bandwidth=bandwidth * 1e9,
                     memory_bytes=spec.hbm_gb * 1e9 if spec else None)

@@ -780,9 +780,8 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(f"q, k, v on different devices: {device}, {k.device}, {v.device}")
     if device.type != "cuda" and not _INTERPRET:
         raise ValueError(
-            f"Triton flash attention needs CUDA tensors (got {device}); on CPU set "
-            "TRITON_INTERPRET=1 before importing lmscope.kernels.flash_attention, or use "
-            "lmscope.kernels.flash_attention_torch"
+            f"Triton flash attention needs CUDA tensors (got {device}): on the CPU use "
+            "lmscope.kernels.flash_attention_torch (lmscope: --attention flash-torch)"
         )
 
 

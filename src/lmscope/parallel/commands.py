@@ -2,8 +2,8 @@
 
 `comm` writes the busbw-vs-size plot beside the results. `ddp` adds the single-GPU baseline
 to the grid and, after the sweep, prints each strategy against it (step time over the
-baseline's) with the overhead model's prediction and optimal bucket size. Both return exit
-code 1 when a point failed (a failed rank is an error row naming the rank). Under torchrun
+baseline's) with the overhead model's prediction and optimal bucket size. Both return the exit
+code of `exit_status` (a failed rank is an error row naming the rank). Under torchrun
 every rank runs the sweep; ranks other than 0 write `<results>.rank<R>.jsonl`.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from lmscope.accounting.comms import ddp_overhead_s, optimal_bucket_bytes, optimal_bucket_count
-from lmscope.commands import default_out, run_and_report
+from lmscope.commands import default_out, exit_status, run_and_report
 from lmscope.parallel.launch import torchrun_env
 from lmscope.report import console
 from lmscope.report.comm_plots import plot_busbw
@@ -41,11 +41,6 @@ def results_path(out: Path | None) -> Path:
     return out.with_name(f"{out.stem}.rank{env['rank']}{out.suffix}")
 
 
-def exit_code(records: Sequence[Record]) -> int:
-    """0 when every point is ok, else 1."""
-    return 0 if all(r.get("status") == "ok" for r in records) else 1
-
-
 def run_comm(specs: Sequence[Any], *, out: Path | None, resume: bool, timeout_s: float,
              fmt: str | None) -> int:
     """Run the collective sweep, show the table, write the busbw plot; the exit code."""
@@ -56,7 +51,7 @@ def run_comm(specs: Sequence[Any], *, out: Path | None, resume: bool, timeout_s:
     png = plot_busbw(records, out.with_suffix(".busbw.png"))
     if png is not None:
         console.say(f"wrote {png}")
-    return exit_code(records)
+    return exit_status(records)
 
 
 def ddp_points(fixed: dict[str, Any], swept: dict[str, list[Any]]) -> list[dict[str, Any]]:
@@ -99,7 +94,7 @@ def run_ddp(specs: Sequence[Any], *, out: Path | None, resume: bool, timeout_s: 
             path = out.with_suffix(".summary.md")
             path.write_text(render(table, "md") + (f"\n{model_line}\n" if model_line else ""))
             console.say(f"wrote {path}")
-    return exit_code(records)
+    return exit_status(records)
 
 
 def _model_key(record: Record) -> tuple[Any, ...]:

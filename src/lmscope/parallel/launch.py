@@ -31,10 +31,11 @@ import multiprocessing as mp
 import multiprocessing.connection
 import os
 import pickle
+import select
 import signal
 import statistics
 import sys
-import tempfile
+import threading
 import time
 import traceback
 import types
@@ -45,6 +46,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from lmscope.tempdirs import owned_tempdir, pid_running
 
 NO_MULTICAST_ENV = {
     "NCCL_NVLS_ENABLE": "0",
@@ -58,6 +61,8 @@ FORKSERVER_PRELOAD_ENV = "LMSCOPE_FORKSERVER_PRELOAD"
 test process whose launches need different ones: 'torch._dynamo,pytest'. A speed-up only."""
 
 BACKENDS = ("auto", "gloo", "nccl")
+MAX_LOCAL_RANKS = 1024
+"""Most ranks one launcher starts on its machine (each is a process that imports torch)."""
 FAILURE_GRACE_S = 2.0
 """After a first rank fails, how long the others get to fail on their own (their reasons help)."""
 
@@ -105,6 +110,9 @@ def check_world(world_size: int, backend: str) -> None:
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ValueError(f"world size must be a positive integer, got {world_size!r}: pass --nproc N")
     backend = resolve_backend(backend)
+    if torchrun_env() is None and world_size > MAX_LOCAL_RANKS:
+        raise ValueError(f"{world_size} local ranks are {world_size} processes on this machine: at most "
+                         f"{MAX_LOCAL_RANKS}; run under torchrun across nodes for more")
     env = torchrun_env()
     if env is not None:
         if world_size not in (1, env["world_size"]):
@@ -263,11 +271,47 @@ def _leave_together(store: dist.Store, rank: int, world_size: int) -> None:
 
 
 def _die_with_parent() -> None:
-    """Linux: SIGKILL this process when its parent (the forkserver, then the launcher) dies."""
+    """Linux: SIGKILL this process when its parent (the forkserver) dies."""
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         pr_set_pdeathsig = 1
         libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+LAUNCHER_POLL_S = 0.5
+"""Where the launcher cannot be watched through a pidfd: how often a rank checks it is alive."""
+
+
+def _die_with_launcher(launcher_pid: int) -> None:
+    """SIGKILL this rank as soon as the launcher process ends, however it ends (kill -9 too).
+
+    A rank's parent is the forkserver, not the launcher, and the forkserver stays up while any
+    rank it forked lives (each holds its liveness pipe): without this watch, a launcher killed
+    with SIGKILL left the forkserver, the resource tracker and every rank running until the
+    collectives' timeout. A daemon thread waits on a pidfd of the launcher (Linux >= 5.3), else
+    polls for it; the forkserver and the resource tracker exit once their ranks are gone.
+    """
+
+    def kill_self() -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    try:
+        pidfd = os.pidfd_open(launcher_pid)
+    except ProcessLookupError:
+        kill_self()
+        return
+    except (AttributeError, OSError):
+        pidfd = None
+
+    def watch() -> None:
+        if pidfd is not None:
+            select.select([pidfd], [], [])
+        else:
+            while pid_running(launcher_pid):
+                time.sleep(LAUNCHER_POLL_S)
+        kill_self()
+
+    threading.Thread(target=watch, name="lmscope-launcher-watch", daemon=True).start()
 
 
 def _local_rank_main(
@@ -280,9 +324,11 @@ def _local_rank_main(
     backend: str,
     timeout_s: float,
     workdir: str,
+    launcher_pid: int,
 ) -> None:
     """Body of one local rank: import fn, init, run, write rank 0's value or this rank's error."""
     _die_with_parent()
+    _die_with_launcher(launcher_pid)
     os.environ.clear()  # the launcher's environment now, not the forkserver's from its start
     os.environ.update(environ)
     _rank_env()
@@ -383,11 +429,12 @@ def _run_local(fn: Callable[..., Any], args: tuple[Any, ...], nproc: int, backen
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                            timeout=dt.timedelta(seconds=timeout_s))
     port = server.port
-    with tempfile.TemporaryDirectory(prefix="lmscope-ranks-") as workdir:
+    with owned_tempdir("lmscope-ranks-") as workdir:
         processes = [
             context.Process(
                 target=_local_rank_main,
-                args=(payload, origin, dict(os.environ), rank, nproc, port, backend, timeout_s, workdir),
+                args=(payload, origin, dict(os.environ), rank, nproc, port, backend, timeout_s, workdir,
+                      os.getpid()),
                 name=f"lmscope-rank{rank}",
             )
             for rank in range(nproc)

@@ -9,6 +9,7 @@ a plot is drawn, so the command runs (with --no-plot) where it is missing.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -43,7 +44,8 @@ def plot_attention(records: Sequence[Record], path: Path, metrics: Sequence[str]
     dtypes, dims = _values(rows, "dtype"), sorted({r.get("head_dim") for r in rows})
     split = [f for f in LINE_FIELDS if len(_values(rows, f)) > 1]
     panels = [(metric, dtype) for metric in metrics for dtype in dtypes]
-    figure = Figure(figsize=(max(6.0, 4.2 * len(dims)), 3.4 * len(panels)), layout="constrained")
+    figure = Figure(figsize=(max(6.0, 4.2 * len(dims)) + LEGEND_WIDTH_IN, 3.4 * len(panels)),
+                    layout="constrained")
     axes = figure.subplots(len(panels), len(dims), squeeze=False)
     for row, (metric, dtype) in enumerate(panels):
         for col, dim in enumerate(dims):
@@ -55,8 +57,25 @@ def plot_attention(records: Sequence[Record], path: Path, metrics: Sequence[str]
     return path
 
 
+LEGEND_WIDTH_IN = 2.6
+"""Room to the right of the panels for their legends (kept off the data)."""
+
+
+def plain_number(value: float, _position: object = None) -> str:
+    """A tick label as a plain number ('0.5', '2', '300'), never '2x10^0'."""
+    return f"{value:g}"
+
+
+def plain_minor(value: float, _position: object = None) -> str:
+    """Labels for the minor ticks of a log axis at 2x and 5x a power of ten, blank elsewhere."""
+    if value <= 0:
+        return ""
+    mantissa = value / 10 ** math.floor(math.log10(value) + 1e-9)
+    return plain_number(value) if round(mantissa, 6) in (2.0, 5.0) else ""
+
+
 def _panel(ax, records: list[Record], metric: str, split: list[str], title: str) -> None:
-    from matplotlib.ticker import NullLocator
+    from matplotlib.ticker import FuncFormatter, NullLocator
 
     lines: dict[str, list[Record]] = {}
     for record in records:
@@ -78,12 +97,14 @@ def _panel(ax, records: list[Record], metric: str, split: list[str], title: str)
     ax.xaxis.set_minor_locator(NullLocator())
     if metric.endswith("_ms"):
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(plain_number))
+        ax.yaxis.set_minor_formatter(FuncFormatter(plain_minor))
     ax.set_xlabel("sequence length")
     ax.set_ylabel(metric)
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     if lines:
-        ax.legend(fontsize=6)
+        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
 
 
 def plot_sweep(

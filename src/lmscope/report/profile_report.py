@@ -96,9 +96,14 @@ def gap_table(stats: dict[str, Any]) -> Table:
     return header, rows
 
 
+def device_word(profile: dict[str, Any]) -> str:
+    """'GPU' for a profile of CUDA kernels, 'CPU' for one of CPU operators."""
+    return "GPU" if profile.get("on_gpu") else "CPU"
+
+
 def attention_table(attention: dict[str, Any]) -> Table:
     """Per part of naive attention: time, FLOPs, TFLOP/s, and both as ratios to the scores matmul."""
-    header = ["part", "GPU time/layer", "min..max over layers", "host time/layer", "launches/call",
+    header = ["part", "device time/layer", "min..max over layers", "host time/layer", "launches/call",
               "GFLOP/layer", "TFLOP/s", "time share", "FLOP share", "time / scores", "FLOPs / scores"]
     rows = [
         [p["part"], fmt_ns(p["gpu_ms_per_layer"] * 1e6),
@@ -164,7 +169,7 @@ def markdown_report(profile: dict[str, Any], top: int = 25) -> str:
            "earlier work drained) to the end of its range or of its last kernel; busy time is the "
            "union of its kernels; idle = wall - busy (CPU dispatch overhead made visible).", "",
            _md(launch_table(profile)),
-           "## GPU time by category", "", _md(category_table(profile))]
+           f"## {device_word(profile)} time by category", "", _md(category_table(profile))]
     for name, stats in _phases(profile):
         out += [f"## Kernels: {name} ({steps} steps, top {top} of {len(stats['kernels'])})", "",
                 _md(kernel_table(stats["kernels"], steps, top)),
@@ -173,7 +178,7 @@ def markdown_report(profile: dict[str, Any], top: int = 25) -> str:
     attention = profile.get("attention")
     if attention:
         out += [f"Scope: {attention['scope']}.", "", f"FLOPs: {attention['flop_convention']}.", "",
-                _md(attention_table(attention)), "### Per layer (GPU time)", "",
+                _md(attention_table(attention)), f"### Per layer ({device_word(profile)} time)", "",
                 _md(attention_layer_table(attention))]
     else:
         out += ["Not available: it needs `--attention naive`, whose ranges attention/scores, "
@@ -201,9 +206,7 @@ def kernels_csv(profile: dict[str, Any]) -> str:
 
 
 def _show(table: Table, title: str) -> None:
-    header, rows = table
-    console.show_table(([escape(h) for h in header],
-                        [[escape(v) if isinstance(v, str) else v for v in row] for row in rows]), title=title)
+    console.show_table(table, title=title)  # it escapes markup in every cell
 
 
 def show_profile(profile: dict[str, Any], top: int = 12) -> None:
@@ -211,7 +214,7 @@ def show_profile(profile: dict[str, Any], top: int = 12) -> None:
     for line in [*timing_lines(profile), *_invariant_lines(profile)]:
         console.say(escape(line))
     _show(launch_table(profile), "launches and idle time per step")
-    _show(category_table(profile), "GPU time by category")
+    _show(category_table(profile), f"{device_word(profile)} time by category")
     for name, stats in _phases(profile):
         _show(kernel_table(stats["kernels"], profile["steps"], top), f"kernels: {name} (top {top})")
     step = profile["phases"].get("step")

@@ -27,7 +27,7 @@ METRIC_COLUMNS: dict[str, list[str]] = {
         "mem_before_backward_mib", "peak_mib", "saved_bytes_per_seq2", "max_error", "max_grad_error",
     ],
     "profile": [
-        "step_ms", "profiled_step_ms", "overhead_pct", "launches_per_step", "gpu_busy_frac",
+        "step_ms", "profiled_step_ms", "overhead_pct", "launches_per_step", "gpu_busy_frac", "cpu_busy_frac",
         "matmul_frac", "attention_frac", "elementwise_frac", "reduction_frac", "optimizer_frac",
         "forward_matmul_frac", "softmax_time_vs_scores", "top_kernel", "invariant_ok",
     ],
@@ -57,6 +57,8 @@ PRIMARY_METRIC: dict[str, str] = {"bench": "median_ms", "attention": "fwd_bwd_ms
 medians, the statistic whose ratio `lmscope.stats.ratio_interval` bounds)."""
 
 IDENTITY_SKIP = {"workload"}
+OVERRIDES = ("vocab_size", "d_model", "d_ff", "num_layers", "num_heads", "model_context_length")
+"""Spec fields that change a preset's model: shown beside `size` whenever a point sets them."""
 FORMATS = ("table", "md", "csv", "latex", "json")
 
 
@@ -76,6 +78,17 @@ def varying_fields(records: Sequence[Record], spec_keys: Sequence[str]) -> list[
         key for key in spec_keys
         if key not in IDENTITY_SKIP and len({json.dumps(r.get(key)) for r in records}) > 1
     ]
+
+
+def shown_fields(records: Sequence[Record], spec_keys: Sequence[str]) -> list[str]:
+    """The spec columns of a table: the swept fields, and the preset with every dimension a point
+    overrides (a `--d-model 512` point is not labelled as the preset alone), in spec order."""
+    varying = set(varying_fields(records, spec_keys))
+    overridden = {k for k in OVERRIDES if any(r.get(k) is not None for r in records)}
+    shown = varying | overridden
+    if (overridden or not varying) and "size" in spec_keys:
+        shown.add("size")
+    return [k for k in spec_keys if k in shown]
 
 
 def _cell(record: Record, column: str) -> Any:
@@ -100,7 +113,7 @@ def build_table(
         return [], []
     workload = records[0].get("workload", "")
     records = latest_per_point(pool_rounds(records, spec_keys), spec_keys)
-    axes = varying_fields(records, spec_keys) or [k for k in ("size",) if k in spec_keys]
+    axes = shown_fields(records, spec_keys)
     metrics = [
         m for m in METRIC_COLUMNS.get(workload, [])
         if any(r.get(m) is not None for r in records)

@@ -18,6 +18,8 @@ from lmscope.sources.contract import ModelSource, UserModel
 from lmscope.sources.request import ModelRequest
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+FLASH_ON_CPU = ("--attention flash runs lmscope's Triton kernels, which need a CUDA GPU: on the CPU "
+                "use --attention flash-torch (the same FlashAttention-2 algorithm in PyTorch)")
 
 
 def preset_source(request: ModelRequest) -> ModelSource:
@@ -79,12 +81,16 @@ def _model(request: ModelRequest, config: ModelConfig, device: torch.device) -> 
         from lmscope.model.hf_peer import HFLlamaPeer
 
         return HFLlamaPeer(config)
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"  # the tests' CPU interpreter
     if request.fast:
-        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-            raise ValueError("--fast runs Triton kernels: it needs a CUDA GPU (or TRITON_INTERPRET=1)")
+        if device.type != "cuda" and not interpreted:
+            raise ValueError("--fast on runs lmscope's Triton kernels, which need a CUDA GPU: "
+                             "on the CPU drop --fast (or time --attention flash-torch)")
         from lmscope.model.fast_transformer import FastTransformerLM
 
         return FastTransformerLM(config, attention=request.attention)
+    if request.attention == "flash" and device.type != "cuda" and not interpreted:
+        raise ValueError(FLASH_ON_CPU)
     from lmscope.model.transformer import TransformerLM
 
     return TransformerLM(config, attention=request.attention)

@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from lmscope.limits import MAX_SIZE, MAX_TIMEOUT_S, check_size, check_steps
 from lmscope.measure.timer import summarize, synchronize, time_steps
 from lmscope.workloads.attention_impls import impl_names, prepare
 from lmscope.workloads.train_step import device_facts, resolve_device
@@ -97,11 +98,9 @@ class Spec:
     def __post_init__(self) -> None:
         if self.impl not in impl_names():
             raise ValueError(f"unknown attention impl {self.impl!r}: choose from {', '.join(impl_names())}")
-        for name in ("batch", "heads", "head_dim", "seq_len", "cpu_steps"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                flag = "--" + name.replace("_", "-")
-                raise ValueError(f"{name} must be a positive integer, got {value!r}: pass {flag} N")
+        for name in ("batch", "heads", "head_dim", "seq_len"):
+            check_size(name, getattr(self, name))
+        check_steps("cpu_steps", self.cpu_steps, 1, "calls")
         if self.dtype not in DTYPES:
             raise ValueError(f"unknown dtype {self.dtype!r}: choose one of {', '.join(DTYPES)}")
         if not isinstance(self.causal, bool):
@@ -114,13 +113,15 @@ class Spec:
                 "pass e.g. --passes fwd,bwd"
             )
         object.__setattr__(self, "passes", ",".join(p for p in PASSES if p in asked))
-        if self.warmup_ms < 0 or self.rep_ms <= 0:
+        if not (0 <= self.warmup_ms <= MAX_TIMEOUT_S * 1e3 and 0 < self.rep_ms <= MAX_TIMEOUT_S * 1e3):
             raise ValueError(
-                f"warmup_ms must be >= 0 and rep_ms > 0, got {self.warmup_ms}, {self.rep_ms}: "
+                f"warmup_ms must be >= 0 and rep_ms > 0, both finite and at most a week, got "
+                f"{self.warmup_ms}, {self.rep_ms}: "
                 "pass --warmup-ms and --rep-ms in milliseconds"
             )
-        if not isinstance(self.check_max_seq, int) or self.check_max_seq < 0:
-            raise ValueError(f"check_max_seq must be 0 or more, got {self.check_max_seq!r}")
+        if not isinstance(self.check_max_seq, int) or not 0 <= self.check_max_seq <= MAX_SIZE:
+            raise ValueError(f"check_max_seq must be from 0 to {MAX_SIZE:,}, got {self.check_max_seq!r}: "
+                             "pass --check-max-seq N (0: never)")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ValueError(f"unknown device {self.device!r}: use auto, cpu, cuda or cuda:N")
 

@@ -144,7 +144,8 @@ def triton_interpreter_on() -> bool:
 @contextlib.contextmanager
 def _flash_triton(device: torch.device, dtype: torch.dtype, head_dim: int, causal: bool) -> Calls:
     if device.type != "cuda" and not triton_interpreter_on():
-        raise Unavailable("flash-triton needs CUDA (or TRITON_INTERPRET=1 on CPU, for tests)")
+        raise Unavailable("flash-triton runs Triton kernels, which need a CUDA GPU: on the CPU "
+                          "time --impl flash-torch (the same algorithm in PyTorch)")
     if head_dim > FLASH_TRITON_MAX_HEAD_DIM:
         raise Unavailable(f"flash-triton takes head dims up to {FLASH_TRITON_MAX_HEAD_DIM}, not {head_dim}")
     try:

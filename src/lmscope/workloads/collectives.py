@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from lmscope.accounting.comms import COLLECTIVES, algbw_gbps, bus_factor
+from lmscope.limits import check_steps, check_timeout
 from lmscope.measure.timer import synchronize
 from lmscope.parallel.launch import RankContext, across_ranks, check_world, launch, point_id
 from lmscope.workloads.train_step import device_facts
@@ -87,12 +88,9 @@ class Spec:
                 f"size {self.size_mb:g} MB holds fewer than one {self.dtype} per rank "
                 f"for {self.world_size} ranks: pass a larger --size"
             )
-        if not isinstance(self.warmup, int) or self.warmup < 0:
-            raise ValueError(f"warmup must be 0 or more calls, got {self.warmup!r}: pass --warmup N")
-        if not isinstance(self.iters, int) or self.iters < 1:
-            raise ValueError(f"iters must be at least 1, got {self.iters!r}: pass --iters N")
-        if not self.timeout_s > 0:
-            raise ValueError(f"timeout must be positive, got {self.timeout_s!r}: pass --timeout SECONDS")
+        check_steps("warmup", self.warmup, 0, "calls")
+        check_steps("iters", self.iters, 1, "calls")
+        check_timeout(self.timeout_s)
 
     def element_counts(self) -> tuple[int, int]:
         """(elements per rank, elements of S): equal for all-reduce and broadcast."""

@@ -48,6 +48,7 @@ from lmscope.accounting.comms import (
 )
 from lmscope.accounting.fsdp import predict_fsdp
 from lmscope.accounting.memory import checkpointed_blocks
+from lmscope.limits import check_steps, check_timeout
 from lmscope.measure.ranges import phase
 from lmscope.measure.timer import PhaseClock, synchronize, time_phased_steps
 from lmscope.model.checkpointing import checkpoint_blocks
@@ -133,12 +134,9 @@ class Spec(ModelPointSpec):
         else:
             parse_strategy(self.strategy)
         check_world(self.world_size, self.resolved_backend())
-        if not isinstance(self.warmup, int) or self.warmup < 0:
-            raise ValueError(f"warmup must be 0 or more steps, got {self.warmup!r}: pass --warmup N")
-        if not isinstance(self.steps, int) or self.steps < 1:
-            raise ValueError(f"steps must be at least 1, got {self.steps!r}: pass --steps N")
-        if not self.timeout_s > 0:
-            raise ValueError(f"timeout must be positive, got {self.timeout_s!r}: pass --timeout SECONDS")
+        check_steps("warmup", self.warmup, 0)
+        check_steps("steps", self.steps, 1)
+        check_timeout(self.timeout_s)
 
     def resolved_backend(self) -> str:
         """gloo for --device cpu, else the backend (auto: nccl with GPUs)."""

@@ -34,6 +34,7 @@ from lmscope.accounting.checkpoint_plan import (
     resolve_checkpoint,
 )
 from lmscope.accounting.memory import GIB, checkpointed_blocks, predict_memory
+from lmscope.limits import MAX_SIZE, check_steps
 from lmscope.measure.memory import MemoryMeter, PhasePeaks, build_timeline, load_snapshot, top_allocations
 from lmscope.measure.timer import synchronize
 from lmscope.model.checkpointing import checkpoint_blocks
@@ -86,11 +87,14 @@ class Spec(ModelPointSpec):
         if self.fast and self.checkpoint != "none":
             raise ValueError("activation checkpointing wraps the eager blocks; the fast model's "
                              "forward does not run them: drop --checkpoint or --fast")
-        for name, low in (("warmup", 0), ("steps", 1), ("top", 1), ("max_entries", 1000)):
+        check_steps("warmup", self.warmup, 0)
+        check_steps("steps", self.steps, 1)
+        for name, low in (("top", 1), ("max_entries", 1000)):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= MAX_SIZE:
                 flag = "--" + name.replace("_", "-")
-                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}: pass {flag} N")
+                raise ValueError(f"{name} must be an integer from {low} to {MAX_SIZE}, got {value!r}: "
+                                 f"pass {flag} N")
         if not str(self.artifacts_dir).strip():
             raise ValueError("artifacts_dir is empty: give a folder for snapshots and timelines")
 

@@ -11,6 +11,7 @@ import torch
 
 from lmscope.accounting.flops import MODES
 from lmscope.config import ModelConfig
+from lmscope.limits import check_size
 from lmscope.model.attention import attention_backends
 from lmscope.sources import ModelRequest, ModelSource, resolve_source, source_kind
 
@@ -59,10 +60,7 @@ class ModelPointSpec:
 
     def __post_init__(self) -> None:
         for name in ("context_length", "batch_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                flag = "--" + name.replace("_", "-")
-                raise ValueError(f"{name} must be a positive integer, got {value!r}: pass {flag} N")
+            check_size(name, getattr(self, name))
         if self.mode not in MODES:
             raise ValueError(f"unknown mode {self.mode!r}: choose one of {', '.join(MODES)}")
         if self.precision not in PRECISIONS:
@@ -88,6 +86,8 @@ class ModelPointSpec:
         ):
             raise ValueError("--optimizer-in-backward on is lmscope's FusedAdamW stepping inside the "
                              "backward: it needs --fast on --precision bf16 --mode train-step")
+        if self.model_context_length is not None:
+            check_size("model_context_length", self.model_context_length)
         check_device(self.device)
         source = self.source()
         limit = source.context_limit

@@ -31,6 +31,7 @@ import torch
 
 from lmscope.accounting.flops import step_flops
 from lmscope.config import ModelConfig
+from lmscope.limits import check_steps
 from lmscope.measure import nsys
 from lmscope.measure.kernel_categories import CATEGORIES, short_name
 from lmscope.measure.kernels import (
@@ -73,10 +74,8 @@ class Spec(ModelPointSpec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not isinstance(self.warmup, int) or isinstance(self.warmup, bool) or self.warmup < 0:
-            raise ValueError(f"warmup must be 0 or more steps, got {self.warmup!r}: pass --warmup N")
-        if not isinstance(self.steps, int) or isinstance(self.steps, bool) or self.steps < 1:
-            raise ValueError(f"steps must be at least 1, got {self.steps!r}: pass --steps N")
+        check_steps("warmup", self.warmup, 0)
+        check_steps("steps", self.steps, 1)
         if not str(self.artifacts_dir).strip():
             raise ValueError("artifacts_dir is empty: give a folder for the traces and reports")
 
@@ -220,6 +219,7 @@ def summary_metrics(profile: dict[str, Any]) -> dict[str, Any]:
     """The flat row of a point: timing, categories, launches, idle, top kernels, artifacts."""
     timing, phases = profile["timing"], profile["phases"]
     whole = phases[STEP]
+    device = "gpu" if profile["on_gpu"] else "cpu"  # what was busy: CUDA kernels or CPU operators
     metrics: dict[str, Any] = {
         "step_ms": timing["step_ms"],
         "profiled_step_ms": timing["profiled_step_ms"],
@@ -228,8 +228,8 @@ def summary_metrics(profile: dict[str, Any]) -> dict[str, Any]:
         "profiled_times_ms": [round(t, 4) for t in timing["profiled_times_ms"]],
         "kernels_are": "cuda" if profile["on_gpu"] else "cpu_ops",
         "launches_per_step": whole["launches_per_step"],
-        "gpu_busy_frac": whole["busy_frac"],
-        "gpu_busy_ms": whole["busy_ms_per_step"],
+        f"{device}_busy_frac": whole["busy_frac"],
+        f"{device}_busy_ms": whole["busy_ms_per_step"],
         "kernel_ms_per_step": whole["kernel_ms_per_step"],
         "idle_ms_per_step": whole["idle_ms_per_step"],
         "max_gap_ms": whole["gaps"][0]["gap_ns"] / 1e6 if whole["gaps"] else 0.0,

@@ -10,6 +10,7 @@ import torch
 
 from lmscope.accounting.devices import peak_tflops
 from lmscope.accounting.flops import step_flops
+from lmscope.limits import check_steps
 from lmscope.measure.energy import step_energy
 from lmscope.measure.timer import summarize, time_phased_steps
 from lmscope.workloads.counted_flops import count_step_flops, flop_metrics
@@ -37,10 +38,8 @@ class Spec(ModelPointSpec):
         super().__post_init__()
         check_model_choice(self.fast, self.peer, self.attention)
         check_cuda_graph_choice(self, self.cuda_graph)
-        if not isinstance(self.warmup, int) or self.warmup < 0:
-            raise ValueError(f"warmup must be 0 or more steps, got {self.warmup!r}: pass --warmup N")
-        if not isinstance(self.steps, int) or self.steps < 1:
-            raise ValueError(f"steps must be at least 1, got {self.steps!r}: pass --steps N")
+        check_steps("warmup", self.warmup, 0)
+        check_steps("steps", self.steps, 1)
 
 
 def throughput_metrics(

@@ -30,7 +30,12 @@ def resolve_device(name: str) -> torch.device:
     """'auto' -> cuda when available else cpu; an explicit cuda without a GPU is an error."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"unknown device {name!r}: use auto, cpu, cuda or cuda:N") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"lmscope runs on cpu or cuda, not {name!r}: use --device cpu or cuda")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda was asked for but no CUDA GPU is visible: use --device cpu")
     return device

@@ -1,0 +1,48 @@
+"""What the CLI tells a user: --version, interrupt lines, and hints that name flags, not internals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lmscope import __version__, commands, precision
+from lmscope.cli import main
+from lmscope.results import _git_sha
+from lmscope.workloads.step import Spec
+from lmscope.workloads.train_step import build_model
+
+
+def _run(capsys, *args):
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(args))
+        raise SystemExit(0)
+    captured = capsys.readouterr()
+    return exit_info.value.code or 0, captured.out, captured.err
+
+
+def test_version_prints_the_version_and_the_git_sha(capsys):
+    code, out, _ = _run(capsys, "--version")
+    sha = _git_sha() or "sha unknown"
+    assert code == 0 and out.strip().startswith(f"lmscope {__version__} (git {sha}")
+
+
+def _interrupt(*_, **__):
+    raise KeyboardInterrupt
+
+
+def test_interrupt_suggests_resume_only_where_the_command_has_it(capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr(precision, "accumulate", _interrupt)
+    code, _, err = _run(capsys, "precision", "accumulate")
+    assert code == 130 and err.strip() == "lmscope: error: interrupted"
+    monkeypatch.setattr(commands, "run_sweep", _interrupt)
+    code, _, err = _run(capsys, "bench", "--device", "cpu", "--out", str(tmp_path / "r.jsonl"))
+    assert code == 130 and "rerun with --resume" in err
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_flash_on_cpu_suggests_flash_torch(fast, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    spec = Spec(size="tiny", attention="flash", fast=fast, device="cpu")
+    with pytest.raises(ValueError, match="flash-torch") as error:
+        build_model(spec, spec.model_config(), torch.device("cpu"))
+    assert "TRITON_INTERPRET" not in str(error.value) and "import" not in str(error.value)

@@ -7,9 +7,8 @@ import torch
 
 from lmscope import __version__, commands, precision
 from lmscope.cli import main
-from lmscope.results import _git_sha
+from lmscope.provenance import git_state, source_hash
 from lmscope.workloads.step import Spec
-from lmscope.workloads.train_step import build_model
 
 
 def _run(capsys, *args):
@@ -22,8 +21,11 @@ def _run(capsys, *args):
 
 def test_version_prints_the_version_and_the_git_sha(capsys):
     code, out, _ = _run(capsys, "--version")
-    sha = _git_sha() or "sha unknown"
-    assert code == 0 and out.strip().startswith(f"lmscope {__version__} (git {sha}")
+    line = out.strip()
+    assert code == 0 and line.startswith(f"lmscope {__version__} (")
+    sha = git_state()
+    assert (f"(git {sha}," in line) if sha else ("git sha unknown" in line)
+    assert f"source {source_hash()}" in line
 
 
 def _interrupt(*_, **__):
@@ -44,5 +46,5 @@ def test_flash_on_cpu_suggests_flash_torch(fast, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     spec = Spec(size="tiny", attention="flash", fast=fast, device="cpu")
     with pytest.raises(ValueError, match="flash-torch") as error:
-        build_model(spec, spec.model_config(), torch.device("cpu"))
+        spec.source().build(torch.device("cpu"))
     assert "TRITON_INTERPRET" not in str(error.value) and "import" not in str(error.value)

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# One H100 call that measures what the open issues need from a single GPU, each stage under its
+# own time limit (a stage cut at its limit keeps its finished points; rerun a stage with STAGES=...
+# and the same OUT to resume it). Usage (repo root, GPU machine, no uv):
+#   OUT=/some/dir [STAGES="tests attention own activations interleaved"] bash benchmarks/h100_round.sh
+# Stages and their limits (seconds):
+#   tests        75  the GPU tests of the code changed in this round (launch path, head dims 80/96,
+#                    FLOP counter, NVML energy, saved activations, probe, provenance, sources)
+#   attention   115  the leaderboard preset (every peer in one run), issue 19's six shapes (ours,
+#                    SDPA flash, SDPA cuDNN; fwd+bwd), and the host-time breakdown at xl's layer
+#   own         125  transformers' GPT-2 (124M) and a Llama-3.2-1B shape from config, and a module
+#                    from a file: bench (eager, and compiled GPT-2), profile and memory rows; then the
+#                    timing-fidelity check (lmscope vs a plain CUDA-event loop, interleaved)
+#   activations  75  the checkpoint plan of xl-2025 measured beside no checkpointing, and saved
+#                    activations per block of small..xl at context 512 against the formula
+#   interleaved 170  the xl fast step and its peers (HF Llama, eager SDPA) in 2 interleaved rounds
+# Writes the rows and log.txt to $OUT/w while it runs, then round.tgz (all of it, no traces) to
+# $OUT (the device tool brings back at most 8 files). The energy fields need nvidia-ml-py: put
+# pynvml.py in gpu_deps/ (a folder .git/info/exclude ignores) and carry it.
+set -u
+OUT=${OUT:-runs/h100-round}
+STAGES=${STAGES:-"tests attention own activations interleaved"}
+W="$W/w"
+mkdir -p "$W"
+export PYTHONPATH=src:gpu_deps PYTHONUNBUFFERED=1
+exec > >(tee -a "$W/log.txt") 2>&1
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader
+python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
+LM=(python3 -m lmscope)
+
+stage() {  # stage NAME LIMIT_S: whether NAME is asked for; prints a header
+  [[ " $STAGES " == *" $1 "* ]] || return 1
+  echo "== $1 (limit $2 s, $SECONDS s elapsed)"
+}
+limit() { timeout -s INT -k 15 "$@"; }
+
+if stage tests 75; then
+  limit 30 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_triton_launch.py \
+    tests/kernels/test_flash_attention_triton.py -k "direct or hook or 80 or 96" 2>&1 | tail -6
+  limit 45 python3 -m pytest -q -m gpu -p no:cacheprovider tests/measure/test_flop_count_gpu.py tests/measure/test_energy_gpu.py \
+    tests/measure/test_saved_activations_gpu.py tests/test_probe_gpu.py tests/test_provenance.py \
+    tests/sources/test_sources_gpu.py 2>&1 | tail -15
+fi
+if stage attention 115; then
+  A=(--impl flash-triton,sdpa-flash,sdpa-cudnn --dtype bf16 --causal on --check-max-seq 2048
+     --reuse-worker --no-plot --timeout 120 --resume --out "$W/attention_shapes.jsonl")
+  deadline=$((SECONDS + 115))
+  limit 30 "${LM[@]}" attention --preset leaderboard --compare impl --reuse-worker --timeout 120 \
+    --resume --out "$W/leaderboard.jsonl"
+  for shape in "1 16 16384 64" "1 16 8192 128" "1 16 32768 128" "8 16 1024 64" "4 25 512 64" "4 32 512 80"; do
+    set -- $shape
+    left=$((deadline - SECONDS - 40))
+    ((left > 5)) && limit "$left" "${LM[@]}" attention "${A[@]}" --passes fwd_bwd --batch "$1" \
+      --heads "$2" --seq-len "$3" --head-dim "$4" | tail -6
+  done
+  limit 40 python3 benchmarks/attention/host_breakdown.py --shape 4,25,512,64 --out "$W/host.jsonl" \
+    | head -30
+fi
+if stage own 125; then
+  deadline=$((SECONDS + 125))
+  GPT2=(--model hf:gpt2 --attention sdpa --context-length 1024 --batch-size 8 --precision bf16)
+  LLAMA=(--model hf:examples/llama-3.2-1b-shape.json --attention sdpa --context-length 1024
+         --batch-size 4 --precision bf16)
+  OWN=(--model examples/own_lm.py:build --attention sdpa --context-length 1024 --batch-size 8
+       --precision bf16)
+  B=(bench --warmup 3 --steps 10 --timeout 120 --resume --out "$W/own_bench.jsonl")
+  limit 60 "${LM[@]}" "${B[@]}" "${GPT2[@]}" --compile off,on | tail -8
+  limit 20 "${LM[@]}" "${B[@]}" "${LLAMA[@]}" | tail -6
+  limit 15 "${LM[@]}" "${B[@]}" "${OWN[@]}" | tail -6
+  left=$((deadline - SECONDS - 30))
+  ((left > 10)) && limit "$left" "${LM[@]}" memory "${GPT2[@]}" --snapshot off --warmup 1 --steps 2 \
+    --timeout 60 --resume --out "$W/own_memory.jsonl" | tail -6
+  left=$((deadline - SECONDS - 30))
+  ((left > 10)) && limit "$left" "${LM[@]}" profile "${GPT2[@]}" --warmup 2 --steps 2 --timeout 60 \
+    --resume --out "$W/own_profile.jsonl" | tail -6
+  limit 30 python3 benchmarks/own_model/fidelity.py --rounds 4 --steps 10 --out "$W/fidelity.jsonl" \
+    | tail -6
+fi
+if stage activations 75; then
+  XL=(--batch-size 4 --context-length 2048 --precision bf16 --attention sdpa --mode forward-backward)
+  "${LM[@]}" plan checkpoint --model xl-2025 "${XL[@]}" --budget 40GiB --format json > "$W/plan_xl-2025.json"
+  limit 35 "${LM[@]}" memory --size xl-2025 "${XL[@]}" --checkpoint "none;plan:40GiB" --warmup 2 \
+    --steps 5 --snapshot off --timeout 60 --resume --out "$W/activations.jsonl" | tail -8
+  limit 40 "${LM[@]}" memory --size small,medium,large,xl --context-length 512 --batch-size 4 \
+    --precision bf16 --mode forward-backward --attention sdpa --activations on --warmup 1 --steps 2 \
+    --snapshot off --timeout 60 --resume --out "$W/activations.jsonl" | tail -12
+fi
+if stage interleaved 170; then
+  limit 170 env OUT="$W/interleaved" ROUNDS=2 STEPS=15 COMPILE=off bash benchmarks/fast/run_interleaved.sh \
+    | tail -25
+fi
+echo "== done in $SECONDS s"
+tar -czf "$OUT/round.tgz" --exclude='*.json.gz' --exclude='*.pickle' --exclude='*.png' -C "$W" .

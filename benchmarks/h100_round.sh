@@ -20,7 +20,7 @@
 set -u
 OUT=${OUT:-runs/h100-round}
 STAGES=${STAGES:-"tests attention own activations interleaved"}
-W="$W/w"
+W="$OUT/w"
 mkdir -p "$W"
 export PYTHONPATH=src:gpu_deps PYTHONUNBUFFERED=1
 exec > >(tee -a "$W/log.txt") 2>&1

@@ -3,7 +3,8 @@
 # own time limit (a stage cut at its limit keeps its finished points; rerun a stage with STAGES=...
 # and the same OUT to resume it). Usage (repo root, GPU machine, no uv):
 #   OUT=/some/dir [STAGES="tests attention own activations interleaved"] bash benchmarks/h100_round.sh
-# Stages and their limits (seconds):
+# Stages and their limits (seconds); the default runs the first five, the second call of the round
+# STAGES="tests-all fidelity own-more activations-more":
 #   tests        75  the GPU tests of the code changed in this round (launch path, head dims 80/96,
 #                    FLOP counter, NVML energy, saved activations, probe, provenance, sources)
 #   attention   115  the leaderboard preset (every peer in one run), issue 19's six shapes (ours,
@@ -14,6 +15,11 @@
 #   activations  75  the checkpoint plan of xl-2025 measured beside no checkpointing, and saved
 #                    activations per block of small..xl at context 512 against the formula
 #   interleaved 170  the xl fast step and its peers (HF Llama, eager SDPA) in 2 interleaved rounds
+#   tests-all   110  every GPU test of the changed code (only those whose name holds no "leaderboard")
+#   fidelity     40  the timing-fidelity check alone
+#   own-more    300  issue 17's matrix: the file module, GPT-2 and the Llama shape at 1024 (bf16,
+#                    fp32), profile and memory, context 4096, and compiled, in that order
+#   activations-more 120  saved activations per block of small..2.7B at contexts 512 and 2048
 # Writes the rows and log.txt to $OUT/w while it runs, then round.tgz (all of it, no traces) to
 # $OUT (the device tool brings back at most 8 files). The energy fields need nvidia-ml-py: put
 # pynvml.py in gpu_deps/ (a folder .git/info/exclude ignores) and carry it.
@@ -61,8 +67,7 @@ if stage own 125; then
   GPT2=(--model hf:gpt2 --attention sdpa --context-length 1024 --batch-size 8 --precision bf16)
   LLAMA=(--model hf:examples/llama-3.2-1b-shape.json --attention sdpa --context-length 1024
          --batch-size 4 --precision bf16)
-  OWN=(--model examples/own_lm.py:build --attention sdpa --context-length 1024 --batch-size 8
-       --precision bf16)
+  OWN=(--model examples/own_lm.py:build --context-length 1024 --batch-size 8 --precision bf16)
   B=(bench --warmup 3 --steps 10 --timeout 120 --resume --out "$W/own_bench.jsonl")
   limit 60 "${LM[@]}" "${B[@]}" "${GPT2[@]}" --compile off,on | tail -8
   limit 20 "${LM[@]}" "${B[@]}" "${LLAMA[@]}" | tail -6
@@ -75,6 +80,46 @@ if stage own 125; then
     --resume --out "$W/own_profile.jsonl" | tail -6
   limit 30 python3 benchmarks/own_model/fidelity.py --rounds 4 --steps 10 --out "$W/fidelity.jsonl" \
     | tail -6
+fi
+if stage tests-all 110; then
+  limit 110 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_triton_launch.py \
+    tests/kernels/test_flash_attention_launch.py tests/measure/test_flop_count_gpu.py \
+    tests/measure/test_energy_gpu.py tests/measure/test_saved_activations_gpu.py tests/test_probe_gpu.py \
+    tests/test_provenance.py tests/sources/test_sources_gpu.py tests/kernels/test_flash_attention_triton.py \
+    -k "not leaderboard" 2>&1 | tail -8
+fi
+if stage fidelity 40; then
+  limit 40 python3 benchmarks/own_model/fidelity.py --rounds 4 --steps 10 --out "$W/fidelity.jsonl" | tail -4
+fi
+if stage own-more 300; then  # the rest of issue 17's matrix, most wanted first, while time is left
+  deadline=$((SECONDS + 300))
+  GPT2=(--model hf:gpt2 --attention sdpa)
+  LLAMA=(--model hf:examples/llama-3.2-1b-shape.json --attention sdpa)
+  B=(bench --warmup 3 --steps 10 --timeout 120 --resume --reuse-worker --out "$W/own_bench.jsonl")
+  P=(profile --warmup 2 --steps 2 --timeout 90 --resume --out "$W/own_profile.jsonl")
+  M=(memory --warmup 1 --steps 2 --snapshot off --timeout 90 --resume --out "$W/own_memory.jsonl")
+  while read -r need args; do
+    left=$((deadline - SECONDS))
+    ((left > need)) || { echo "-- skipped (time): $args"; continue; }
+    limit "$left" "${LM[@]}" $args < /dev/null | tail -5
+  done <<EOF2
+20 ${B[*]} --model examples/own_lm.py:build --context-length 1024 --batch-size 8 --precision bf16
+30 ${B[*]} ${GPT2[*]} --context-length 1024 --batch-size 8 --precision bf16,fp32
+30 ${B[*]} ${LLAMA[*]} --context-length 1024 --batch-size 4 --precision bf16,fp32
+30 ${P[*]} ${GPT2[*]} --context-length 1024 --batch-size 8 --precision bf16
+30 ${P[*]} ${LLAMA[*]} --context-length 1024 --batch-size 4 --precision bf16
+30 ${M[*]} ${GPT2[*]} --context-length 1024 --batch-size 8 --precision bf16
+30 ${M[*]} ${LLAMA[*]} --context-length 1024 --batch-size 4 --precision bf16
+30 ${B[*]} ${GPT2[*]} --context-length 4096 --batch-size 2 --precision bf16
+30 ${B[*]} ${LLAMA[*]} --context-length 4096 --batch-size 1 --precision bf16
+60 ${B[*]} ${GPT2[*]} --context-length 1024 --batch-size 8 --precision bf16 --compile on
+60 ${B[*]} ${LLAMA[*]} --context-length 1024 --batch-size 4 --precision bf16 --compile on
+EOF2
+fi
+if stage activations-more 120; then
+  limit 120 "${LM[@]}" memory --size 2.7B,small,medium,large,xl --context-length 512,2048 --batch-size 4 \
+    --precision bf16 --mode forward-backward --attention sdpa --activations on --warmup 1 --steps 2 \
+    --snapshot off --timeout 60 --resume --out "$W/activations.jsonl" | tail -14
 fi
 if stage activations 75; then
   XL=(--batch-size 4 --context-length 2048 --precision bf16 --attention sdpa --mode forward-backward)

@@ -11,11 +11,13 @@
             probe.step()
     probe.record  # the row; `lmscope table runs/mine/results.jsonl` shows it
 
-`step()` ends a step the way `torch.profiler`'s `prof.step()` does. A step's time is the host
-clock from the end of the previous `step()` call to a device synchronize in this one, so it holds
-everything the loop does; each `phase(name)` is timed with CUDA events on GPUs (read after that
-synchronize, so phases add no host sync) or the host clock on CPUs, and carries an NVTX range and
-a profiler range (`lmscope.measure.ranges.phase`). The first `warmup` steps are not recorded.
+`step()` ends a step the way `torch.profiler`'s `prof.step()` does. On GPUs a step's time is
+the time between CUDA events recorded at consecutive `step()` calls, and each `phase(name)` is
+timed by an event pair: the probe never synchronizes inside the loop (the events are read once,
+when the `with` block ends), so the host runs ahead as it does without the probe, and a step
+measures what a plain CUDA-event loop around it measures. On CPUs the host clock times both.
+Each phase carries an NVTX range and a profiler range (`lmscope.measure.ranges.phase`). The
+first `warmup` steps are not recorded.
 On GPUs each phase's allocated peak is measured (the allocator's peak reset at its start; the
 step's peak is the largest phase peak). `kernels=True` records the measured steps with
 torch.profiler and adds each phase's kernel time and launches (their step times then include the
@@ -87,12 +89,14 @@ class Probe:
         self.record: Record | None = None
         self._clocks: list[tuple[str, PhaseClock]] = []
         self._step_peaks: dict[str, int] = {}
-        self._begin = 0.0
+        self._begin: object = 0.0
+        self._measured: list[tuple[object, object, list[tuple[str, PhaseClock]]]] = []
         self._stack = contextlib.ExitStack()
         self._profiler: torch.profiler.profile | None = None
         self._step_range: contextlib.ExitStack | None = None
 
     def __enter__(self) -> Probe:
+        synchronize(self.device)  # what ran before the loop stays out of its first step
         self._start_step()
         return self
 
@@ -102,8 +106,15 @@ class Probe:
         if self._profiler is not None:
             self._step_range = contextlib.ExitStack()
             self._step_range.enter_context(named_range(STEP))
-        synchronize(self.device)
-        self._begin = timeit.default_timer()
+        self._begin = self._now()
+
+    def _now(self) -> object:
+        """A CUDA event recorded now on GPUs (read at the end), the host clock on CPUs."""
+        if self.device.type == "cuda":
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return timeit.default_timer()
 
     def _start_profiler(self) -> None:
         activities = [torch.profiler.ProfilerActivity.CPU]
@@ -126,28 +137,38 @@ class Probe:
         self._clocks.append((name, clock))
 
     def step(self) -> None:
-        """End the current step: synchronize, record it (after warm-up), start the next one."""
-        synchronize(self.device)
-        step_ms = (timeit.default_timer() - self._begin) * 1e3
+        """End the current step: mark it (kept after warm-up) and start the next one."""
+        end = self._now()
         if self._step_range is not None:
             self._step_range.close()
         if self.index >= self.spec.warmup:
-            self.times_ms.append(step_ms)
-            per_step: dict[str, float] = {}
-            for name, clock in self._clocks:
-                per_step[name] = per_step.get(name, 0.0) + clock.elapsed_ms()[name]
-            for name, ms in per_step.items():
-                self.phases_ms.setdefault(name, []).append(ms)
+            self._measured.append((self._begin, end, self._clocks))
             for name, peak in self._step_peaks.items():
                 self.peaks[name] = max(self.peaks.get(name, 0), peak)
         self._clocks, self._step_peaks = [], {}
         self.index += 1
         self._start_step()
 
+    def _read_times(self) -> None:
+        """Step and phase times of the kept steps, read after one synchronize."""
+        synchronize(self.device)
+        for begin, end, clocks in self._measured:
+            if self.device.type == "cuda":
+                self.times_ms.append(begin.elapsed_time(end))  # type: ignore[union-attr]
+            else:
+                self.times_ms.append((end - begin) * 1e3)  # type: ignore[operator]
+            per_step: dict[str, float] = {}
+            for name, clock in clocks:
+                per_step[name] = per_step.get(name, 0.0) + clock.elapsed_ms()[name]
+            for name, ms in per_step.items():
+                self.phases_ms.setdefault(name, []).append(ms)
+        self._measured = []
+
     def __exit__(self, *exc: object) -> None:
         if self._step_range is not None:  # the unfinished step after the last step() call
             self._step_range.close()
         self._stack.close()
+        self._read_times()
         if exc[0] is None:
             self.record = self._build_record()
             if self.out is not None:

@@ -28,5 +28,7 @@ def test_phase_peaks_and_kernels_on_cuda(tmp_path: Path) -> None:
     assert row["n"] == 3
     assert row["forward_peak_allocated_gib"] >= 0.25 > row["backward_peak_allocated_gib"]
     assert row["peak_allocated_gib"] == row["forward_peak_allocated_gib"]
-    assert row["forward_ms"] + row["backward_ms"] <= row["median_ms"]
+    # each step's phases lie inside its events, so their medians add up to about the step's (the
+    # events leave the gaps between phases; a sum of medians may pass the median sum a little)
+    assert row["forward_ms"] + row["backward_ms"] <= row["max_ms"] * 1.05
     assert row["forward_launches_per_step"] >= 2 and row["backward_busy_ms"] > 0

@@ -93,6 +93,23 @@ def test_hf_grouped_query_model_with_lmscope_flash_attention_matches_sdpa(tmp_pa
         torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-6)
 
 
+def test_hf_flash_attention_under_bf16_autocast_gets_one_dtype(tmp_path):
+    """transformers applies RoPE in fp32 under autocast (fp32 q, k beside a bf16 v); lmscope's
+    kernels take one dtype, so the wrapper casts to the autocast dtype as SDPA's autocast does."""
+    path = tmp_path / "gqa.json"
+    path.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "intermediate_size": 96,
+                                "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                "vocab_size": 101}))
+    fields = {"size": f"hf:{path}", "device": "cpu", "batch_size": 2, "context_length": 13,
+              "mode": "forward-backward", "precision": "bf16"}
+    losses = []
+    for attention in ("sdpa", "flash-torch"):
+        step = TrainStep(ModelPointSpec(attention=attention, **fields), seed=5)
+        step()
+        losses.append(step.last_loss.float().item())
+    assert losses[1] == pytest.approx(losses[0], rel=1e-2)
+
+
 def test_checkpointed_hf_layers_give_the_same_gradients():
     spec = {"size": "hf:llama", "device": "cpu", "batch_size": 2, "context_length": 11,
             "mode": "forward-backward", **SMALL_HF}

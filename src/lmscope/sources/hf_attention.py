@@ -54,6 +54,11 @@ def _attention(backend: str) -> Any:
         if key.shape[1] != query.shape[1]:  # grouped-query attention
             repeat = query.shape[1] // key.shape[1]
             key, value = key.repeat_interleave(repeat, 1), value.repeat_interleave(repeat, 1)
+        # transformers applies RoPE in fp32 under autocast, so q and k may arrive in fp32 beside a
+        # bf16 v: the kernels take one dtype, the autocast one (what SDPA would compute in)
+        kind = query.device.type
+        dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else value.dtype
+        query, key, value = (t.to(dtype) for t in (query, key, value))
         from lmscope.model.attention import get_attention
 
         return get_attention(backend)(query, key, value).transpose(1, 2), None

@@ -19,6 +19,7 @@ import os
 import sys
 from pathlib import Path
 
+from lmscope.provenance import code_identity
 from lmscope.report.claims import (
     ClaimError,
     Registry,
@@ -54,10 +55,11 @@ def is_results_readme(path: Path) -> bool:
 @claim("attention-headline")
 def attention_headline(rows: Rows) -> str:
     """The reference workload, from the newest run that measured flash-triton with both SDPA peers."""
-    candidates = [r for r in rows.select(f"{ATTENTION}/*.jsonl", **LEADERBOARD) if "fwd_bwd_ms" in r]
+    candidates = [r for pattern in (f"{ATTENTION}/*.jsonl", f"{ATTENTION}/*/*.jsonl")
+                  for r in rows.select(pattern, **LEADERBOARD) if "fwd_bwd_ms" in r and "fwd_ms" in r]
     by_sha: dict[str, list[dict]] = {}
     for row in sorted(candidates, key=lambda r: r["time"]):
-        by_sha.setdefault(row["git_sha"], []).append(row)
+        by_sha.setdefault(code_identity(row), []).append(row)
     needed = {"flash-triton", "sdpa-flash", "sdpa-cudnn"}
     runs = [r for r in by_sha.values() if needed <= {x["impl"] for x in r}]
     if not runs:
@@ -69,17 +71,43 @@ def attention_headline(rows: Rows) -> str:
     for impl in ("flash-triton", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "naive"):
         if impl in latest:
             r = latest[impl]
-            speed = "" if impl == "flash-triton" else ratio(r, ours, key="fwd_bwd_ms", times=None)
+            speed = ("" if impl == "flash-triton"
+                     else ratio(r, ours, key="fwd_bwd_ms", times="fwd_bwd_times_ms"))
             body.append([impl, fmt(r["fwd_ms"]), fmt(r["bwd_ms"]), fmt(r["fwd_bwd_ms"]),
                          fmt(r["fwd_bwd_p20_ms"]), fmt(r["fwd_bwd_p80_ms"]), speed])
     return "\n".join([
         "Batch 1, 16 heads, 16384 tokens, head dim 64, bf16, causal; `do_bench` medians in ms; "
-        "speed = peer fwd+bwd / flash-triton fwd+bwd (above 1: flash-triton faster).",
+        "speed = peer fwd+bwd / flash-triton fwd+bwd (above 1: flash-triton faster), with the 95 % "
+        "bootstrap interval of the per-call times where the rows keep them.",
         "",
         table(["impl", "fwd ms", "bwd ms", "fwd+bwd ms", "p20", "p80", "speed"], body),
         "",
         f"Measured on {provenance(list(latest.values()))}.",
     ])
+
+
+@claim("attention-host-breakdown")
+def attention_host_breakdown(rows: Rows) -> str:
+    """Host microseconds per eager call at xl's attention layer, by part, from the newest run."""
+    found = rows.select(f"{ATTENTION}/*/host.jsonl", status=None)  # its rows carry no status
+    newest = max(found, key=lambda r: r["time"])
+    run = [r for r in found if code_identity(r) == code_identity(newest) and r["shape"] == newest["shape"]]
+    sdpa = next(r["host_us"] for r in run if r["part"] == "sdpa: forward+backward through autograd")
+    body = [[r["part"], fmt(r["host_us"]), ratio_text(r["host_us"], sdpa)] for r in run]
+    return "\n".join([
+        f"Shape (B, H, S, d) = {tuple(newest['shape'])}, bf16, causal; host microseconds per call "
+        "(median of 5 rounds of 300 unsynchronized calls); x SDPA = the part over SDPA's whole "
+        "forward+backward in the same run.",
+        "",
+        table(["part", "host us/call", "x SDPA fwd+bwd"], body),
+        "",
+        f"Measured on {provenance(run)}.",
+    ])
+
+
+def ratio_text(value: float, base: float) -> str:
+    """value / base as '1.23x' (single measurements: no interval)."""
+    return f"{value / base:.2f}x"
 
 
 CLASSIC_PEERS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "naive", "naive-compiled",
@@ -104,7 +132,7 @@ def attention_classic_ratios(rows: Rows) -> str:
                     other = index.get((peer, dtype, d, n))
                     if other is None:
                         cells.append("-")
-                    elif other["git_sha"] != ours["git_sha"]:
+                    elif code_identity(other) != code_identity(ours):
                         cells.append("other run")
                         mixed += 1
                     else:

@@ -201,7 +201,7 @@ def show(
     if fmt and fmt != "table":
         text = render(table, fmt)
         if out is None:
-            console.console.print(text, markup=False, highlight=False)
+            console.console.print(text, markup=False, highlight=False, soft_wrap=True)
         else:
             suffix = {"md": "md", "csv": "csv", "latex": "tex", "json": "table.json"}[fmt]
             path = out.with_suffix(f".{suffix}")

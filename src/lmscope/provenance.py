@@ -264,15 +264,24 @@ def provenance(device: str | None = None) -> dict[str, Any]:
 
 
 def source_label(row: dict[str, Any]) -> str:
-    """How a report names the source of a row: the detected sha, else the declared one (said so),
-    else the version; the source hash beside the last two."""
-    if row.get("git_sha"):
-        return str(row["git_sha"])
+    """How a report names the source of a row: the detected sha; a declared sha beside a detected
+    one that differs (a copy whose .git is not the tree that ran), with the source hash that
+    checks it; else the version."""
     hashed = f", source {row['source_hash']}" if row.get("source_hash") else ""
-    if row.get("git_sha_declared"):
-        return f"{row['git_sha_declared']} (declared{hashed})"
+    detected, declared = row.get("git_sha"), row.get("git_sha_declared")
+    if declared and declared != detected:
+        seen = f"; detected {detected}" if detected else ""
+        return f"{declared} (declared{seen}{hashed})"
+    if detected:
+        return str(detected)
     version = row.get("lmscope_version")
     return f"lmscope {version} ({row.get('source') or 'unknown source'}{hashed})" if version else "unknown"
+
+
+def code_identity(row: dict[str, Any]) -> str | None:
+    """What identifies the code that wrote a row: its source hash (the package's files, whatever
+    git said), else its git sha (rows of older lmscope versions)."""
+    return row.get("source_hash") or row.get("git_sha")
 
 
 def stamp(row: dict[str, Any], device: str | None = None) -> dict[str, Any]:

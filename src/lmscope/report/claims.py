@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lmscope.provenance import code_identity, source_label
 from lmscope.stats import ratio_interval
 
 Row = dict[str, Any]
@@ -39,7 +40,7 @@ SIBLING = re.compile(r"`[\w.-]+/|\]\([\w.-]+/|`[\w./-]+\.(?:jsonl|txt|csv|json|m
 summary its script wrote from the rows)."""
 
 CONSTANT = re.compile(r"\b(?:targets?|goal|must|at most|at least|tolerance|slack|budget|bound|default|e\.g\."
-                      r"|interval|confidence|catalog|datasheet|example)\b"
+                      r"|interval|confidence|catalog|datasheet|example|predict\w*)\b"
                       r"|>=|<=|[≥≤<>]", re.IGNORECASE)
 """Words that make a number on the same clause a requirement or a setting, not a measurement."""
 
@@ -129,8 +130,9 @@ class Rows:
 
 
 def same_run(*rows: Row) -> str:
-    """The git sha shared by `rows`; a ClaimError when they come from different commits."""
-    shas = {r.get("git_sha") for r in rows}
+    """The code identity (source hash, else git sha) shared by `rows`; a ClaimError when they come
+    from different code."""
+    shas = {code_identity(r) for r in rows}
     if len(shas) != 1 or None in shas:
         raise ClaimError(f"rows from different commits compared: {sorted(map(str, shas))}")
     return shas.pop()
@@ -165,8 +167,10 @@ def table(headers: Sequence[str], body: Iterable[Sequence[str]]) -> str:
 
 
 def provenance(rows: Sequence[Row]) -> str:
-    """'device, git sha, date(s)' of rows that share one commit."""
-    sha = same_run(*rows)
+    """'device, source, date(s)' of rows that share one code identity (the source label names the
+    commit, a declared one with the source hash that checks it)."""
+    same_run(*rows)
+    sha = source_label(rows[0])
     devices = sorted({str(r.get("device_name")) for r in rows})
     days = sorted({str(r.get("time", ""))[:10] for r in rows})
     when = days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}"

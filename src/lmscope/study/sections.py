@@ -121,7 +121,7 @@ def _cpu_sections(target: Target, run_dir: Path) -> list[Section]:
             for seq in (128, 256, 512) for impl in ("naive", "flash-torch", "sdpa-math", "naive-compiled")
             if impl != "naive-compiled" or seq == 256]),
         Section(name="compile", question=COMPILE_Q, workload="bench", points=[
-            Point(_bench(**tiny, context_length=128, mode="train-step", compile=c, warmup=2, steps=5), 2)
+            Point(_bench(**tiny, context_length=128, mode="train-step", compile=c, warmup=2, steps=5), int(c))
             for c in (False, True)]),
         *_distributed(target),
         Section(name="accounting", question=ACCOUNTING_Q, workload=ACCOUNTING, points=_accounting()),

@@ -18,8 +18,12 @@ ACCOUNTING = "lmscope.study.accounting_point"
 
 
 def _section(name: str, workload: str, meshes: list[tuple[int, int]]) -> Section:
-    return Section(name=name, question=f"{name}?", workload=workload,
-                   points=[Point(Spec(model="small", fsdp=f, tp=t), tier=i) for i, (f, t) in enumerate(meshes)])
+    return Section(
+        name=name,
+        question=f"{name}?",
+        workload=workload,
+        points=[Point(Spec(model="small", fsdp=f, tp=t), tier=i) for i, (f, t) in enumerate(meshes)],
+    )
 
 
 def test_a_budget_stop_is_finished_by_resume_without_running_points_again(tmp_path):
@@ -42,8 +46,10 @@ def test_a_budget_stop_is_finished_by_resume_without_running_points_again(tmp_pa
 
 
 def test_a_failed_section_is_reported_and_the_study_goes_on(tmp_path):
-    sections = [_section("broken", "lmscope.study.no_such_workload", [(2, 1)]),
-                _section("accounting", ACCOUNTING, [(8, 1)])]
+    sections = [
+        _section("broken", "lmscope.study.no_such_workload", [(2, 1)]),
+        _section("accounting", ACCOUNTING, [(8, 1)]),
+    ]
     plan = make_plan(sections, Target(), 600.0, tmp_path, resume=False)
     manifest = run_plan(plan, tmp_path, timeout_s=120)
     assert manifest["sections"]["broken"]["state"] == "failed"

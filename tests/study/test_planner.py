@@ -60,7 +60,11 @@ def _finish(plan, run_dir: Path) -> None:
     """Write an ok record for each point the plan runs (what the runner would append)."""
     for planned in plan.points:
         if planned.action == RUN:
-            record = {"workload": planned.section.workload, **dataclasses.asdict(planned.point.spec), "status": "ok"}
+            record = {
+                "workload": planned.section.workload,
+                **dataclasses.asdict(planned.point.spec),
+                "status": "ok",
+            }
             with (run_dir / planned.section.file).open("a") as handle:
                 handle.write(json.dumps(record) + "\n")
 
@@ -87,8 +91,9 @@ def test_resume_skips_finished_points_and_without_resume_runs_them_again(tmp_pat
     assert not any(p.action == DONE for p in _plan(CPU, 60, tmp_path).points)
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("20m", 1200), ("90s", 90), ("1h30m", 5400), ("45", 45),
-                                               ("1.5m", 90)])
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("20m", 1200), ("90s", 90), ("1h30m", 5400), ("45", 45), ("1.5m", 90)]
+)
 def test_parse_budget(text, seconds):
     assert parse_budget(text) == seconds
 

@@ -25,17 +25,27 @@ class StudyProgress:
     def done(self, record: dict[str, Any]) -> None:
         """The started point finished (any status)."""
         if record.get("status") not in ("ok", "oom"):
-            self._progress.console.print(f"  {_describe(record)}: {record.get('status')} "
-                                         f"({record.get('error')})", highlight=False, markup=False)
+            self._progress.console.print(
+                f"  {_describe(record)}: {record.get('status')} ({record.get('error')})",
+                highlight=False,
+                markup=False,
+            )
         self._progress.advance(self._task, self._cost)
 
 
 @contextmanager
 def study_progress(total_s: float) -> Iterator[StudyProgress]:
     """A bar over `total_s` estimated seconds: elapsed, ETA, and the point running."""
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                  TextColumn("{task.percentage:>3.0f}%"), TimeElapsedColumn(), TextColumn("eta"),
-                  TimeRemainingColumn(), TextColumn("{task.fields[point]}"), console=console,
-                  transient=False) as progress:
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[point]}"),
+        console=console,
+        transient=False,
+    ) as progress:
         task = progress.add_task("study", total=max(total_s, 1e-9), point="")
         yield StudyProgress(progress, task)

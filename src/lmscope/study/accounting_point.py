@@ -45,8 +45,13 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
     spec = Spec(**point)
     shape = plan.model_shape(spec.model, spec.context_length)
     mesh = Mesh(dp=spec.dp, fsdp=spec.fsdp, tp=spec.tp)
-    sections = plan.parallel_plan(shape, mesh, PrecisionPlan(), tokens=spec.batch_size * spec.context_length,
-                                  hw=hardware(spec.device_name, "bf16"))
+    sections = plan.parallel_plan(
+        shape,
+        mesh,
+        PrecisionPlan(),
+        tokens=spec.batch_size * spec.context_length,
+        hw=hardware(spec.device_name, "bf16"),
+    )
     metrics: dict[str, Any] = {"devices": mesh.devices, "parameters": shape.parameters}
     for row in sections["memory per device"]:
         if "fits" in row:

@@ -25,15 +25,25 @@ def run_dir_for(out: Path | None, resume: bool, runs: Path = Path("runs")) -> Pa
     return runs / ("study-" + dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S"))
 
 
-def study(*, budget: str, out: Path | None, resume: bool, device: str, plan_only: bool,
-          target: Target | None = None, timeout_s: float | None = None) -> int:
+def study(
+    *,
+    budget: str,
+    out: Path | None,
+    resume: bool,
+    device: str,
+    plan_only: bool,
+    target: Target | None = None,
+    timeout_s: float | None = None,
+) -> int:
     """Plan and (unless `plan_only`) run the study; the exit code (1 when a section failed)."""
     budget_s = parse_budget(budget)
     run_dir = run_dir_for(out, resume)
     target = target or detect(device)
     plan = make_plan(build_sections(target, run_dir), target, budget_s, run_dir, resume)
-    console.say(f"study on {target.device_name} ({target.device_type}, {target.gpus} GPU(s)), "
-                f"budget {budget_s / 60:.1f} min -> {run_dir}")
+    console.say(
+        f"study on {target.device_name} ({target.device_type}, {target.gpus} GPU(s)), "
+        f"budget {budget_s / 60:.1f} min -> {run_dir}"
+    )
     console.show_table(plan_table(plan), title=f"plan: {plan.run_s / 60:.1f} min estimated now")
     if plan_only:
         return 0

@@ -15,8 +15,14 @@ from lmscope.accounting.flops import step_flops
 from lmscope.config import preset
 from lmscope.study.target import Target
 
-EFFECTIVE_TFLOPS = {("cuda", "fp32"): 30.0, ("cuda", "bf16"): 90.0, ("cuda", "fp16"): 90.0,
-                    ("cpu", "fp32"): 0.005, ("cpu", "bf16"): 0.002, ("cpu", "fp16"): 0.002}
+EFFECTIVE_TFLOPS = {
+    ("cuda", "fp32"): 30.0,
+    ("cuda", "bf16"): 90.0,
+    ("cuda", "fp16"): 90.0,
+    ("cpu", "fp32"): 0.005,
+    ("cpu", "bf16"): 0.002,
+    ("cpu", "fp16"): 0.002,
+}
 """Effective TFLOP/s of a whole step (CPU: the tiny presets, where overheads dominate)."""
 STEP_FLOOR_S = {"cuda": 0.005, "cpu": 0.02}
 """Seconds a step takes at least (launches, Python)."""
@@ -29,8 +35,11 @@ COMPILE_S = {"cuda": (30.0, 0.08, 120.0), "cpu": (40.0, 0.0, 40.0)}
 
 
 def _model_config(spec: dict[str, Any]) -> Any:
-    overrides = {k: spec[k] for k in ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size")
-                 if spec.get(k) is not None}
+    overrides = {
+        k: spec[k]
+        for k in ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size")
+        if spec.get(k) is not None
+    }
     return preset(spec["size"], **overrides)
 
 

@@ -40,13 +40,24 @@ def plan_table(plan: Plan) -> Table:
         counts = {a: plan.of(section, a) for a in (DONE, RUN, LATER)}
         est = sum(p.cost_s for p in counts[RUN]) / 60
         note = "over budget: rerun with --resume" if counts[LATER] else ""
-        rows.append([section.name, section.workload.rsplit(".", 1)[-1], len(plan.of(section)),
-                     len(counts[DONE]), len(counts[RUN]), len(counts[LATER]), round(est, 1), note])
+        rows.append(
+            [
+                section.name,
+                section.workload.rsplit(".", 1)[-1],
+                len(plan.of(section)),
+                len(counts[DONE]),
+                len(counts[RUN]),
+                len(counts[LATER]),
+                round(est, 1),
+                note,
+            ]
+        )
     return header, rows
 
 
-def run_plan(plan: Plan, run_dir: Path, *, timeout_s: float | None = None,
-             command: str | None = None) -> dict[str, Any]:
+def run_plan(
+    plan: Plan, run_dir: Path, *, timeout_s: float | None = None, command: str | None = None
+) -> dict[str, Any]:
     """Run the plan's RUN points; return (and write) the manifest with each section's state."""
     run_dir.mkdir(parents=True, exist_ok=True)
     manifest = _manifest(plan, run_dir, command)
@@ -58,8 +69,9 @@ def run_plan(plan: Plan, run_dir: Path, *, timeout_s: float | None = None,
             specs = [p.point.spec for p in points]
             by_index = [p.cost_s for p in points]
 
-            def on_start(index: int, spec: dict[str, Any], _costs: list[float] = by_index,
-                         _name: str = section.name) -> None:
+            def on_start(
+                index: int, spec: dict[str, Any], _costs: list[float] = by_index, _name: str = section.name
+            ) -> None:
                 if timeit.default_timer() + _costs[index] > deadline:
                     raise BudgetSpent
                 progress.start(_name, spec, _costs[index])
@@ -72,9 +84,16 @@ def run_plan(plan: Plan, run_dir: Path, *, timeout_s: float | None = None,
 
             timeout = timeout_s or max(300.0, 6 * max(by_index))
             try:
-                run_sweep(section.workload, specs, out=run_dir / section.file, resume=True,
-                          timeout_s=timeout, reuse_worker=section.reuse_worker,
-                          on_start=on_start, on_done=on_done)
+                run_sweep(
+                    section.workload,
+                    specs,
+                    out=run_dir / section.file,
+                    resume=True,
+                    timeout_s=timeout,
+                    reuse_worker=section.reuse_worker,
+                    on_start=on_start,
+                    on_done=on_done,
+                )
             except BudgetSpent:
                 manifest["stopped"] = "budget spent: rerun with --resume to go on"
                 break
@@ -94,8 +113,11 @@ def _batches(plan: Plan) -> list[tuple[Any, list[Any]]]:
     for planned in plan.points:
         if planned.action != RUN:
             continue
-        if batches and batches[-1][0].name == planned.section.name and \
-                batches[-1][1][-1].point.tier == planned.point.tier:
+        if (
+            batches
+            and batches[-1][0].name == planned.section.name
+            and batches[-1][1][-1].point.tier == planned.point.tier
+        ):
             batches[-1][1].append(planned)
         else:
             batches.append((planned.section, [planned]))
@@ -107,13 +129,23 @@ def _manifest(plan: Plan, run_dir: Path, command: str | None) -> dict[str, Any]:
     sections = {}
     for section in plan.sections:
         sections[section.name] = {
-            "question": section.question, "workload": section.workload, "file": section.file,
-            "points": len(section.points), "skip_reason": section.skip_reason,
-            "ran": 0, "failed_points": 0, "error": None,
+            "question": section.question,
+            "workload": section.workload,
+            "file": section.file,
+            "points": len(section.points),
+            "skip_reason": section.skip_reason,
+            "ran": 0,
+            "failed_points": 0,
+            "error": None,
         }
     commands = [*old.get("commands", []), command or " ".join(["lmscope", *sys.argv[1:]])]
-    return {"target": dataclasses.asdict(plan.target), "budget_s": plan.budget_s, "commands": commands,
-            "sections": sections, "stopped": None}
+    return {
+        "target": dataclasses.asdict(plan.target),
+        "budget_s": plan.budget_s,
+        "commands": commands,
+        "sections": sections,
+        "stopped": None,
+    }
 
 
 def _finish(manifest: dict[str, Any], plan: Plan, run_dir: Path) -> None:
@@ -149,6 +181,8 @@ def _write(run_dir: Path, manifest: dict[str, Any]) -> None:
 def summary_table(manifest: dict[str, Any]) -> Table:
     """Per section after a run: its state, finished of all points, failures and the error."""
     header = ["section", "state", "finished", "points", "failed points", "error"]
-    rows = [[name, s.get("state"), s.get("finished"), s["points"], s["failed_points"], s["error"] or ""]
-            for name, s in manifest["sections"].items()]
+    rows = [
+        [name, s.get("state"), s.get("finished"), s["points"], s["failed_points"], s["error"] or ""]
+        for name, s in manifest["sections"].items()
+    ]
     return header, rows

@@ -54,8 +54,7 @@ class Plan:
     _sections: tuple[Section, ...] = ()
 
 
-def make_plan(sections: list[Section], target: Target, budget_s: float, run_dir: Path,
-              resume: bool) -> Plan:
+def make_plan(sections: list[Section], target: Target, budget_s: float, run_dir: Path, resume: bool) -> Plan:
     """Cost every point, mark finished ones done (with `resume`), fit the rest into `budget_s`."""
     if not budget_s > 0:
         raise ValueError(f"--budget must be positive, got {budget_s:g} s: pass e.g. --budget 20m")
@@ -64,8 +63,10 @@ def make_plan(sections: list[Section], target: Target, budget_s: float, run_dir:
         path = run_dir / section.file
         specs = [dataclasses.asdict(p.spec) for p in section.points]
         done[section.name] = _finished_keys(section.workload, specs, path) if resume and specs else set()
-    ordered = sorted(((p.tier, i, j, s, p) for i, s in enumerate(sections) for j, p in enumerate(s.points)),
-                     key=lambda item: item[:3])
+    ordered = sorted(
+        ((p.tier, i, j, s, p) for i, s in enumerate(sections) for j, p in enumerate(s.points)),
+        key=lambda item: item[:3],
+    )
     planned, spent = [], 0.0
     for _, _, _, section, point in ordered:
         spec = dataclasses.asdict(point.spec)

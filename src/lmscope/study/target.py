@@ -41,5 +41,6 @@ def detect(device: str = "auto") -> Target:
         return Target()
     if not torch.cuda.is_available():
         raise ValueError(f"--device {device} but no CUDA device is visible: use --device cpu")
-    return Target(device_type="cuda", gpus=torch.cuda.device_count(),
-                  device_name=torch.cuda.get_device_name(0))
+    return Target(
+        device_type="cuda", gpus=torch.cuda.device_count(), device_name=torch.cuda.get_device_name(0)
+    )

@@ -77,8 +77,11 @@ def _profile_json(run: Run, record: Record) -> dict[str, Any] | None:
 
 
 def _point_label(record: Record) -> str:
-    return " ".join(str(record.get(k)) for k in ("size", "context_length", "mode", "precision")
-                    if record.get(k) is not None)
+    return " ".join(
+        str(record.get(k))
+        for k in ("size", "context_length", "mode", "precision")
+        if record.get(k) is not None
+    )
 
 
 def _top_kernels(record: Record) -> list[dict[str, Any]]:
@@ -93,9 +96,19 @@ def _top_kernels(record: Record) -> list[dict[str, Any]]:
 
 def kernel_rows(kernels: Sequence[dict[str, Any]], steps: int) -> list[list[Any]]:
     """Kernel summary rows, names shortened with the full name on hover."""
-    return [[round(k["time_pct"], 1), fmt_ns(k["total_ns"]), k["instances"], round(k["instances"] / steps, 2),
-             fmt_ns(k["avg_ns"]), fmt_ns(k["med_ns"]), k.get("category"), Cell(short_name(k["name"]), k["name"])]
-            for k in kernels[:TOP_KERNELS]]
+    return [
+        [
+            round(k["time_pct"], 1),
+            fmt_ns(k["total_ns"]),
+            k["instances"],
+            round(k["instances"] / steps, 2),
+            fmt_ns(k["avg_ns"]),
+            fmt_ns(k["med_ns"]),
+            k.get("category"),
+            Cell(short_name(k["name"]), k["name"]),
+        ]
+        for k in kernels[:TOP_KERNELS]
+    ]
 
 
 def profile_blocks(run: Run, records: Sequence[Record]) -> list[Block]:
@@ -107,13 +120,32 @@ def profile_blocks(run: Run, records: Sequence[Record]) -> list[Block]:
         profile = _profile_json(run, record)
         if profile is None:
             if record.get("kernel_ms_per_step"):
-                columns.append((f"{label} step", {c: (record.get(f"{c}_frac") or 0.0) * record["kernel_ms_per_step"]
-                                                  for c in CATEGORIES}))
+                columns.append(
+                    (
+                        f"{label} step",
+                        {
+                            c: (record.get(f"{c}_frac") or 0.0) * record["kernel_ms_per_step"]
+                            for c in CATEGORIES
+                        },
+                    )
+                )
             kernels = _top_kernels(record)
             if kernels:
-                blocks.append(TableBlock(f"top kernels of a step: {label}", ["ms/step", "%", "per step", "name"],
-                                         [[k.get("ms_per_step"), k.get("pct"), k.get("per_step"),
-                                           Cell(short_name(k["name"]), k["name"])] for k in kernels]))
+                blocks.append(
+                    TableBlock(
+                        f"top kernels of a step: {label}",
+                        ["ms/step", "%", "per step", "name"],
+                        [
+                            [
+                                k.get("ms_per_step"),
+                                k.get("pct"),
+                                k.get("per_step"),
+                                Cell(short_name(k["name"]), k["name"]),
+                            ]
+                            for k in kernels
+                        ],
+                    )
+                )
             continue
         steps = profile.get("steps", 1) or 1
         for phase in PHASE_ORDER:
@@ -122,10 +154,13 @@ def profile_blocks(run: Run, records: Sequence[Record]) -> list[Block]:
                 continue
             if phase != "step":
                 columns.append((f"{label} {phase}", stats.get("category_ms_per_step", {})))
-            blocks.append(TableBlock(
-                f"kernels: {label}, {phase} (top {TOP_KERNELS})",
-                ["Time %", "Total", "Instances", "Per step", "Avg", "Med", "Category", "Name"],
-                kernel_rows(stats.get("kernels", []), steps)))
+            blocks.append(
+                TableBlock(
+                    f"kernels: {label}, {phase} (top {TOP_KERNELS})",
+                    ["Time %", "Total", "Instances", "Per step", "Avg", "Med", "Category", "Name"],
+                    kernel_rows(stats.get("kernels", []), steps),
+                )
+            )
         if profile.get("attention"):
             header, rows = attention_table(profile["attention"])
             blocks.append(TableBlock(f"attention deep-dive (naive, forward): {label}", header, rows))
@@ -144,8 +179,13 @@ def memory_blocks(run: Run, records: Sequence[Record]) -> list[Block]:
     for record in records:
         path = artifact(run, record.get("timeline_png"))
         if path is not None:
-            blocks.append(ImageBlock(f"memory timeline: {_point_label(record)} ckpt={record.get('checkpoint')}",
-                                     f"timeline_{len(blocks)}", path.read_bytes()))
+            blocks.append(
+                ImageBlock(
+                    f"memory timeline: {_point_label(record)} ckpt={record.get('checkpoint')}",
+                    f"timeline_{len(blocks)}",
+                    path.read_bytes(),
+                )
+            )
     return blocks
 
 
@@ -153,8 +193,9 @@ def attention_blocks(run: Run, records: Sequence[Record]) -> list[Block]:
     """Latency, TFLOP/s and memory per implementation; latency vs sequence length."""
     blocks: list[Block] = [_records_table("attention implementations", records, "attention")]
     passes = next((r.get("passes") for r in records if r.get("passes")), "fwd,bwd,fwd_bwd")
-    image = plots.via_file(lambda p: attention_plots.plot_attention(
-        records, p, attention_plots.latency_metrics(passes)))
+    image = plots.via_file(
+        lambda p: attention_plots.plot_attention(records, p, attention_plots.latency_metrics(passes))
+    )
     if image:
         blocks.append(ImageBlock("attention latency vs sequence length", "attention_latency", image))
     return blocks
@@ -171,8 +212,11 @@ def comm_blocks(run: Run, records: Sequence[Record]) -> list[Block]:
 
 def ddp_blocks(run: Run, records: Sequence[Record]) -> list[Block]:
     """Strategies beside the single-GPU baseline, with the overhead model's prediction."""
-    return [_records_table("data-parallel strategies (predicted_comm_wait_ms beside comm_wait_ms)",
-                           records, "ddp")]
+    return [
+        _records_table(
+            "data-parallel strategies (predicted_comm_wait_ms beside comm_wait_ms)", records, "ddp"
+        )
+    ]
 
 
 def rows_blocks(run: Run, records: Sequence[Record]) -> list[Block]:
@@ -181,10 +225,14 @@ def rows_blocks(run: Run, records: Sequence[Record]) -> list[Block]:
     for record in records:
         rows = record.get("rows") or []
         if not rows:
-            blocks.append(TextBlock(f"{record.get('check')}: {record.get('status')} {record.get('error') or ''}"))
+            blocks.append(
+                TextBlock(f"{record.get('check')}: {record.get('status')} {record.get('error') or ''}")
+            )
             continue
         header = list(dict.fromkeys(k for row in rows for k in row))
-        title = " ".join(f"{k}={record.get(k)}" for k in ("check", "count", "model", "dtype") if record.get(k))
+        title = " ".join(
+            f"{k}={record.get(k)}" for k in ("check", "count", "model", "dtype") if record.get(k)
+        )
         blocks.append(TableBlock(title, header, [[row.get(k) for k in header] for row in rows]))
     return blocks
 
@@ -198,8 +246,12 @@ def generic_blocks(run: Run, records: Sequence[Record]) -> list[Block]:
 
 
 BUILDERS: dict[str, Callable[[Run, Sequence[Record]], list[Block]]] = {
-    "bench": bench_blocks, "profile": profile_blocks, "memory": memory_blocks,
-    "attention": attention_blocks, "comm": comm_blocks, "ddp": ddp_blocks,
+    "bench": bench_blocks,
+    "profile": profile_blocks,
+    "memory": memory_blocks,
+    "attention": attention_blocks,
+    "comm": comm_blocks,
+    "ddp": ddp_blocks,
 }
 
 
@@ -207,8 +259,10 @@ def _failures(records: Sequence[Record]) -> Block | None:
     failed = [r for r in records if r.get("status") not in ("ok", None)]
     if not failed:
         return None
-    return TextBlock(f"{len(failed)} of {len(records)} point(s) did not finish ok: " + "; ".join(
-        sorted({f"{r.get('status')}: {r.get('error')}" for r in failed})[:5]))
+    return TextBlock(
+        f"{len(failed)} of {len(records)} point(s) did not finish ok: "
+        + "; ".join(sorted({f"{r.get('status')}: {r.get('error')}" for r in failed})[:5])
+    )
 
 
 def run_sections(run: Run) -> list[PageSection]:
@@ -237,7 +291,9 @@ def run_sections(run: Run) -> list[PageSection]:
             try:
                 section.blocks += BUILDERS.get(workload, generic_blocks)(run, records)
             except Exception as error:  # noqa: BLE001 - one bad section must not lose the report
-                section.blocks.append(TextBlock(f"This section could not be drawn: {type(error).__name__}: {error}"))
+                section.blocks.append(
+                    TextBlock(f"This section could not be drawn: {type(error).__name__}: {error}")
+                )
             failure = _failures(records)
             if failure:
                 section.blocks.append(failure)

@@ -36,6 +36,7 @@ def _times(record: Record) -> list[float]:
 
 def matched(a: Run, b: Run) -> list[tuple[Record, Record]]:
     """Pairs of ok records of the same point that both carry per-step times (last record wins)."""
+
     def index(run: Run) -> dict[tuple[str, str], Record]:
         out = {}
         for record in run.records:
@@ -49,40 +50,85 @@ def matched(a: Run, b: Run) -> list[tuple[Record, Record]]:
 
 
 def _label(record: Record) -> str:
-    keys = ("size", "context_length", "batch_size", "mode", "precision", "attention", "compile", "checkpoint",
-            "warmup", "fast")
+    keys = (
+        "size",
+        "context_length",
+        "batch_size",
+        "mode",
+        "precision",
+        "attention",
+        "compile",
+        "checkpoint",
+        "warmup",
+        "fast",
+    )
     return " ".join(f"{k}={record[k]}" for k in keys if record.get(k) not in (None, False, "none"))
 
 
 def compare_section(a: Run, b: Run, confidence: float = 0.95) -> PageSection:
     """The comparison table of runs `a` and `b`."""
     pairs = matched(a, b)
-    section = PageSection(title=f"compare: {a.label} vs {b.label}",
-                          question=f"Is {b.label} faster or slower than {a.label}, point by point, "
-                                   "beyond the noise of the per-step times?")
+    section = PageSection(
+        title=f"compare: {a.label} vs {b.label}",
+        question=f"Is {b.label} faster or slower than {a.label}, point by point, "
+        "beyond the noise of the per-step times?",
+    )
     if not pairs:
-        section.blocks.append(TextBlock("No point of one run matches a point of the other with per-step "
-                                        "times (times_ms): nothing to compare."))
+        section.blocks.append(
+            TextBlock(
+                "No point of one run matches a point of the other with per-step "
+                "times (times_ms): nothing to compare."
+            )
+        )
         return section
     rows = []
     inside = 0
     for left, right in pairs:
         interval = ratio_interval(_times(left), _times(right), confidence)
         inside += interval.within_noise
-        verdict = "inside the noise" if interval.within_noise else (
-            f"{b.label} faster" if interval.ratio > 1 else f"{b.label} slower")
-        rows.append([left.get("workload"), _label(left), round(statistics.median(_times(left)), 3),
-                     round(statistics.median(_times(right)), 3), round(interval.ratio, 3),
-                     round(interval.low, 3), round(interval.high, 3), interval.n_base, interval.n_other, verdict])
-    header = ["workload", "point", f"{a.label} median ms", f"{b.label} median ms", "ratio A/B",
-              f"low ({confidence:.0%})", f"high ({confidence:.0%})", "steps A", "steps B", "verdict"]
-    section.blocks.append(TextBlock(
-        f"{len(pairs)} matching point(s); {inside} inside the noise (the {confidence:.0%} bootstrap interval of "
-        f"the ratio of median step times holds 1). Ratio above 1: {b.label} is faster."))
+        verdict = (
+            "inside the noise"
+            if interval.within_noise
+            else (f"{b.label} faster" if interval.ratio > 1 else f"{b.label} slower")
+        )
+        rows.append(
+            [
+                left.get("workload"),
+                _label(left),
+                round(statistics.median(_times(left)), 3),
+                round(statistics.median(_times(right)), 3),
+                round(interval.ratio, 3),
+                round(interval.low, 3),
+                round(interval.high, 3),
+                interval.n_base,
+                interval.n_other,
+                verdict,
+            ]
+        )
+    header = [
+        "workload",
+        "point",
+        f"{a.label} median ms",
+        f"{b.label} median ms",
+        "ratio A/B",
+        f"low ({confidence:.0%})",
+        f"high ({confidence:.0%})",
+        "steps A",
+        "steps B",
+        "verdict",
+    ]
+    section.blocks.append(
+        TextBlock(
+            f"{len(pairs)} matching point(s); {inside} inside the noise (the {confidence:.0%} "
+            f"bootstrap interval of the ratio of median step times holds 1). Ratio above 1: {b.label} is faster."
+        )
+    )
     section.blocks.append(TableBlock("ratio per point", header, rows))
     devices = {r.get("device_name") for r in a.records} | {r.get("device_name") for r in b.records}
-    section.provenance = [f"{a.label}: {', '.join(sorted({str(r.get('device_name')) for r in a.records}))}",
-                          f"{b.label}: {', '.join(sorted({str(r.get('device_name')) for r in b.records}))}"]
+    section.provenance = [
+        f"{a.label}: {', '.join(sorted({str(r.get('device_name')) for r in a.records}))}",
+        f"{b.label}: {', '.join(sorted({str(r.get('device_name')) for r in b.records}))}",
+    ]
     if len(devices) > 1:
         section.provenance.append("the runs come from different devices")
     return section

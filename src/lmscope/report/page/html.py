@@ -28,7 +28,8 @@ th.desc:after{content:" \\25BC"}td.t{text-align:left}td.bad{color:#b00}
 
 JS = """
 function sortTable(th){const table=th.closest('table'),body=table.tBodies[0],i=th.cellIndex;
-const asc=!th.classList.contains('asc');table.querySelectorAll('th').forEach(h=>h.classList.remove('asc','desc'));
+const asc=!th.classList.contains('asc');
+table.querySelectorAll('th').forEach(h=>h.classList.remove('asc','desc'));
 th.classList.add(asc?'asc':'desc');const key=td=>{const t=(td.dataset.v??td.textContent).trim();
 const n=parseFloat(t.replace(/,/g,''));return isNaN(n)?t:n};
 const rows=Array.from(body.rows);rows.sort((a,b)=>{const x=key(a.cells[i]),y=key(b.cells[i]);
@@ -57,26 +58,35 @@ def table_html(block: TableBlock) -> str:
     """A sortable table."""
     head = "".join(f"<th>{html.escape(str(h))}</th>" for h in block.header)
     body = "".join("<tr>" + "".join(_cell(v) for v in row) + "</tr>" for row in block.rows)
-    return (f"<h3>{html.escape(block.title)}</h3><div class=scroll><table><thead><tr>{head}</tr></thead>"
-            f"<tbody>{body}</tbody></table></div>")
+    return (
+        f"<h3>{html.escape(block.title)}</h3><div class=scroll><table><thead><tr>{head}</tr></thead>"
+        f"<tbody>{body}</tbody></table></div>"
+    )
 
 
 def image_html(block: ImageBlock) -> str:
     """An inline PNG."""
     data = base64.b64encode(block.png).decode("ascii")
-    return (f"<h3>{html.escape(block.title)}</h3>"
-            f'<img alt="{html.escape(block.title)}" src="data:image/png;base64,{data}">')
+    return (
+        f"<h3>{html.escape(block.title)}</h3>"
+        f'<img alt="{html.escape(block.title)}" src="data:image/png;base64,{data}">'
+    )
 
 
 def render_html(title: str, sections: Sequence[PageSection], intro: Sequence[str] = ()) -> str:
     """The whole page."""
     nav = "".join(f'<a href="#s{i}">{html.escape(s.title)}</a>' for i, s in enumerate(sections))
-    parts = [f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>{html.escape(title)}</title>"
-             f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>",
-             *(f"<p>{html.escape(line)}</p>" for line in intro), f"<nav>{nav}</nav>"]
+    parts = [
+        f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>{html.escape(title)}</title>"
+        f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>",
+        *(f"<p>{html.escape(line)}</p>" for line in intro),
+        f"<nav>{nav}</nav>",
+    ]
     for index, section in enumerate(sections):
-        parts.append(f'<section id="s{index}"><h2>{html.escape(section.title)}</h2>'
-                     f'<p class=q>{html.escape(section.question)}</p>')
+        parts.append(
+            f'<section id="s{index}"><h2>{html.escape(section.title)}</h2>'
+            f"<p class=q>{html.escape(section.question)}</p>"
+        )
         for block in section.blocks:
             if isinstance(block, TableBlock):
                 parts.append(table_html(block))

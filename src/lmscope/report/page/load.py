@@ -40,8 +40,11 @@ def load_run(path: Path) -> Run:
         manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
         records = [{**r, "_file": f.name} for f in files for r in read_records(f)]
         return Run(label=path.name, base=path, records=records, manifest=manifest)
-    return Run(label=path.stem if path.stem != "results" else path.parent.name, base=path.parent,
-               records=read_records(path))
+    return Run(
+        label=path.stem if path.stem != "results" else path.parent.name,
+        base=path.parent,
+        records=read_records(path),
+    )
 
 
 def artifact(run: Run, recorded: str | None) -> Path | None:

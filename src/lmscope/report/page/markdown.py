@@ -14,7 +14,9 @@ def _md_cell(value: object) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def render_markdown(title: str, sections: Sequence[PageSection], path: Path, intro: Sequence[str] = ()) -> str:
+def render_markdown(
+    title: str, sections: Sequence[PageSection], path: Path, intro: Sequence[str] = ()
+) -> str:
     """The Markdown text for `path`; images go to <stem>_files/ beside it."""
     folder = path.with_name(f"{path.stem}_files")
     out = [f"# {title}", "", *(f"{line}\n" for line in intro)]
@@ -22,8 +24,12 @@ def render_markdown(title: str, sections: Sequence[PageSection], path: Path, int
         out += [f"## {section.title}", "", f"*{section.question}*", ""]
         for block in section.blocks:
             if isinstance(block, TableBlock):
-                out += [f"**{block.title}**", "", "| " + " | ".join(map(str, block.header)) + " |",
-                        "|" + "---|" * len(block.header)]
+                out += [
+                    f"**{block.title}**",
+                    "",
+                    "| " + " | ".join(map(str, block.header)) + " |",
+                    "|" + "---|" * len(block.header),
+                ]
                 out += ["| " + " | ".join(_md_cell(v) for v in row) + " |" for row in block.rows]
                 out.append("")
             elif isinstance(block, ImageBlock):

@@ -38,8 +38,9 @@ def step_time_vs_size(records: Sequence[Record], metric: str = "median_ms") -> b
         return None
     lines: dict[str, list[tuple[float, float]]] = {}
     for r in rows:
-        label = f"{r.get('mode')} {r.get('precision')} ctx {r.get('context_length')}" + \
-            (" compiled" if r.get("compile") else "")
+        label = f"{r.get('mode')} {r.get('precision')} ctx {r.get('context_length')}" + (
+            " compiled" if r.get("compile") else ""
+        )
         lines.setdefault(label, []).append((r["parameters"], r[metric]))
     figure = Figure(figsize=(8, 5), layout="constrained")
     ax = figure.subplots()
@@ -90,10 +91,18 @@ def memory_peaks(records: Sequence[Record]) -> bytes | None:
     for index, (label, line) in enumerate(sorted(lines.items())):
         line.sort(key=lambda r: r["context_length"])
         color = f"C{index % 10}"
-        ax.plot([r["context_length"] for r in line], [r["step_peak_gib"] for r in line], marker="o",
-                color=color, label=f"{label} measured")
-        predicted = [(r["context_length"], r.get("predicted_step_peak_gib")) for r in line
-                     if r.get("predicted_step_peak_gib") is not None]
+        ax.plot(
+            [r["context_length"] for r in line],
+            [r["step_peak_gib"] for r in line],
+            marker="o",
+            color=color,
+            label=f"{label} measured",
+        )
+        predicted = [
+            (r["context_length"], r.get("predicted_step_peak_gib"))
+            for r in line
+            if r.get("predicted_step_peak_gib") is not None
+        ]
         if predicted:
             ax.plot(*zip(*predicted, strict=True), ls="--", color=color, label=f"{label} predicted")
     ax.set_xlabel("context length")

@@ -56,3 +56,16 @@ def test_a_failed_section_is_reported_and_the_study_goes_on(tmp_path):
     assert manifest["sections"]["accounting"]["state"] == "complete"
     (record,) = read_records(tmp_path / "accounting.jsonl")
     assert record["fsdp"] == 8 and record["status"] == "ok"
+
+
+def test_pace_scales_estimates_by_what_finished_points_took():
+    from lmscope.study.execute import Pace
+
+    pace = Pace()
+    pace.add(1.0, 3.0)
+    pace.add(1.0, 3.0)
+    assert pace.factor == 1.0
+    pace.add(2.0, 6.0)
+    assert pace.factor == 3.0
+    pace.add(1.0, 100.0)
+    assert pace.factor == 5.0

@@ -15,11 +15,11 @@ class StudyProgress:
     """Advances by each point's estimated cost when it finishes; prints failed points."""
 
     def __init__(self, progress: Progress, task: Any) -> None:
-        self._progress, self._task, self._cost = progress, task, 0.0
+        self._progress, self._task, self.cost_s = progress, task, 0.0
 
     def start(self, section: str, spec: dict[str, Any], cost_s: float) -> None:
         """A point of `section` starts; it is worth `cost_s` estimated seconds."""
-        self._cost = cost_s
+        self.cost_s = cost_s
         self._progress.update(self._task, description=section, point=_describe(spec))
 
     def done(self, record: dict[str, Any]) -> None:
@@ -30,7 +30,7 @@ class StudyProgress:
                 highlight=False,
                 markup=False,
             )
-        self._progress.advance(self._task, self._cost)
+        self._progress.advance(self._task, self.cost_s)
 
 
 @contextmanager

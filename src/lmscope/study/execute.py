@@ -29,6 +29,32 @@ class BudgetSpent(Exception):
     """The next point would end past the budget's deadline."""
 
 
+class Pace:
+    """How much slower (or faster) the points run than estimated, from those finished so far.
+
+    A loaded machine runs everything slower than the cost model says; the deadline check scales
+    each estimate by this factor (1 until three points finished, kept within 0.5..5).
+    """
+
+    def __init__(self) -> None:
+        self.estimated_s = 0.0
+        self.actual_s = 0.0
+        self.points = 0
+
+    def add(self, estimated_s: float, actual_s: float) -> None:
+        """One finished point: its estimate and its wall time."""
+        self.estimated_s += estimated_s
+        self.actual_s += actual_s
+        self.points += 1
+
+    @property
+    def factor(self) -> float:
+        """Actual over estimated seconds so far."""
+        if self.points < 3 or self.estimated_s <= 0:
+            return 1.0
+        return min(5.0, max(0.5, self.actual_s / self.estimated_s))
+
+
 def plan_table(plan: Plan) -> Table:
     """Per section: points, done, to run now, left for later, estimated minutes, or why skipped."""
     header = ["section", "workload", "points", "done", "run now", "later", "est. min", "note"]
@@ -62,6 +88,7 @@ def run_plan(
     run_dir.mkdir(parents=True, exist_ok=True)
     manifest = _manifest(plan, run_dir, command)
     deadline = timeit.default_timer() + plan.budget_s
+    pace = Pace()
     batches = _batches(plan)
     with study_progress(plan.run_s) as progress:
         for section, points in batches:
@@ -72,11 +99,12 @@ def run_plan(
             def on_start(
                 index: int, spec: dict[str, Any], _costs: list[float] = by_index, _name: str = section.name
             ) -> None:
-                if timeit.default_timer() + _costs[index] > deadline:
+                if timeit.default_timer() + _costs[index] * pace.factor > deadline:
                     raise BudgetSpent
                 progress.start(_name, spec, _costs[index])
 
             def on_done(record: dict[str, Any], _state: dict[str, Any] = state) -> None:
+                pace.add(progress.cost_s, float(record.get("wall_s") or 0.0))
                 _state["ran"] += 1
                 if record.get("status") not in ("ok", "oom"):
                     _state["failed_points"] += 1

@@ -120,7 +120,8 @@ def compare_section(a: Run, b: Run, confidence: float = 0.95) -> PageSection:
     section.blocks.append(
         TextBlock(
             f"{len(pairs)} matching point(s); {inside} inside the noise (the {confidence:.0%} "
-            f"bootstrap interval of the ratio of median step times holds 1). Ratio above 1: {b.label} is faster."
+            f"bootstrap interval of the ratio of median step times holds 1). "
+            f"Ratio above 1: {b.label} is faster."
         )
     )
     section.blocks.append(TableBlock("ratio per point", header, rows))

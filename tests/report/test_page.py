@@ -198,3 +198,29 @@ def test_report_rejects_what_it_cannot_read(tmp_path):
     path = _subset(tmp_path, "bench/bench.jsonl", 2)
     with pytest.raises(ValueError, match=".html"):
         write_report([path], tmp_path / "report.pdf")
+
+
+def test_peers_in_one_run_pair_points_that_differ_only_in_the_peer_field():
+    from lmscope.report.page.peers import peer_table, varying_peer_fields
+
+    jitter = [0.0, 0.1, -0.1, 0.05, -0.05]
+    records = [
+        {
+            "workload": "bench",
+            "size": "tiny",
+            "context_length": ctx,
+            "precision": p,
+            "status": "ok",
+            "times_ms": [base + j for j in jitter],
+        }
+        for ctx, fp32, bf16 in ((128, 9.0, 3.0), (256, 6.0, 6.0))
+        for p, base in (("bf16", bf16), ("fp32", fp32))
+    ]
+    assert varying_peer_fields(records) == ["precision"]
+    table = peer_table(records, "precision")
+    rows = {row[0]: dict(zip(table.header, row, strict=True)) for row in table.rows}
+    assert rows["context_length=128"]["precision (base)"] == "fp32"
+    assert rows["context_length=128"]["ratio base/other"] == pytest.approx(3.0)
+    assert rows["context_length=128"]["verdict"] == "bf16 faster"
+    assert rows["context_length=256"]["ratio base/other"] == pytest.approx(1.0)
+    assert rows["context_length=256"]["verdict"] == "inside the noise"

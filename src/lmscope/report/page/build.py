@@ -17,6 +17,7 @@ from lmscope.report import attention_plots, comm_plots
 from lmscope.report.page import plots
 from lmscope.report.page.load import Run, artifact
 from lmscope.report.page.model import Block, Cell, ImageBlock, PageSection, TableBlock, TextBlock
+from lmscope.report.page.peers import peer_table, varying_peer_fields
 from lmscope.report.profile_report import PHASE_ORDER, attention_table, fmt_ns
 from lmscope.report.tables import build_table
 from lmscope.results import Record
@@ -63,7 +64,13 @@ def bench_blocks(run: Run, records: Sequence[Record]) -> list[Block]:
     image = plots.step_time_vs_size(records)
     if image:
         blocks.append(ImageBlock("step time vs size", "step_time_vs_size", image))
-    return blocks
+    return blocks + peer_blocks(records, varying_peer_fields(records))
+
+
+def peer_blocks(records: Sequence[Record], fields: Sequence[str]) -> list[Block]:
+    """A ratio table with intervals per peer field (fp32 vs bf16, compile off vs on, ...)."""
+    tables = [peer_table(records, field) for field in fields]
+    return [t for t in tables if t is not None]
 
 
 def _profile_json(run: Run, record: Record) -> dict[str, Any] | None:
@@ -265,6 +272,18 @@ def _failures(records: Sequence[Record]) -> Block | None:
     )
 
 
+STUDY_PEERS = {"precision": "precision"}
+"""Study sections whose peer sits in another section's file (bf16 here, fp32 in timing)."""
+
+
+def _study_peers(run: Run, name: str, records: Sequence[Record]) -> list[Block]:
+    field = STUDY_PEERS.get(name)
+    if not run.manifest or field is None or field in varying_peer_fields(records):
+        return []
+    workload = records[0].get("workload")
+    return peer_blocks([r for r in run.records if r.get("workload") == workload], [field])
+
+
 def run_sections(run: Run) -> list[PageSection]:
     """The report's sections of one run: per study section (with a manifest) or per workload."""
     commands = run.manifest.get("commands", [])
@@ -290,6 +309,7 @@ def run_sections(run: Run) -> list[PageSection]:
             workload = str(records[0].get("workload"))
             try:
                 section.blocks += BUILDERS.get(workload, generic_blocks)(run, records)
+                section.blocks += _study_peers(run, name, records)
             except Exception as error:  # noqa: BLE001 - one bad section must not lose the report
                 section.blocks.append(
                     TextBlock(f"This section could not be drawn: {type(error).__name__}: {error}")

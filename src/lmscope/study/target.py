@@ -35,12 +35,16 @@ def detect(device: str = "auto") -> Target:
     """The target of `--device` (auto: cuda when a GPU is visible, else cpu)."""
     import torch
 
-    if device not in ("auto", "cpu", "cuda") and not device.startswith("cuda:"):
-        raise ValueError(f"unknown --device {device!r}: use auto, cpu, cuda or cuda:N")
+    from lmscope.results import provenance  # nvidia-smi's name: no CUDA context in this process
+
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(
+            f"--device takes auto, cpu or cuda, got {device!r} (choose a GPU with CUDA_VISIBLE_DEVICES)"
+        )
     if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
         return Target()
     if not torch.cuda.is_available():
         raise ValueError(f"--device {device} but no CUDA device is visible: use --device cpu")
     return Target(
-        device_type="cuda", gpus=torch.cuda.device_count(), device_name=torch.cuda.get_device_name(0)
+        device_type="cuda", gpus=torch.cuda.device_count(), device_name=provenance()["device_name"]
     )

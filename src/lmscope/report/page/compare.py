@@ -12,6 +12,8 @@ import statistics
 
 from lmscope.report.page.load import Run
 from lmscope.report.page.model import PageSection, TableBlock, TextBlock
+from lmscope.report.page.peers import times as _times
+from lmscope.report.page.peers import verdict
 from lmscope.results import Record
 from lmscope.runner import spec_fields
 from lmscope.stats import ratio_interval
@@ -27,11 +29,6 @@ def _key(record: Record) -> tuple[str, str] | None:
         return None
     spec = {k: record.get(k) for k in keys if k not in IGNORED}
     return workload, repr(sorted(spec.items(), key=lambda item: item[0]))
-
-
-def _times(record: Record) -> list[float]:
-    times = record.get("times_ms") or []
-    return [float(t) for t in times if isinstance(t, int | float) and t > 0]
 
 
 def matched(a: Run, b: Run) -> list[tuple[Record, Record]]:
@@ -86,11 +83,6 @@ def compare_section(a: Run, b: Run, confidence: float = 0.95) -> PageSection:
     for left, right in pairs:
         interval = ratio_interval(_times(left), _times(right), confidence)
         inside += interval.within_noise
-        verdict = (
-            "inside the noise"
-            if interval.within_noise
-            else (f"{b.label} faster" if interval.ratio > 1 else f"{b.label} slower")
-        )
         rows.append(
             [
                 left.get("workload"),
@@ -102,7 +94,7 @@ def compare_section(a: Run, b: Run, confidence: float = 0.95) -> PageSection:
                 round(interval.high, 3),
                 interval.n_base,
                 interval.n_other,
-                verdict,
+                verdict(interval, f"{b.label} faster", f"{b.label} slower"),
             ]
         )
     header = [

@@ -98,7 +98,7 @@ def _cpu_sections(target: Target, run_dir: Path) -> list[Section]:
             0 if (model is tiny and ctx == 64) else 1,
         )
         for model in (tiny, wide)
-        for ctx in (64, 128, 256)
+        for ctx in ((64, 128, 256) if model is tiny else (64, 128))
         for mode in MODES
     ]
     warmup = [
@@ -159,7 +159,7 @@ def _cpu_sections(target: Target, run_dir: Path) -> list[Section]:
                     ),
                     0 if ctx == 64 else 1,
                 )
-                for ctx, ck in ((64, "none"), (128, "none"), (256, "none"), (256, "block"))
+                for ctx, ck in ((64, "none"), (128, "none"), (128, "block"))
             ],
         ),
         Section(

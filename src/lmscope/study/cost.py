@@ -30,6 +30,8 @@ START_S = {"cuda": 12.0, "cpu": 6.0}
 """A fresh worker: interpreter, torch import, device start."""
 REUSED_START_S = {"cuda": 1.5, "cpu": 0.5}
 """A point in a reused worker."""
+PROFILER_S = {"cuda": 7.0, "cpu": 3.0}
+"""A profile point's profiler start and trace export (committed H100 rows: ~10 s per large point)."""
 COMPILE_S = {"cuda": (30.0, 0.08, 120.0), "cpu": (40.0, 0.0, 40.0)}
 """torch.compile: base seconds, seconds per million parameters, cap."""
 
@@ -61,6 +63,8 @@ def point_cost_s(workload: str, spec: dict[str, Any], target: Target, *, reused:
         repeat = {"bench": 1.0, "profile": 3.0, "memory": 2.5}[workload]
         build = config.num_layers * config.d_model**2 * 12 / 1e9 * (1.0 if device == "cuda" else 20.0)
         cost = start + build + repeat * steps * model_step_s(spec, device)
+        if workload == "profile":
+            cost += PROFILER_S[device]
         if spec.get("compile"):
             base, per_m, cap = COMPILE_S[device]
             params_m = config.num_layers * config.d_model * (4 * config.d_model + 3 * config.d_ff) / 1e6

@@ -19,7 +19,7 @@ from lmscope.report import console
 from lmscope.report.study_progress import study_progress
 from lmscope.report.tables import Table
 from lmscope.results import read_records
-from lmscope.runner import run_sweep
+from lmscope.runner import _finished_keys, identity_key, run_sweep
 from lmscope.study.planner import DONE, LATER, RUN, Plan
 
 MANIFEST = "study.json"
@@ -183,7 +183,9 @@ def _finish(manifest: dict[str, Any], plan: Plan, run_dir: Path) -> None:
         path = run_dir / section.file
         records = read_records(path) if path.exists() else []
         ok = sum(r.get("status") in ("ok", "oom") for r in records)
-        state["finished"] = min(ok, state["points"])
+        specs = [dataclasses.asdict(p.spec) for p in section.points]
+        done = _finished_keys(section.workload, specs, path) if specs else set()
+        state["finished"] = sum(identity_key(section.workload, spec) in done for spec in specs)
         if section.skip_reason:
             state["state"] = "skipped"
         elif state["error"] or (records and ok == 0):

@@ -60,7 +60,14 @@ def _records_table(title: str, records: Sequence[Record], workload: str) -> Tabl
 
 def bench_blocks(run: Run, records: Sequence[Record]) -> list[Block]:
     """The step-time table and step time vs size."""
-    blocks: list[Block] = [_records_table("step times (ms), throughput and MFU", records, "bench")]
+    blocks: list[Block] = [
+        _records_table("step times (ms), throughput and MFU", records, "bench"),
+        TextBlock(
+            "Prediction beside measurement: tflops and mfu divide the analytic FLOPs of the step "
+            "(lmscope.accounting.flops) by the measured median step time (mfu: by the device's "
+            "datasheet peak too; empty for a device lmscope does not know)."
+        ),
+    ]
     image = plots.step_time_vs_size(records)
     if image:
         blocks.append(ImageBlock("step time vs size", "step_time_vs_size", image))

@@ -224,3 +224,18 @@ def test_peers_in_one_run_pair_points_that_differ_only_in_the_peer_field():
     assert rows["context_length=128"]["verdict"] == "bf16 faster"
     assert rows["context_length=256"]["ratio base/other"] == pytest.approx(1.0)
     assert rows["context_length=256"]["verdict"] == "inside the noise"
+
+
+def test_memory_timelines_are_found_under_a_copied_run_folder(tmp_path):
+    point = tmp_path / "memory" / "2.7B-ctx512-point"
+    point.mkdir(parents=True)
+    png = (RESULTS / "memory" / "timeline_2.7B_forward.png").read_bytes()
+    (point / "timeline.png").write_bytes(png)
+    record = json.loads((RESULTS / "memory" / "results.jsonl").read_text().splitlines()[1])
+    record["timeline_png"] = "/gone/runs/memory-gpu/memory/2.7B-ctx512-point/timeline.png"
+    (tmp_path / "results.jsonl").write_text(json.dumps(record) + "\n")
+    _, sections, _ = build_page([tmp_path])
+    timelines = [
+        b for b in sections[0].blocks if isinstance(b, ImageBlock) and b.title.startswith("memory timeline")
+    ]
+    assert len(timelines) == 1 and timelines[0].png == png

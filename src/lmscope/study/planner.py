@@ -36,22 +36,17 @@ class Plan:
     target: Target
     budget_s: float
     points: list[PlannedPoint]
+    sections: list[Section]
+    """Every section, in study order (skipped ones included)."""
 
     def of(self, section: Section, action: str | None = None) -> list[PlannedPoint]:
         """The planned points of `section` (with `action`, only those)."""
         return [p for p in self.points if p.section.name == section.name and action in (None, p.action)]
 
     @property
-    def sections(self) -> list[Section]:
-        """Every section, in study order (skipped ones included)."""
-        return list(self._sections)
-
-    @property
     def run_s(self) -> float:
         """Estimated seconds of the points this invocation runs."""
         return sum(p.cost_s for p in self.points if p.action == RUN)
-
-    _sections: tuple[Section, ...] = ()
 
 
 def make_plan(sections: list[Section], target: Target, budget_s: float, run_dir: Path, resume: bool) -> Plan:
@@ -78,7 +73,7 @@ def make_plan(sections: list[Section], target: Target, budget_s: float, run_dir:
             planned.append(PlannedPoint(section, point, cost, RUN))
         else:
             planned.append(PlannedPoint(section, point, cost, LATER))
-    return Plan(target, budget_s, planned, tuple(sections))
+    return Plan(target, budget_s, planned, list(sections))
 
 
 def parse_budget(text: str) -> float:

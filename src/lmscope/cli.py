@@ -445,6 +445,34 @@ def table(
          title=str(results))
 
 
+@app.command()
+def study(
+    budget: Annotated[str, typer.Option(help="time for this run: 20m, 9m, 1h30m")] = "20m",
+    out: Annotated[Path | None, typer.Option(help="run folder (default runs/study-<time>)")] = None,
+    resume: Annotated[bool, typer.Option(help="finish what is missing in --out (default: newest)")] = False,
+    device: Device = "auto",
+    plan_only: Annotated[bool, typer.Option("--plan-only", help="print the plan, run nothing")] = False,
+) -> None:
+    """The whole study, section by section, scaled to this machine and --budget; resumable."""
+    from lmscope.study.command import study as run_study
+
+    code = run_study(budget=budget, out=out, resume=resume, device=device, plan_only=plan_only)
+    if code:
+        raise typer.Exit(code)
+
+
+@app.command()
+def report(
+    results: Annotated[list[Path], typer.Argument(help="run folders or results.jsonl; two runs: compared")],
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="HTML file (default report.html "
+                                                "in the first run folder); a .md twin beside it")] = None,
+) -> None:
+    """One self-contained HTML report (and a Markdown twin) of any lmscope results, or two compared."""
+    from lmscope.report.page.command import write_report
+
+    write_report(results, output)
+
+
 plan_app = typer.Typer(help="Answers without a GPU run: FLOPs, memory, communication, parallelism.",
                        no_args_is_help=False, rich_markup_mode=None)
 app.add_typer(plan_app, name="plan")

@@ -1,0 +1,218 @@
+"""Run a study plan through the one runner, tier by tier, each section into its own JSONL.
+
+Progress is one rich bar over the plan's estimated seconds (so its ETA weighs a 2.7B point more
+than a tiny one). A point is not started when its estimate would pass the budget's deadline; a
+section whose run raises is reported and the study goes on. `study.json` in the run directory
+records the command, the target and each section's state for `lmscope report`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import timeit
+from pathlib import Path
+from typing import Any
+
+from lmscope.report import console
+from lmscope.report.study_progress import study_progress
+from lmscope.report.tables import Table
+from lmscope.results import read_records
+from lmscope.runner import _finished_keys, identity_key, run_sweep
+from lmscope.study.planner import DONE, LATER, RUN, Plan
+
+MANIFEST = "study.json"
+
+
+class BudgetSpent(Exception):
+    """The next point would end past the budget's deadline."""
+
+
+class Pace:
+    """How much slower (or faster) the points run than estimated, from those finished so far.
+
+    A loaded machine runs everything slower than the cost model says; the deadline check scales
+    each estimate by this factor (1 until three points finished, kept within 0.5..5).
+    """
+
+    def __init__(self) -> None:
+        self.estimated_s = 0.0
+        self.actual_s = 0.0
+        self.points = 0
+
+    def add(self, estimated_s: float, actual_s: float) -> None:
+        """One finished point: its estimate and its wall time."""
+        self.estimated_s += estimated_s
+        self.actual_s += actual_s
+        self.points += 1
+
+    @property
+    def factor(self) -> float:
+        """Actual over estimated seconds so far."""
+        if self.points < 3 or self.estimated_s <= 0:
+            return 1.0
+        return min(5.0, max(0.5, self.actual_s / self.estimated_s))
+
+
+def plan_table(plan: Plan) -> Table:
+    """Per section: points, done, to run now, left for later, estimated minutes, or why skipped."""
+    header = ["section", "workload", "points", "done", "run now", "later", "est. min", "note"]
+    rows = []
+    for section in plan.sections:
+        if section.skip_reason:
+            rows.append([section.name, section.workload, 0, 0, 0, 0, 0.0, f"skipped: {section.skip_reason}"])
+            continue
+        counts = {a: plan.of(section, a) for a in (DONE, RUN, LATER)}
+        est = sum(p.cost_s for p in counts[RUN]) / 60
+        note = "over budget: rerun with --resume" if counts[LATER] else ""
+        rows.append(
+            [
+                section.name,
+                section.workload.rsplit(".", 1)[-1],
+                len(plan.of(section)),
+                len(counts[DONE]),
+                len(counts[RUN]),
+                len(counts[LATER]),
+                round(est, 1),
+                note,
+            ]
+        )
+    return header, rows
+
+
+def run_plan(
+    plan: Plan, run_dir: Path, *, timeout_s: float | None = None, command: str | None = None
+) -> dict[str, Any]:
+    """Run the plan's RUN points; return (and write) the manifest with each section's state."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    manifest = _manifest(plan, run_dir, command)
+    deadline = timeit.default_timer() + plan.budget_s
+    pace = Pace()
+    batches = _batches(plan)
+    with study_progress(plan.run_s) as progress:
+        for section, points in batches:
+            state = manifest["sections"][section.name]
+            specs = [p.point.spec for p in points]
+            by_index = [p.cost_s for p in points]
+
+            def on_start(
+                index: int, spec: dict[str, Any], _costs: list[float] = by_index, _name: str = section.name
+            ) -> None:
+                if timeit.default_timer() + _costs[index] * pace.factor > deadline:
+                    raise BudgetSpent
+                progress.start(_name, spec, _costs[index])
+
+            def on_done(record: dict[str, Any], _state: dict[str, Any] = state) -> None:
+                pace.add(progress.cost_s, float(record.get("wall_s") or 0.0))
+                _state["ran"] += 1
+                if record.get("status") not in ("ok", "oom"):
+                    _state["failed_points"] += 1
+                progress.done(record)
+
+            timeout = timeout_s or max(300.0, 6 * max(by_index))
+            try:
+                run_sweep(
+                    section.workload,
+                    specs,
+                    out=run_dir / section.file,
+                    resume=True,
+                    timeout_s=timeout,
+                    reuse_worker=section.reuse_worker,
+                    on_start=on_start,
+                    on_done=on_done,
+                )
+            except BudgetSpent:
+                manifest["stopped"] = "budget spent: rerun with --resume to go on"
+                break
+            except Exception as error:  # noqa: BLE001 - a failed section is reported, the study goes on
+                state["error"] = f"{type(error).__name__}: {error}".splitlines()[0][:300]
+                console.say(f"section {section.name} failed: {state['error']}")
+            finally:
+                _write(run_dir, manifest)
+    _finish(manifest, plan, run_dir)
+    _write(run_dir, manifest)
+    return manifest
+
+
+def _batches(plan: Plan) -> list[tuple[Any, list[Any]]]:
+    """Consecutive RUN points of one section and tier, in plan order."""
+    batches: list[tuple[Any, list[Any]]] = []
+    for planned in plan.points:
+        if planned.action != RUN:
+            continue
+        if (
+            batches
+            and batches[-1][0].name == planned.section.name
+            and batches[-1][1][-1].point.tier == planned.point.tier
+        ):
+            batches[-1][1].append(planned)
+        else:
+            batches.append((planned.section, [planned]))
+    return batches
+
+
+def _manifest(plan: Plan, run_dir: Path, command: str | None) -> dict[str, Any]:
+    old = _read(run_dir)
+    sections = {}
+    for section in plan.sections:
+        sections[section.name] = {
+            "question": section.question,
+            "workload": section.workload,
+            "file": section.file,
+            "points": len(section.points),
+            "skip_reason": section.skip_reason,
+            "ran": 0,
+            "failed_points": 0,
+            "error": None,
+        }
+    commands = [*old.get("commands", []), command or " ".join(["lmscope", *sys.argv[1:]])]
+    return {
+        "target": dataclasses.asdict(plan.target),
+        "budget_s": plan.budget_s,
+        "commands": commands,
+        "sections": sections,
+        "stopped": None,
+    }
+
+
+def _finish(manifest: dict[str, Any], plan: Plan, run_dir: Path) -> None:
+    """Each section's state from its results file: finished points, failures, what is missing."""
+    for section in plan.sections:
+        state = manifest["sections"][section.name]
+        path = run_dir / section.file
+        records = read_records(path) if path.exists() else []
+        ok = sum(r.get("status") in ("ok", "oom") for r in records)
+        specs = [dataclasses.asdict(p.spec) for p in section.points]
+        done = _finished_keys(section.workload, specs, path) if specs else set()
+        state["finished"] = sum(identity_key(section.workload, spec) in done for spec in specs)
+        if section.skip_reason:
+            state["state"] = "skipped"
+        elif state["error"] or (records and ok == 0):
+            state["state"] = "failed"
+        elif state["finished"] >= state["points"]:
+            state["state"] = "complete"
+        else:
+            state["state"] = "partial"
+
+
+def _read(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / MANIFEST
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write(run_dir: Path, manifest: dict[str, Any]) -> None:
+    (run_dir / MANIFEST).write_text(json.dumps(manifest, indent=1, default=str))
+
+
+def summary_table(manifest: dict[str, Any]) -> Table:
+    """Per section after a run: its state, finished of all points, failures and the error."""
+    header = ["section", "state", "finished", "points", "failed points", "error"]
+    rows = [
+        [name, s.get("state"), s.get("finished"), s["points"], s["failed_points"], s["error"] or ""]
+        for name, s in manifest["sections"].items()
+    ]
+    return header, rows

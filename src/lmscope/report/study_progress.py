@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from lmscope.report.console import _describe, console
+from lmscope.report.console import console, describe
 
 
 class StudyProgress:
@@ -20,13 +20,13 @@ class StudyProgress:
     def start(self, section: str, spec: dict[str, Any], cost_s: float) -> None:
         """A point of `section` starts; it is worth `cost_s` estimated seconds."""
         self.cost_s = cost_s
-        self._progress.update(self._task, description=section, point=_describe(spec))
+        self._progress.update(self._task, description=section, point=describe(spec))
 
     def done(self, record: dict[str, Any]) -> None:
         """The started point finished (any status)."""
         if record.get("status") not in ("ok", "oom"):
             self._progress.console.print(
-                f"  {_describe(record)}: {record.get('status')} ({record.get('error')})",
+                f"  {describe(record)}: {record.get('status')} ({record.get('error')})",
                 highlight=False,
                 markup=False,
             )

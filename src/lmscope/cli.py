@@ -569,7 +569,7 @@ def plan_checkpoint(
     if from_results is not None:
         model, config, point, measured = measured_from(from_results, size=model, **point)
     else:
-        model = model or "small"
+        model = "small" if model is None else model
         config = plan.transformer_config(model, d_model=d_model, d_ff=d_ff, num_layers=num_layers,
                                          num_heads=num_heads, vocab_size=vocab_size)
         defaults = dict(batch_size=4, context_length=2048, mode="train-step", precision="bf16",

@@ -177,6 +177,10 @@ def memory_plan(
     (`fast`: FastTransformerLM's units, the LM head in the root)."""
     _positive(batch_size, "--batch-size")
     _positive(seq_len, "--context-length")
+    from lmscope.accounting.parallelism import MAX_DEGREE
+
+    if not isinstance(fsdp, int) or isinstance(fsdp, bool) or not 1 <= fsdp <= MAX_DEGREE:
+        raise ValueError(f"--fsdp must be an integer from 1 (off) to {MAX_DEGREE:,} ranks, got {fsdp!r}")
     config = config.replace(context_length=max(config.context_length, seq_len))
     prediction = predict_memory(config, batch_size=batch_size, seq_len=seq_len, mode=mode,
                                 precision=precision, attention=attention, checkpoint=checkpoint)

@@ -12,6 +12,8 @@ import random
 import subprocess
 import sys
 
+import pytest
+
 from lmscope.cli import main
 from lmscope.results import read_records
 
@@ -43,10 +45,12 @@ def test_flash_triton_rows_under_the_interpreter_match_float64():
 
 def test_cli_writes_rows_table_and_plot_with_unavailable_impls_as_rows(tmp_path, capsys):
     out = tmp_path / "results.jsonl"
-    main(["attention", "--impl", "naive,sdpa-cudnn", "--batch", "1", "--heads", "2",
-          "--head-dim", "16", "--seq-len", "21", "--passes", "fwd_bwd", "--cpu-steps", "1",
-          "--device", "cpu", "--plot", "--compare", "impl", "--format", "md",
-          "--out", str(out), "--timeout", "240"])
+    with pytest.raises(SystemExit) as exited:  # an error row: exit 1 (README, exit status)
+        main(["attention", "--impl", "naive,sdpa-cudnn", "--batch", "1", "--heads", "2",
+              "--head-dim", "16", "--seq-len", "21", "--passes", "fwd_bwd", "--cpu-steps", "1",
+              "--device", "cpu", "--plot", "--compare", "impl", "--format", "md",
+              "--out", str(out), "--timeout", "240"])
+    assert exited.value.code == 1
     rows = {r["impl"]: r for r in read_records(out)}
     assert rows["naive"]["status"] == "ok", rows["naive"].get("error")
     assert rows["naive"]["max_error"] < 1e-5 and rows["naive"]["fwd_bwd_ms"] > 0

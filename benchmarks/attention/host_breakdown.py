@@ -20,33 +20,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import statistics
 import threading
-import time
 
 import torch
 import torch.nn.functional as F
+from host_timing import host_us  # beside this script
 
 from lmscope.kernels import flash_attention as fa
 from lmscope.results import provenance
-
-CALLS = 300
-ROUNDS = 5
-
-
-def host_us(fn, calls: int = CALLS, rounds: int = ROUNDS) -> float:
-    """Median over rounds of the host time per call of `calls` unsynchronized calls."""
-    for _ in range(10):
-        fn()
-    per_call = []
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        per_call.append((time.perf_counter() - start) / calls * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(per_call)
 
 
 class _BackwardOnly(torch.autograd.Function):

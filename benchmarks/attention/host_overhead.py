@@ -27,36 +27,19 @@ import cProfile
 import io
 import math
 import pstats
-import statistics
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 import triton
+from host_timing import CALLS, ROUNDS, host_us  # beside this script
 
 from lmscope.kernels import flash_attention as fa
 from lmscope.results import append_record, stamp
 
-CALLS = 300
-ROUNDS = 5  # single rounds of 300 calls moved by up to 1.6x between runs on the H100 machine
 LAUNCHERS = (fa._FWD_LAUNCH, fa._DKDV_LAUNCH, fa._DQ_LAUNCH)
 
-
-def _host_us(fn, calls: int = CALLS, rounds: int = ROUNDS) -> float:
-    """Median over rounds of the host time per call of `calls` unsynchronized calls."""
-    for _ in range(10):
-        fn()
-    per_call = []
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        per_call.append((time.perf_counter() - start) / calls * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(per_call)
 
 
 @contextmanager
@@ -90,9 +73,9 @@ def _one_forward_launch(q, k, v) -> dict[str, float]:
 
     fa._FWD_LAUNCH(key, n, bh, args)  # tunes (if needed) and remembers the choice
     return {
-        "autotuner: _attn_fwd[grid](...)": _host_us(lambda: fa._attn_fwd[grid](*args, **consts)),
-        "direct: _FWD_LAUNCH(...) -> fn.run": _host_us(lambda: fa._FWD_LAUNCH(key, n, bh, args)),
-        "torch.empty (one output)": _host_us(lambda: torch.empty_like(q)),
+        "autotuner: _attn_fwd[grid](...)": host_us(lambda: fa._attn_fwd[grid](*args, **consts)),
+        "direct: _FWD_LAUNCH(...) -> fn.run": host_us(lambda: fa._FWD_LAUNCH(key, n, bh, args)),
+        "torch.empty (one output)": host_us(lambda: torch.empty_like(q)),
     }
 
 
@@ -129,12 +112,12 @@ def main() -> None:
 
     rows = []
     for name, fwd in (("flash-triton", flash), ("sdpa", sdpa)):
-        rows.append((name, _host_us(lambda fwd=fwd: fwd().detach()),
-                     _host_us(lambda fwd=fwd: fwd().backward(d_out)),
+        rows.append((name, host_us(lambda fwd=fwd: fwd().detach()),
+                     host_us(lambda fwd=fwd: fwd().backward(d_out)),
                      _gpu_us(lambda fwd=fwd: fwd().backward(d_out))))  # fmt: skip
     with _via_autotuner():
-        rows.append(("flash-triton via autotuner", _host_us(lambda: flash().detach()),
-                     _host_us(lambda: flash().backward(d_out)), float("nan")))  # fmt: skip
+        rows.append(("flash-triton via autotuner", host_us(lambda: flash().detach()),
+                     host_us(lambda: flash().backward(d_out)), float("nan")))  # fmt: skip
     print(f"shape (B, H, S, d) = {shape}, bf16, causal")
     print("| impl | fwd host us/call | fwd+bwd host us/call | fwd+bwd GPU us/call |")
     print("|---|---|---|---|")

@@ -22,20 +22,8 @@ export PYTHONPATH=src PYTHONUNBUFFERED=1
 deadline=$((SECONDS + BUDGET_S))
 exec > >(tee -a "$OUT/log.txt") 2>&1
 
-stage() {  # stage NAME RESERVE_S COMMAND...: run COMMAND if NAME is in STAGES and time is left
-  local name=$1 reserve=$2
-  shift 2
-  [[ " $STAGES " == *" $name "* ]] || return 0
-  local left=$((deadline - SECONDS - reserve))
-  if ((left < 20)); then
-    echo "== $name: skipped, out of budget"
-    return 0
-  fi
-  echo "== $name (at most ${left} s, $((SECONDS)) s elapsed)"
-  timeout -s INT -k 20 "$left" "$@"
-  local rc=$?
-  ((rc == 0)) || echo "== $name: exit $rc (124: stopped at its time limit; finished points are kept)"
-}
+# shellcheck source=../reserve_stage.sh
+source "$(dirname "$0")/../reserve_stage.sh"
 
 GPT2=(--model hf:gpt2 --attention sdpa)
 LLAMA=(--model hf:examples/llama-3.2-1b-shape.json --attention sdpa)

@@ -71,7 +71,7 @@ def test_rounds_interleave_the_points_and_resume_at_the_round_reached(tmp_path):
 def test_one_round_writes_no_round_fields(tmp_path):
     (record,) = run_sweep(FAULTS, [point("ok", 3)], out=tmp_path / "r.jsonl", isolate=False)
     assert "round" not in record and "rounds" not in record
-    with pytest.raises(ValueError, match="rounds must be at least 1"):
+    with pytest.raises(ValueError, match="--rounds must be a whole number of at least 1"):
         run_sweep(FAULTS, [point("ok", 3)], out=tmp_path / "r.jsonl", rounds=0)
 
 

@@ -190,7 +190,9 @@ def run_sweep(
 
 def round_indices(rounds: int, only_round: int | None = None) -> list[int]:
     """The rounds a sweep runs: all of `rounds`, or `only_round` alone; ValueError for bad ones."""
-    check_steps("rounds", rounds, 1, unit="rounds")
+    if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
+        raise ValueError(f"--rounds must be a whole number of at least 1, got {rounds!r}")
+    check_steps("rounds", rounds, 1, unit="rounds")  # and not more than any sweep could run
     if only_round is None:
         return list(range(rounds))
     if not isinstance(only_round, int) or isinstance(only_round, bool) or not 0 <= only_round < rounds:

@@ -102,3 +102,18 @@ def test_parse_budget(text, seconds):
 def test_parse_budget_rejects_what_is_not_a_duration(text):
     with pytest.raises(ValueError, match="--budget"):
         parse_budget(text)
+
+
+def test_every_accounting_point_is_a_plan_that_can_exist():
+    """The study plans only meshes `plan parallel` accepts (xl's 25 heads admit no TP of 2 or 4)."""
+    import dataclasses
+
+    from lmscope.study.accounting_point import run_point
+    from lmscope.study.sections import _accounting
+
+    points = _accounting()
+    assert {p.spec.model for p in points} == {"xl", "2.7B"}
+    assert all(p.spec.tp in (1, 5, 25) for p in points if p.spec.model == "xl")
+    assert any(p.spec.tp > 1 for p in points if p.spec.model == "2.7B")
+    for point in points:
+        assert run_point(dataclasses.asdict(point.spec))

@@ -315,6 +315,7 @@ def _precision_checks(device: str) -> list[Point]:
 
 
 def _accounting() -> list[Point]:
+    from lmscope.config import preset
     from lmscope.study.accounting_point import Spec
 
     meshes = ((8, 1, 1), (1, 8, 1), (1, 4, 2), (1, 2, 4))
@@ -322,7 +323,13 @@ def _accounting() -> list[Point]:
         Point(Spec(model=m, dp=dp, fsdp=fsdp, tp=tp), 0 if m == "xl" else 1)
         for m in ("xl", "2.7B")
         for dp, fsdp, tp in meshes
+        if _shardable(preset(m), tp)  # xl's 25 heads admit no TP of 2 or 4: plan parallel refuses it
     ]
+
+
+def _shardable(config: Any, tp: int) -> bool:
+    """Whether tensor parallelism `tp` splits the model into whole heads and equal FFN shards."""
+    return config.num_heads % tp == 0 and config.d_ff % tp == 0
 
 
 def _distributed(target: Target) -> list[Section]:

@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 from lmscope.measure.kernel_categories import CATEGORIES, CATEGORY_LABELS
+from lmscope.report.attention_plots import plain_minor, plain_number
 from lmscope.results import Record
 
 
@@ -49,11 +51,14 @@ def step_time_vs_size(records: Sequence[Record], metric: str = "median_ms") -> b
         ax.plot([p[0] / 1e6 for p in points], [p[1] for p in points], marker="o", ms=3, label=label)
     ax.set_xscale("log")
     ax.set_yscale("log")
+    for axis in (ax.xaxis, ax.yaxis):  # plain numbers ('300', '2'), never '2x10^0'
+        axis.set_major_formatter(FuncFormatter(plain_number))
+        axis.set_minor_formatter(FuncFormatter(plain_minor))
     ax.set_xlabel("parameters (millions)")
     ax.set_ylabel(f"{metric} per step")
     ax.set_title("step time vs model size", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=6, ncol=2)
+    ax.legend(fontsize=6, ncol=2, loc="upper left", bbox_to_anchor=(1.02, 1.0))  # off the data
     return _png(figure)
 
 

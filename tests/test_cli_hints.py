@@ -48,3 +48,11 @@ def test_flash_on_cpu_suggests_flash_torch(fast, monkeypatch):
     with pytest.raises(ValueError, match="flash-torch") as error:
         spec.source().build(torch.device("cpu"))
     assert "TRITON_INTERPRET" not in str(error.value) and "import" not in str(error.value)
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_sdpa_cudnn_on_cpu_points_to_sdpa(fast, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # even where the fast path's kernels could run
+    spec = Spec(size="tiny", attention="sdpa-cudnn", fast=fast, device="cpu")
+    with pytest.raises(ValueError, match="needs a CUDA GPU: on the CPU use --attention sdpa"):
+        spec.source().build(torch.device("cpu"))

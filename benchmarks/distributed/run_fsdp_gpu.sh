@@ -12,13 +12,15 @@
 #           single baseline). X2_S=580 per size; X_SIZES=xl,2.7B (one size per call keeps a
 #           call under the device tool's 10 minutes: X_SIZES=xl, then X_SIZES=2.7B).
 #   long    the 8B long-context step (d 4096, d_ff 11008, 34 layers, 32 heads, vocab 151936),
-#           context 32768, batch 1 per rank on 2 ranks: fsdp with --fast on --attention flash and
-#           --checkpoint block, fused AdamW. LONG_S=580.
+#           context 32768, batch 1 per rank on 2 ranks: fsdp with --fast on, fused AdamW, once per
+#           attention in LONG_ATTENTIONS (default flash; sdpa-cudnn is cuDNN's kernel) and
+#           --checkpoint LONG_CHECKPOINT (default block; blocks:0-26 keeps the last 7 blocks'
+#           activations). LONG_S=580 per attention.
 #   peer    its peer in the same session: transformers' Llama (SDPA), full activation
 #           checkpointing, fully_shard per layer, bf16 params, fp32 reduce, foreach AdamW
 #           (benchmarks/distributed/llama_fsdp2_peer.py). PEER_S=580.
 # Writes into $OUT: log.txt, fsdp-single.jsonl/.md, fsdp-xl-x2.jsonl/.md, fsdp-2.7B-x2.jsonl/.md,
-# fsdp-8b.jsonl/.md (each with .summary.md and .fsdp.md: memory per rank beside the accounting),
+# fsdp-8b-<attention>.jsonl/.md (each with .summary.md and .fsdp.md: memory per rank beside the accounting),
 # llama-peer.jsonl. The long stage's paired unwrapped step and single baseline run out of
 # memory at 8B (an oom row, and local_step_ms None): expected, they cost one step each.
 set -uo pipefail
@@ -43,14 +45,17 @@ fi
 if stage x2; then
   for size in ${X_SIZES//,/ }; do
     run timeout "${X2_S:-580}" "${LM[@]}" ddp --size "$size" --context-length 512 --batch-size 4 \
-      --precision bf16 --nproc "${X_NPROC:-2}" --strategy fsdp,torch-fsdp2,coalesced:1000 --warmup 5 \
-      --steps 20 --timeout 200 --out "$OUT/fsdp-$size-x${X_NPROC:-2}.jsonl" --format md
+      --precision bf16 --nproc "${X_NPROC:-2}" --strategy fsdp,torch-fsdp2,coalesced:1000 \
+      --warmup "${X_WARMUP:-5}" --steps "${X_STEPS:-20}" --timeout 200 --out "$OUT/fsdp-$size-x${X_NPROC:-2}.jsonl" --format md
   done
 fi
 if stage long; then
-  run timeout "${LONG_S:-580}" "${LM[@]}" ddp --size small "${B8[@]}" --num-layers 34 --fast on \
-    --attention flash --checkpoint block --nproc 2 --strategy fsdp --warmup 1 --steps 3 --timeout 500 \
-    --out "$OUT/fsdp-8b.jsonl" --format md
+  for attention in ${LONG_ATTENTIONS:-flash}; do
+    run timeout "${LONG_S:-580}" env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "${LM[@]}" ddp \
+      --size small "${B8[@]}" --num-layers 34 --fast on --attention "$attention" \
+      --checkpoint "${LONG_CHECKPOINT:-block}" --nproc 2 --strategy fsdp --warmup 1 --steps 3 \
+      --timeout 500 --out "$OUT/fsdp-8b-$attention.jsonl" --format md
+  done
 fi
 if stage peer; then
   run timeout "${PEER_S:-580}" python3 benchmarks/distributed/llama_fsdp2_peer.py --nproc 2 \

@@ -72,7 +72,7 @@ Fast = Annotated[str, typer.Option("--fast", help="lmscope's fused fast path: of
 OptimizerInBackward = Annotated[str, typer.Option(
     "--optimizer-in-backward", help="with --fast on (bf16): update each weight inside the backward, "
     "overlapped with it: off | on | off,on")]
-Attention = Annotated[str, typer.Option(help="naive | sdpa | flash | flash-torch, list ok")]
+Attention = Annotated[str, typer.Option(help="naive | sdpa | sdpa-cudnn | flash | flash-torch, list ok")]
 Device = Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")]
 
 
@@ -318,7 +318,7 @@ def ddp(
     context_length: ContextLength = "128",
     batch_size: Annotated[str, typer.Option(help="sequences per batch PER RANK, list ok")] = "4",
     precision: Precision = "bf16",
-    attention: Annotated[str, typer.Option(help="naive | sdpa | flash | flash-torch")] = "naive",
+    attention: Annotated[str, typer.Option(help="naive | sdpa | sdpa-cudnn | flash | flash-torch")] = "naive",
     strategy: Annotated[
         str, typer.Option(help="naive,flat,overlap,bucketed:<MiB>,coalesced:<MiB>,torch-ddp[:<MiB>],"
                           "fsdp,torch-fsdp2 (single is added as baseline)")
@@ -521,7 +521,7 @@ def plan_memory(
     context_length: Annotated[int, typer.Option(help="tokens per sequence")] = 128,
     mode: Annotated[str, typer.Option(help="forward | forward-backward | train-step")] = "train-step",
     precision: Annotated[str, typer.Option(help="fp32 | bf16 | fp16 (autocast)")] = "fp32",
-    attention: Annotated[str, typer.Option(help="naive | sdpa | flash | flash-torch")] = "naive",
+    attention: Annotated[str, typer.Option(help="naive | sdpa | sdpa-cudnn | flash | flash-torch")] = "naive",
     checkpoint: Annotated[str, typer.Option(help="checkpointing: none | block | every:K")] = "none",
     fsdp: Annotated[int, typer.Option(help="FSDP degree: memory per rank and bytes per step of "
                                       "FullyShardedDP over this many ranks (1: off)")] = 1,
@@ -552,7 +552,8 @@ def plan_checkpoint(
     context_length: Annotated[int | None, typer.Option(help="tokens per sequence (default 2048)")] = None,
     mode: Annotated[str | None, typer.Option(help="forward-backward | train-step")] = None,
     precision: Annotated[str | None, typer.Option(help="fp32 | bf16 | fp16 (autocast), default bf16")] = None,
-    attention: Annotated[str | None, typer.Option(help="naive | sdpa | flash | flash-torch")] = None,
+    attention: Annotated[str | None,
+                         typer.Option(help="naive | sdpa | sdpa-cudnn | flash | flash-torch")] = None,
     from_results: Annotated[Path | None, typer.Option(
         "--from", help="a results.jsonl with a `memory --activations on` row without checkpointing: "
                        "plan from its measured peak and bytes per block")] = None,

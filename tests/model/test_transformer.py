@@ -73,8 +73,18 @@ def test_naive_attention_is_causal_softmax_against_a_loop():
         torch.testing.assert_close(out[0, 0, t], weights @ v[0, 0, : t + 1])
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_sdpa_cudnn_matches_naive_on_the_gpu():
+    q, k, v = (torch.randn(2, 3, 257, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    reference = naive_attention(q.double(), k.double(), v.double())
+    error = (get_attention("sdpa-cudnn")(q, k, v).double() - reference).abs().max()
+    same_dtype = (get_attention("sdpa")(q, k, v).double() - reference).abs().max()
+    assert error <= 2 * same_dtype + 1e-3
+
+
 def test_registry_names_and_unknown_backend():
-    assert {"naive", "sdpa", "flash", "flash-torch"} <= set(attention_backends())
+    assert {"naive", "sdpa", "sdpa-cudnn", "flash", "flash-torch"} <= set(attention_backends())
     with pytest.raises(ValueError, match="unknown attention backend 'fast'"):
         get_attention("fast")
 

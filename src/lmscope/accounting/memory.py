@@ -46,7 +46,7 @@ GIB = 2**30
 ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 """Bytes of the activation dtype per precision (bf16/fp16 are autocast over fp32 weights)."""
 
-ATTENTIONS = ("naive", "sdpa", "flash", "flash-torch")
+ATTENTIONS = ("naive", "sdpa", "sdpa-cudnn", "flash", "flash-torch")
 """Attention backends the model knows (those of lmscope.model.attention)."""
 
 LSE_ALIGN = 32

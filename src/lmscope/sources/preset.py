@@ -82,6 +82,9 @@ def _model(request: ModelRequest, config: ModelConfig, device: torch.device) -> 
 
         return HFLlamaPeer(config)
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"  # the tests' CPU interpreter
+    if request.attention == "sdpa-cudnn" and device.type != "cuda":
+        raise ValueError("--attention sdpa-cudnn is cuDNN's kernel, which needs a CUDA GPU: "
+                         "on the CPU use --attention sdpa")
     if request.fast:
         if device.type != "cuda" and not interpreted:
             raise ValueError("--fast on runs lmscope's Triton kernels, which need a CUDA GPU: "

@@ -47,7 +47,7 @@ class ModelPointSpec:
     precision: str = "fp32"
     """fp32 | bf16 | fp16 (autocast)."""
     attention: str = "naive"
-    """Attention backend: naive | sdpa | flash | flash-torch."""
+    """Attention backend: naive | sdpa | sdpa-cudnn | flash | flash-torch."""
     compile: bool = False
     """Wrap the model in torch.compile (compile time reported apart from the steps)."""
     fast: bool = False

@@ -24,6 +24,7 @@ import torch
 from lmscope.config import ModelConfig
 from lmscope.model.hf_peer import llama_config_kwargs
 from lmscope.parallel.launch import RankContext, across_ranks, launch
+from lmscope.results import provenance
 
 GIB = 2**30
 
@@ -67,7 +68,7 @@ def train(ctx: RankContext, args: dict[str, Any]) -> dict[str, Any]:
     metrics = across_ranks(local)
     metrics.update(peak_allocated_rank0_gib=local["peak_allocated_gib"] if ctx.rank == 0 else None,
                    parameters=sum(p.numel() for p in model.parameters()),
-                   device_name=torch.cuda.get_device_name(ctx.device), torch=torch.__version__)
+                   times_ms=[round(t, 3) for t in times])  # this rank's: the ratio's interval
     return metrics
 
 
@@ -80,7 +81,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--timeout", type=float, default=1500.0)
     args = vars(parser.parse_args())
-    row: dict[str, Any] = {"strategy": "hf-llama-fsdp2-ac", "world_size": args["nproc"],
+    row: dict[str, Any] = {**provenance(), "strategy": "hf-llama-fsdp2-ac", "world_size": args["nproc"],
                            **{k: v for k, v in args.items() if k not in ("out", "timeout", "nproc")}}
     try:
         row.update(launch(train, args, nproc=args["nproc"], backend="nccl", timeout_s=args["timeout"]),

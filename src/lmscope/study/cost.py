@@ -28,8 +28,9 @@ STEP_FLOOR_S = {"cuda": 0.005, "cpu": 0.02}
 """Seconds a step takes at least (launches, Python)."""
 START_S = {"cuda": 12.0, "cpu": 6.0}
 """A fresh worker: interpreter, torch import, device start."""
-REUSED_START_S = {"cuda": 1.5, "cpu": 0.5}
-"""A point in a reused worker."""
+REUSED_START_S = {"cuda": 3.0, "cpu": 0.5}
+"""A point in a reused worker: the small presets' points of the H100 study took this long each
+(wall_s in benchmarks/results/study-h100/timing.jsonl)."""
 PROFILER_S = {"cuda": 7.0, "cpu": 3.0}
 """A profile point's profiler start and trace export (committed H100 rows: ~10 s per large point)."""
 COMPILE_S = {"cuda": (30.0, 0.08, 120.0), "cpu": (40.0, 0.0, 40.0)}

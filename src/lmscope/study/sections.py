@@ -19,6 +19,10 @@ from lmscope.study.target import Target
 GPU_SIZES = ("small", "medium", "large", "xl", "2.7B")
 GPU_CONTEXTS = (128, 256, 512, 1024)
 MODES = ("forward", "forward-backward", "train-step")
+FLASH_TORCH_MAX_SEQ = 4096
+"""Longest sequence the GPU study times the tiled PyTorch FlashAttention at: it runs one Python
+iteration per tile pair, so longer ones cost minutes of a study run and teach nothing new (the
+H100 study's rows: benchmarks/results/study-h100/attention.jsonl)."""
 ACCOUNTING = "lmscope.study.accounting_point"
 PRECISION_CHECKS = "lmscope.study.precision_point"
 
@@ -276,7 +280,8 @@ def _gpu_sections(target: Target, run_dir: Path) -> list[Section]:
         )
         for dtype in ("bf16", "fp32")
         for seq in (256, 1024, 4096, 8192, 16384)
-        for impl in ("naive", "naive-compiled", "flash-torch", "flash-triton", "sdpa-flash")
+        for impl in ("naive", "naive-compiled", "flash-torch", "flash-triton", _sdpa_peer(dtype))
+        if impl != "flash-torch" or seq <= FLASH_TORCH_MAX_SEQ
     ]
     compiled = [
         Point(
@@ -303,6 +308,12 @@ def _gpu_sections(target: Target, run_dir: Path) -> list[Section]:
         *_distributed(target),
         Section(name="accounting", question=ACCOUNTING_Q, workload=ACCOUNTING, points=_accounting()),
     ]
+
+
+def _sdpa_peer(dtype: str) -> str:
+    """SDPA's fused kernel for the dtype: FlashAttention-2 takes only 16-bit inputs, so fp32 goes to
+    the memory-efficient kernel (what SDPA itself picks for fp32)."""
+    return "sdpa-flash" if dtype in ("bf16", "fp16") else "sdpa-efficient"
 
 
 def _precision_checks(device: str) -> list[Point]:

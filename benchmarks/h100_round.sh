@@ -17,8 +17,9 @@
 #   interleaved 170  the xl fast step and its peers (HF Llama, eager SDPA) in 2 interleaved rounds
 #   tests-all   110  every GPU test of the changed code (only those whose name holds no "leaderboard")
 #   fidelity     40  the timing-fidelity check alone
-#   own-more    300  issue 17's matrix: the file module, GPT-2 and the Llama shape at 1024 (bf16,
-#                    fp32), profile and memory, context 4096, and compiled, in that order
+#   own-more    300  issue 17's matrix (OWN_MORE_S seconds): the file module, GPT-2 and the Llama
+#                    shape at 1024 and 4096 (bf16, fp32), compiled, profile and memory; it starts
+#                    from the committed rows in benchmarks/results/own_model (--resume skips them)
 #   activations-more 120  saved activations per block of small..2.7B at contexts 512 and 2048
 # Writes the rows and log.txt to $OUT/w while it runs, then round.tgz (all of it, no traces) to
 # $OUT (the device tool brings back at most 8 files). The energy fields need nvidia-ml-py: put
@@ -91,8 +92,11 @@ fi
 if stage fidelity 40; then
   limit 40 python3 benchmarks/own_model/fidelity.py --rounds 4 --steps 10 --out "$W/fidelity.jsonl" | tail -4
 fi
-if stage own-more 300; then  # the rest of issue 17's matrix, most wanted first, while time is left
-  deadline=$((SECONDS + 300))
+if stage own-more "${OWN_MORE_S:-300}"; then  # the rest of issue 17's matrix, most wanted first
+  deadline=$((SECONDS + ${OWN_MORE_S:-300}))
+  for kind in bench profile memory; do  # the committed rows: --resume skips what they hold
+    [[ -f "$W/own_$kind.jsonl" ]] || cp "benchmarks/results/own_model/$kind.jsonl" "$W/own_$kind.jsonl"
+  done
   GPT2=(--model hf:gpt2 --attention sdpa)
   LLAMA=(--model hf:examples/llama-3.2-1b-shape.json --attention sdpa)
   B=(bench --warmup 3 --steps 10 --timeout 120 --resume --reuse-worker --out "$W/own_bench.jsonl")
@@ -105,15 +109,20 @@ if stage own-more 300; then  # the rest of issue 17's matrix, most wanted first,
   done <<EOF2
 20 ${B[*]} --model examples/own_lm.py:build --context-length 1024 --batch-size 8 --precision bf16
 30 ${B[*]} ${GPT2[*]} --context-length 1024 --batch-size 8 --precision bf16,fp32
+30 ${B[*]} ${GPT2[*]} --context-length 4096 --batch-size 2 --precision bf16,fp32
 30 ${B[*]} ${LLAMA[*]} --context-length 1024 --batch-size 4 --precision bf16,fp32
+30 ${B[*]} ${LLAMA[*]} --context-length 4096 --batch-size 1 --precision bf16
+60 ${B[*]} ${GPT2[*]} --context-length 1024 --batch-size 8 --precision bf16 --compile on
+60 ${B[*]} ${LLAMA[*]} --context-length 1024 --batch-size 4 --precision bf16 --compile on
 30 ${P[*]} ${GPT2[*]} --context-length 1024 --batch-size 8 --precision bf16
 30 ${P[*]} ${LLAMA[*]} --context-length 1024 --batch-size 4 --precision bf16
 30 ${M[*]} ${GPT2[*]} --context-length 1024 --batch-size 8 --precision bf16
 30 ${M[*]} ${LLAMA[*]} --context-length 1024 --batch-size 4 --precision bf16
-30 ${B[*]} ${GPT2[*]} --context-length 4096 --batch-size 2 --precision bf16
-30 ${B[*]} ${LLAMA[*]} --context-length 4096 --batch-size 1 --precision bf16
-60 ${B[*]} ${GPT2[*]} --context-length 1024 --batch-size 8 --precision bf16 --compile on
-60 ${B[*]} ${LLAMA[*]} --context-length 1024 --batch-size 4 --precision bf16 --compile on
+30 ${P[*]} ${LLAMA[*]} --context-length 4096 --batch-size 1 --precision bf16
+30 ${M[*]} ${LLAMA[*]} --context-length 4096 --batch-size 1 --precision bf16
+30 ${B[*]} ${LLAMA[*]} --context-length 4096 --batch-size 1 --precision fp32
+60 ${B[*]} ${GPT2[*]} --context-length 4096 --batch-size 2 --precision bf16 --compile on
+60 ${B[*]} ${LLAMA[*]} --context-length 4096 --batch-size 1 --precision bf16 --compile on
 EOF2
 fi
 if stage activations-more 120; then

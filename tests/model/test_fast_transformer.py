@@ -218,6 +218,28 @@ def test_shadow_copies_are_opt_in_and_survive_edge_cases(fast_cls) -> None:
         assert torch.isfinite(tied(tokens, tokens))
 
 
+def test_dropped_shadow_weights_let_the_copies_and_replaced_weights_go(fast_cls) -> None:
+    """What ddp's wrap() relies on before FSDP replaces the parameters (the copies held every full
+    block weight of the 8B model alive beside its shards)."""
+    import gc
+    import weakref
+
+    model = fast_cls(CONFIG).to(DEVICE)
+    tokens = torch.randint(0, CONFIG.vocab_size, (2, 6), device=DEVICE)
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        shadows = weakref.ref(model.shadow_weights(torch.bfloat16))
+        model(tokens, tokens).backward()
+    old = weakref.ref(model.layers[0].ffn.w2.weight)
+    model.drop_shadow_weights()
+    model.layers[0].ffn.w2.weight = torch.nn.Parameter(model.layers[0].ffn.w2.weight.detach().clone())
+    model.zero_grad(set_to_none=True)
+    gc.collect()
+    assert shadows() is None and old() is None and model.current_shadows() is None
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        model(tokens, tokens).backward()  # casts each weight again, no copies made
+    assert model.current_shadows() is None
+
+
 def test_spec_rejects_fast_with_naive_attention_or_a_peer() -> None:
     with pytest.raises(ValueError, match="--attention flash"):
         Spec(fast=True)

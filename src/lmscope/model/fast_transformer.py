@@ -215,6 +215,11 @@ class FastTransformerLM(TransformerLM):
         self._shadow_dtype = dtype
         return self._shadows
 
+    def drop_shadow_weights(self) -> None:
+        """Turn the bf16 copies off and free them, and the references they hold to the weights (a
+        wrapper that replaces the parameters, such as FSDP, must not keep the old ones alive)."""
+        self._shadows, self._shadow_dtype = None, None
+
     def current_shadows(self) -> ShadowWeights | None:
         """The copies the last forward read, if any (for FusedAdamW to update)."""
         return self._shadows

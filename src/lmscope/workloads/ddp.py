@@ -191,6 +191,9 @@ class _Setup:
         spec = self.spec
         del self.optimizer  # the unwrapped steps' AdamW state: freed before the new one exists
         self.model.zero_grad(set_to_none=True)
+        drop_shadows = getattr(self.model, "drop_shadow_weights", None)
+        if drop_shadows is not None:  # the fast model's bf16 copies hold every full block weight
+            drop_shadows()
         release_device_memory()
         # fp16: each rank's own batch may have moved its scale; the wrapped ranks must agree
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=spec.precision == "fp16")

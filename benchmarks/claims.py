@@ -175,6 +175,73 @@ def fast_xl_runs(rows: Rows) -> str:
     ])
 
 
+FSDP_X2 = "benchmarks/results/distributed/fsdp-x2-h200"
+
+
+@claim("fsdp-x2")
+def fsdp_x2(rows: Rows) -> str:
+    """xl and 2.7B on 2 ranks: our FSDP, PyTorch's FSDP2 and the best DDP in one run per size."""
+    body = []
+    for size in ("xl", "2.7B"):
+        pattern = f"{FSDP_X2}/fsdp-{size}-x2.jsonl"
+        by = {r["strategy"]: r for r in rows.select(pattern)}
+        ours, peer, single = by["fsdp"], by["torch-fsdp2"], by["single"]
+        for name in ("fsdp", "torch-fsdp2", "coalesced:1000"):
+            row = by[name]
+            memory = (f"{fmt(row['peak_after_optimizer_rank_max_gib'])} / {fmt(row['predicted_fsdp_peak_gib'])}"
+                      if "predicted_fsdp_peak_gib" in row else fmt(row["peak_after_optimizer_gib"]))
+            body.append([size, name, fmt(row["step_median_ms"], 4), ratio(row, single),
+                         ratio(peer, ours) if name == "fsdp" else "", memory])
+        body.append([size, "single (1 GPU)", fmt(single["step_median_ms"], 4), "", "",
+                     fmt(single["peak_after_optimizer_gib"])])
+    return "\n".join([
+        "bf16, context 512, batch 4 per rank, 2x H200; median ms per step; `step/single` = the "
+        "2-rank step over the single-GPU step of the same run, `FSDP2/ours` = PyTorch's FSDP2 step "
+        "over ours, each with its 95 % bootstrap interval over the steps; peak GiB per rank, "
+        "measured / predicted by `lmscope.accounting.fsdp`.",
+        "",
+        table(["size", "strategy", "step ms", "step/single", "FSDP2/ours", "peak GiB"], body),
+        "",
+        f"Rows: `{FSDP_X2}/fsdp-<size>-x2.jsonl`; {provenance(rows.load(f'{FSDP_X2}/fsdp-xl-x2.jsonl'))}.",
+    ])
+
+
+@claim("fsdp-8b-long")
+def fsdp_8b_long(rows: Rows) -> str:
+    """The 8B long-context step on 2 ranks: ours per attention kernel against the HF FSDP2 peer."""
+    from lmscope.accounting.devices import peak_tflops
+    from lmscope.accounting.flops import forward_flops
+    from lmscope.config import ModelConfig
+
+    peer = rows.one(f"{FSDP_X2}/llama-peer.jsonl")
+    config = ModelConfig(vocab_size=peer["vocab_size"], context_length=peer["context_length"],
+                         d_model=peer["d_model"], d_ff=peer["d_ff"], num_layers=peer["num_layers"],
+                         num_heads=peer["num_heads"])
+    forward = forward_flops(config, peer["batch_size"] * peer["world_size"], peer["context_length"])
+    flops = 3 * (forward["dense"] + forward["attention"] / 2)  # causal: half the score square
+    peak = peak_tflops(peer["device_name"], "bf16") * 1e12 * peer["world_size"]
+    body = []
+    for attention in ("sdpa-cudnn", "flash"):
+        row = rows.one(f"{FSDP_X2}/fsdp-8b-{attention}.jsonl", strategy="fsdp")
+        body.append([f"lmscope fsdp, fast, {attention}, checkpoint {row['checkpoint']}",
+                     fmt(row["step_median_ms"], 4), ratio(peer, row, times="times_ms"),
+                     fmt(flops / (row["step_median_ms"] / 1e3) / peak),
+                     fmt(row["peak_after_optimizer_rank_max_gib"])])
+    body.append(["HF Llama, SDPA, full checkpointing, FSDP2 (peer)", fmt(peer["step_median_ms"], 4), "",
+                 fmt(flops / (peer["step_median_ms"] / 1e3) / peak), fmt(peer["peak_allocated_rank_max_gib"])])
+    return "\n".join([
+        "d 4096, d_ff 11008, 34 layers, 32 heads, vocab 151,936; context 32,768, batch 1 per rank, "
+        "2x H200, bf16, AdamW; median ms per step (warm-up 1, 3 steps); `peer/ours` with its 95 % "
+        "bootstrap interval; MFU = model FLOPs without recompute (`lmscope.accounting.flops`, causal "
+        "attention as half the square: "
+        f"{fmt(flops / 1e15)} PFLOP per step) over the datasheet's dense bf16 peak of both GPUs; peak GiB allocated per rank.",
+        "",
+        table(["step", "ms", "peer/ours", "MFU", "peak GiB"], body),
+        "",
+        f"Rows: `{FSDP_X2}/fsdp-8b-<attention>.jsonl`, `llama-peer.jsonl`; {provenance([peer])}.",
+    ])
+
+
 ATTENTION_KERNELS = {
     "ours": ("16-long-sdpa-inbwd-profile",
              ("_attn_fwd", "_attn_bwd_dkdv", "_attn_bwd_dq", "_bwd_preprocess")),

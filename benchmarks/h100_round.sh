@@ -87,7 +87,7 @@ if stage tests-all 110; then
     tests/kernels/test_flash_attention_launch.py tests/measure/test_flop_count_gpu.py \
     tests/measure/test_energy_gpu.py tests/measure/test_saved_activations_gpu.py tests/test_probe_gpu.py \
     tests/test_provenance.py tests/sources/test_sources_gpu.py tests/kernels/test_flash_attention_triton.py \
-    -k "not leaderboard" 2>&1 | tail -8
+    -k "not leaderboard" 2>&1 | tail -80
 fi
 if stage fidelity 40; then
   limit 40 python3 benchmarks/own_model/fidelity.py --rounds 4 --steps 10 --out "$W/fidelity.jsonl" | tail -4

@@ -1,15 +1,22 @@
-"""Running a study plan: a budget stop resumed, and a failed section that does not stop the study.
+"""Running a study plan: time left goes to later points, a slow pace stops the run and resume
+finishes it, and a failed section does not stop the study.
 
-The points are the accounting workload (no device work), so each costs a worker start only.
+The points are the accounting workload (no device work, a fraction of a second each); the tests
+that are about the budget give them estimates of their own (`costs`) in place of the cost model,
+so that what the pace says is known: estimates of minutes make the points far faster than
+estimated, estimates of a millisecond far slower.
 """
 
 from __future__ import annotations
 
 import json
 
+import pytest
+
 from lmscope.results import read_records
+from lmscope.study import planner
 from lmscope.study.accounting_point import Spec
-from lmscope.study.execute import MANIFEST, run_plan
+from lmscope.study.execute import MANIFEST, Pace, later_that_fit, run_plan
 from lmscope.study.planner import DONE, LATER, RUN, make_plan
 from lmscope.study.sections import Point, Section
 from lmscope.study.target import Target
@@ -18,29 +25,66 @@ ACCOUNTING = "lmscope.study.accounting_point"
 
 
 def _section(name: str, workload: str, meshes: list[tuple[int, int]]) -> Section:
+    """One tier, so that the points run in one worker."""
     return Section(
         name=name,
         question=f"{name}?",
         workload=workload,
-        points=[Point(Spec(model="small", fsdp=f, tp=t), tier=i) for i, (f, t) in enumerate(meshes)],
+        points=[Point(Spec(model="small", fsdp=f, tp=t), tier=0) for f, t in meshes],
     )
 
 
-def test_a_budget_stop_is_finished_by_resume_without_running_points_again(tmp_path):
-    sections = [_section("accounting", ACCOUNTING, [(2, 1), (4, 1)])]
-    first = make_plan(sections, Target(), 2.0, tmp_path, resume=False)
-    assert [p.action for p in first.points] == [RUN, LATER]
-    manifest = run_plan(first, tmp_path, timeout_s=120)
-    assert manifest["sections"]["accounting"]["state"] == "partial"
-    assert len(read_records(tmp_path / "accounting.jsonl")) == 1
+@pytest.fixture
+def costs(monkeypatch) -> dict[int, float]:
+    """Estimated seconds of an accounting point by its fsdp, in place of `cost.point_cost_s`."""
+    table: dict[int, float] = {}
+    monkeypatch.setattr(planner, "point_cost_s", lambda workload, spec, target, reused: table[spec["fsdp"]])
+    return table
 
-    second = make_plan(sections, Target(), 2.0, tmp_path, resume=True)
-    assert [p.action for p in second.points] == [DONE, RUN]
+
+def _fsdps(run_dir) -> list[int]:
+    return [r["fsdp"] for r in read_records(run_dir / "accounting.jsonl")]
+
+
+def test_time_left_after_the_plan_goes_to_later_points_that_fit_it(tmp_path, costs):
+    """Three planned points estimated at 250 s take seconds: the pace falls to its floor (half).
+    Of the later points, 1500 s (750 s at that pace) fits the time left, 2500 s does not, and
+    400 s after it still does (the planner's rule, on the time left)."""
+    costs.update({2: 250.0, 4: 250.0, 8: 250.0, 16: 1500.0, 32: 2500.0, 64: 400.0})
+    sections = [_section("accounting", ACCOUNTING, [(f, 1) for f in costs])]
+    plan = make_plan(sections, Target(), 1000.0, tmp_path, resume=False)
+    assert [p.action for p in plan.points] == [RUN, RUN, RUN, LATER, LATER, LATER]
+
+    manifest = run_plan(plan, tmp_path, timeout_s=120)
+    assert _fsdps(tmp_path) == [2, 4, 8, 16, 64]
+    state = manifest["sections"]["accounting"]
+    assert state["ran"] == state["finished"] == 5 and state["state"] == "partial"
+    assert manifest["beyond_plan"] == 2
+    assert "--resume" in manifest["stopped"]
+    assert json.loads((tmp_path / MANIFEST).read_text())["beyond_plan"] == 2
+
+
+def test_a_slow_pace_stops_the_run_and_resume_finishes_it_without_running_points_again(tmp_path, costs):
+    """Points estimated at a millisecond take longer: the pace rises to its cap (5), so the
+    planned 10 s point (50 s at that pace) is not started in a 20 s budget, nor the later one.
+    The next run with --resume runs just those two."""
+    costs.update({2: 0.001, 4: 0.001, 8: 0.001, 16: 10.0, 32: 15.0})
+    sections = [_section("accounting", ACCOUNTING, [(f, 1) for f in costs])]
+    first = make_plan(sections, Target(), 20.0, tmp_path, resume=False)
+    assert [p.action for p in first.points] == [RUN, RUN, RUN, RUN, LATER]
+    manifest = run_plan(first, tmp_path, timeout_s=120)
+    assert _fsdps(tmp_path) == [2, 4, 8]
+    assert manifest["sections"]["accounting"]["state"] == "partial"
+    assert manifest["beyond_plan"] == 0 and "--resume" in manifest["stopped"]
+
+    second = make_plan(sections, Target(), 60.0, tmp_path, resume=True)
+    assert [p.action for p in second.points] == [DONE, DONE, DONE, RUN, RUN]
     manifest = run_plan(second, tmp_path, timeout_s=120)
     records = read_records(tmp_path / "accounting.jsonl")
-    assert sorted(r["fsdp"] for r in records) == [2, 4]
+    assert [r["fsdp"] for r in records] == [2, 4, 8, 16, 32]
     assert all(r["status"] == "ok" and r["total_gib"] > 0 for r in records)
     assert manifest["sections"]["accounting"]["state"] == "complete"
+    assert manifest["stopped"] is None
     saved = json.loads((tmp_path / MANIFEST).read_text())
     assert len(saved["commands"]) == 2
 
@@ -59,8 +103,6 @@ def test_a_failed_section_is_reported_and_the_study_goes_on(tmp_path):
 
 
 def test_pace_scales_estimates_by_what_finished_points_took():
-    from lmscope.study.execute import Pace
-
     pace = Pace()
     pace.add(1.0, 3.0)
     pace.add(1.0, 3.0)
@@ -69,3 +111,20 @@ def test_pace_scales_estimates_by_what_finished_points_took():
     assert pace.factor == 3.0
     pace.add(1.0, 100.0)
     assert pace.factor == 5.0
+
+
+def test_pace_goes_below_one_for_points_faster_than_estimated_down_to_a_half():
+    pace = Pace()
+    for _ in range(3):
+        pace.add(10.0, 7.0)
+    assert pace.factor == pytest.approx(0.7)
+    pace.add(100.0, 1.0)
+    assert pace.factor == 0.5
+
+
+def test_later_points_are_chosen_in_plan_order_while_their_scaled_estimates_fit():
+    later = [planner.PlannedPoint(None, None, cost, LATER) for cost in (30.0, 50.0, 10.0, 5.0)]
+    assert [p.cost_s for p in later_that_fit(later, 40.0, 1.0)] == [30.0, 10.0]
+    assert [p.cost_s for p in later_that_fit(later, 40.0, 0.5)] == [30.0, 50.0]
+    assert [p.cost_s for p in later_that_fit(later, 40.0, 2.0)] == [10.0, 5.0]
+    assert later_that_fit(later, 1.0, 1.0) == []

@@ -11,7 +11,7 @@ def test_plan_only_prints_the_plan_and_runs_nothing(tmp_path, capsys):
     main(["study", "--plan-only", "--budget", "2m", "--device", "cpu", "--out", str(tmp_path / "s")])
     out = capsys.readouterr().out
     assert "budget 2.0 min" in out and "timing" in out and "skipped: needs 2+ GPUs (0 here)" in out
-    assert "over budget: rerun with --resume" in out
+    assert "later: if time is left, else --resume" in out
     assert not (tmp_path / "s").exists()
 
 

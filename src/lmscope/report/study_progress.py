@@ -14,8 +14,13 @@ from lmscope.report.console import console, describe
 class StudyProgress:
     """Advances by each point's estimated cost when it finishes; prints failed points."""
 
-    def __init__(self, progress: Progress, task: Any) -> None:
-        self._progress, self._task, self.cost_s = progress, task, 0.0
+    def __init__(self, progress: Progress, task: Any, total_s: float) -> None:
+        self._progress, self._task, self.cost_s, self._total_s = progress, task, 0.0, total_s
+
+    def extend(self, cost_s: float) -> None:
+        """More points join the run: the bar grows by their estimated seconds."""
+        self._total_s += cost_s
+        self._progress.update(self._task, total=max(self._total_s, 1e-9))
 
     def start(self, section: str, spec: dict[str, Any], cost_s: float) -> None:
         """A point of `section` starts; it is worth `cost_s` estimated seconds."""
@@ -48,4 +53,4 @@ def study_progress(total_s: float) -> Iterator[StudyProgress]:
         transient=False,
     ) as progress:
         task = progress.add_task("study", total=max(total_s, 1e-9), point="")
-        yield StudyProgress(progress, task)
+        yield StudyProgress(progress, task, total_s)

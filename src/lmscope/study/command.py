@@ -49,6 +49,8 @@ def study(
         return 0
     manifest = run_plan(plan, run_dir, timeout_s=timeout_s)
     console.show_table(summary_table(manifest), title="study")
+    if manifest.get("beyond_plan"):
+        console.say(f"time was left after the plan: ran {manifest['beyond_plan']} of its later points too")
     if manifest.get("stopped"):
         console.say(manifest["stopped"])
     console.say(f"report: lmscope report {run_dir} -o {run_dir / 'report.html'}")

@@ -1,8 +1,11 @@
 """Run a study plan through the one runner, tier by tier, each section into its own JSONL.
 
 Progress is one rich bar over the plan's estimated seconds (so its ETA weighs a 2.7B point more
-than a tiny one). A point is not started when its estimate would pass the budget's deadline; a
-section whose run raises is reported and the study goes on. `study.json` in the run directory
+than a tiny one). A point is not started when its estimate, scaled by the pace of the points
+finished so far, would pass the budget's deadline. When the planned points are done with time
+left, the plan's `later` points that fit it run too, through the same runner and into the same
+files, so a run uses its budget although the estimates are rough. A section whose run raises is
+reported and the study goes on. `study.json` in the run directory
 records the command, the target and each section's state for `lmscope report`.
 """
 
@@ -20,7 +23,7 @@ from lmscope.report.study_progress import study_progress
 from lmscope.report.tables import Table
 from lmscope.results import read_records
 from lmscope.runner import _finished_keys, identity_key, run_sweep
-from lmscope.study.planner import DONE, LATER, RUN, Plan
+from lmscope.study.planner import DONE, LATER, RUN, Plan, PlannedPoint
 
 MANIFEST = "study.json"
 
@@ -32,8 +35,10 @@ class BudgetSpent(Exception):
 class Pace:
     """How much slower (or faster) the points run than estimated, from those finished so far.
 
-    A loaded machine runs everything slower than the cost model says; the deadline check scales
-    each estimate by this factor (1 until three points finished, kept within 0.5..5).
+    A loaded machine runs everything slower than the cost model says, and pessimistic estimates
+    (big models, compile) make points finish early; the deadline check and the choice of `later`
+    points scale each estimate by this factor (1 until three points finished, kept within 0.5..5:
+    never trusting a point to take less than half its estimate).
     """
 
     def __init__(self) -> None:
@@ -65,7 +70,7 @@ def plan_table(plan: Plan) -> Table:
             continue
         counts = {a: plan.of(section, a) for a in (DONE, RUN, LATER)}
         est = sum(p.cost_s for p in counts[RUN]) / 60
-        note = "over budget: rerun with --resume" if counts[LATER] else ""
+        note = "later: if time is left, else --resume" if counts[LATER] else ""
         rows.append(
             [
                 section.name,
@@ -84,63 +89,89 @@ def plan_table(plan: Plan) -> Table:
 def run_plan(
     plan: Plan, run_dir: Path, *, timeout_s: float | None = None, command: str | None = None
 ) -> dict[str, Any]:
-    """Run the plan's RUN points; return (and write) the manifest with each section's state."""
+    """Run the plan's RUN points, then the `later` ones that fit the time left; return (and write)
+    the manifest with each section's state."""
     run_dir.mkdir(parents=True, exist_ok=True)
     manifest = _manifest(plan, run_dir, command)
     deadline = timeit.default_timer() + plan.budget_s
     pace = Pace()
-    batches = _batches(plan)
     with study_progress(plan.run_s) as progress:
-        for section, points in batches:
-            state = manifest["sections"][section.name]
-            specs = [p.point.spec for p in points]
-            by_index = [p.cost_s for p in points]
 
-            def on_start(
-                index: int, spec: dict[str, Any], _costs: list[float] = by_index, _name: str = section.name
-            ) -> None:
-                if timeit.default_timer() + _costs[index] * pace.factor > deadline:
-                    raise BudgetSpent
-                progress.start(_name, spec, _costs[index])
+        def run(batches: list[tuple[Any, list[PlannedPoint]]]) -> bool:
+            """Run `batches` in order; False when the budget stopped them."""
+            for section, points in batches:
+                state = manifest["sections"][section.name]
+                specs = [p.point.spec for p in points]
+                by_index = [p.cost_s for p in points]
 
-            def on_done(record: dict[str, Any], _state: dict[str, Any] = state) -> None:
-                pace.add(progress.cost_s, float(record.get("wall_s") or 0.0))
-                _state["ran"] += 1
-                if record.get("status") not in ("ok", "oom"):
-                    _state["failed_points"] += 1
-                progress.done(record)
+                def on_start(
+                    index: int,
+                    spec: dict[str, Any],
+                    _costs: list[float] = by_index,
+                    _name: str = section.name,
+                ) -> None:
+                    if timeit.default_timer() + _costs[index] * pace.factor > deadline:
+                        raise BudgetSpent
+                    progress.start(_name, spec, _costs[index])
 
-            timeout = timeout_s or max(300.0, 6 * max(by_index))
-            try:
-                run_sweep(
-                    section.workload,
-                    specs,
-                    out=run_dir / section.file,
-                    resume=True,
-                    timeout_s=timeout,
-                    reuse_worker=section.reuse_worker,
-                    on_start=on_start,
-                    on_done=on_done,
-                )
-            except BudgetSpent:
-                manifest["stopped"] = "budget spent: rerun with --resume to go on"
-                break
-            except Exception as error:  # noqa: BLE001 - a failed section is reported, the study goes on
-                state["error"] = f"{type(error).__name__}: {error}".splitlines()[0][:300]
-                console.say(f"section {section.name} failed: {state['error']}")
-            finally:
-                _write(run_dir, manifest)
+                def on_done(record: dict[str, Any], _state: dict[str, Any] = state) -> None:
+                    pace.add(progress.cost_s, float(record.get("wall_s") or 0.0))
+                    _state["ran"] += 1
+                    if record.get("status") not in ("ok", "oom"):
+                        _state["failed_points"] += 1
+                    progress.done(record)
+
+                timeout = timeout_s or max(300.0, 6 * max(by_index))
+                try:
+                    run_sweep(
+                        section.workload,
+                        specs,
+                        out=run_dir / section.file,
+                        resume=True,
+                        timeout_s=timeout,
+                        reuse_worker=section.reuse_worker,
+                        on_start=on_start,
+                        on_done=on_done,
+                    )
+                except BudgetSpent:
+                    return False
+                except Exception as error:  # noqa: BLE001 - a failed section is reported, the study goes on
+                    state["error"] = f"{type(error).__name__}: {error}".splitlines()[0][:300]
+                    console.say(f"section {section.name} failed: {state['error']}")
+                finally:
+                    _write(run_dir, manifest)
+            return True
+
+        later = [p for p in plan.points if p.action == LATER]
+        finished = run(_batches([p for p in plan.points if p.action == RUN]))
+        if finished and later:
+            extra = later_that_fit(later, deadline - timeit.default_timer(), pace.factor)
+            manifest["beyond_plan"] = len(extra)
+            progress.extend(sum(p.cost_s for p in extra))
+            finished = run(_batches(extra)) and len(extra) == len(later)
+        if not finished:
+            manifest["stopped"] = "budget spent: rerun with --resume to go on"
     _finish(manifest, plan, run_dir)
     _write(run_dir, manifest)
     return manifest
 
 
-def _batches(plan: Plan) -> list[tuple[Any, list[Any]]]:
-    """Consecutive RUN points of one section and tier, in plan order."""
-    batches: list[tuple[Any, list[Any]]] = []
-    for planned in plan.points:
-        if planned.action != RUN:
-            continue
+def later_that_fit(later: list[PlannedPoint], seconds_left: float, factor: float) -> list[PlannedPoint]:
+    """The points of `later`, in plan order, that fit `seconds_left` with their estimates scaled
+    by `factor`: the planner's rule, applied to the time the planned points left over."""
+    chosen, spent = [], 0.0
+    for planned in later:
+        cost = planned.cost_s * factor
+        if spent + cost <= seconds_left:
+            chosen.append(planned)
+            spent += cost
+    return chosen
+
+
+def _batches(points: list[PlannedPoint]) -> list[tuple[Any, list[PlannedPoint]]]:
+    """Consecutive points of one section and tier, in plan order."""
+    batches: list[tuple[Any, list[PlannedPoint]]] = []
+    for planned in points:
         if (
             batches
             and batches[-1][0].name == planned.section.name
@@ -173,6 +204,7 @@ def _manifest(plan: Plan, run_dir: Path, command: str | None) -> dict[str, Any]:
         "commands": commands,
         "sections": sections,
         "stopped": None,
+        "beyond_plan": 0,
     }
 
 

@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from lmscope.report import console
-from lmscope.report.study_progress import study_progress
+from lmscope.report.study_progress import StudyProgress, study_progress
 from lmscope.report.tables import Table
 from lmscope.results import read_records
 from lmscope.runner import _finished_keys, identity_key, run_sweep
 from lmscope.study.planner import DONE, LATER, RUN, Plan, PlannedPoint
+from lmscope.study.sections import Section
 
 MANIFEST = "study.json"
 
@@ -94,66 +95,74 @@ def run_plan(
     run_dir.mkdir(parents=True, exist_ok=True)
     manifest = _manifest(plan, run_dir, command)
     deadline = timeit.default_timer() + plan.budget_s
-    pace = Pace()
     with study_progress(plan.run_s) as progress:
-
-        def run(batches: list[tuple[Any, list[PlannedPoint]]]) -> bool:
-            """Run `batches` in order; False when the budget stopped them."""
-            for section, points in batches:
-                state = manifest["sections"][section.name]
-                specs = [p.point.spec for p in points]
-                by_index = [p.cost_s for p in points]
-
-                def on_start(
-                    index: int,
-                    spec: dict[str, Any],
-                    _costs: list[float] = by_index,
-                    _name: str = section.name,
-                ) -> None:
-                    if timeit.default_timer() + _costs[index] * pace.factor > deadline:
-                        raise BudgetSpent
-                    progress.start(_name, spec, _costs[index])
-
-                def on_done(record: dict[str, Any], _state: dict[str, Any] = state) -> None:
-                    pace.add(progress.cost_s, float(record.get("wall_s") or 0.0))
-                    _state["ran"] += 1
-                    if record.get("status") not in ("ok", "oom"):
-                        _state["failed_points"] += 1
-                    progress.done(record)
-
-                timeout = timeout_s or max(300.0, 6 * max(by_index))
-                try:
-                    run_sweep(
-                        section.workload,
-                        specs,
-                        out=run_dir / section.file,
-                        resume=True,
-                        timeout_s=timeout,
-                        reuse_worker=section.reuse_worker,
-                        on_start=on_start,
-                        on_done=on_done,
-                    )
-                except BudgetSpent:
-                    return False
-                except Exception as error:  # noqa: BLE001 - a failed section is reported, the study goes on
-                    state["error"] = f"{type(error).__name__}: {error}".splitlines()[0][:300]
-                    console.say(f"section {section.name} failed: {state['error']}")
-                finally:
-                    _write(run_dir, manifest)
-            return True
-
+        session = _Session(run_dir, manifest, deadline, progress, timeout_s)
         later = [p for p in plan.points if p.action == LATER]
-        finished = run(_batches([p for p in plan.points if p.action == RUN]))
+        finished = session.run(_batches([p for p in plan.points if p.action == RUN]))
         if finished and later:
-            extra = later_that_fit(later, deadline - timeit.default_timer(), pace.factor)
+            extra = later_that_fit(later, deadline - timeit.default_timer(), session.pace.factor)
             manifest["beyond_plan"] = len(extra)
             progress.extend(sum(p.cost_s for p in extra))
-            finished = run(_batches(extra)) and len(extra) == len(later)
+            finished = session.run(_batches(extra)) and len(extra) == len(later)
         if not finished:
             manifest["stopped"] = "budget spent: rerun with --resume to go on"
     _finish(manifest, plan, run_dir)
     _write(run_dir, manifest)
     return manifest
+
+
+@dataclasses.dataclass
+class _Session:
+    """One invocation's run: where rows go, the manifest it updates, its deadline and pace."""
+
+    run_dir: Path
+    manifest: dict[str, Any]
+    deadline: float
+    progress: StudyProgress
+    timeout_s: float | None
+    pace: Pace = dataclasses.field(default_factory=Pace)
+
+    def run(self, batches: list[tuple[Section, list[PlannedPoint]]]) -> bool:
+        """Run `batches` in order through the runner; False when the budget stopped them."""
+        for section, points in batches:
+            state = self.manifest["sections"][section.name]
+            try:
+                self._sweep(section, points, state)
+            except BudgetSpent:
+                return False
+            except Exception as error:  # noqa: BLE001 - a failed section is reported, the study goes on
+                state["error"] = f"{type(error).__name__}: {error}".splitlines()[0][:300]
+                console.say(f"section {section.name} failed: {state['error']}")
+            finally:
+                _write(self.run_dir, self.manifest)
+        return True
+
+    def _sweep(self, section: Section, points: list[PlannedPoint], state: dict[str, Any]) -> None:
+        """One batch as one sweep; BudgetSpent before a point that would end past the deadline."""
+        costs = [p.cost_s for p in points]
+
+        def on_start(index: int, spec: dict[str, Any]) -> None:
+            if timeit.default_timer() + costs[index] * self.pace.factor > self.deadline:
+                raise BudgetSpent
+            self.progress.start(section.name, spec, costs[index])
+
+        def on_done(record: dict[str, Any]) -> None:
+            self.pace.add(self.progress.cost_s, float(record.get("wall_s") or 0.0))
+            state["ran"] += 1
+            if record.get("status") not in ("ok", "oom"):
+                state["failed_points"] += 1
+            self.progress.done(record)
+
+        run_sweep(
+            section.workload,
+            [p.point.spec for p in points],
+            out=self.run_dir / section.file,
+            resume=True,
+            timeout_s=self.timeout_s or max(300.0, 6 * max(costs)),
+            reuse_worker=section.reuse_worker,
+            on_start=on_start,
+            on_done=on_done,
+        )
 
 
 def later_that_fit(later: list[PlannedPoint], seconds_left: float, factor: float) -> list[PlannedPoint]:
@@ -168,9 +177,9 @@ def later_that_fit(later: list[PlannedPoint], seconds_left: float, factor: float
     return chosen
 
 
-def _batches(points: list[PlannedPoint]) -> list[tuple[Any, list[PlannedPoint]]]:
+def _batches(points: list[PlannedPoint]) -> list[tuple[Section, list[PlannedPoint]]]:
     """Consecutive points of one section and tier, in plan order."""
-    batches: list[tuple[Any, list[PlannedPoint]]] = []
+    batches: list[tuple[Section, list[PlannedPoint]]] = []
     for planned in points:
         if (
             batches

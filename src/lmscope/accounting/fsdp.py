@@ -14,7 +14,8 @@ weight directly). Per rank and step, with N ranks and c bytes per compute-dtype 
   the root), all-gather in the backward (every unit but the last; the last and the root stay
   gathered), reduce-scatter of every trainable unit's gradient (input size, in the reduce dtype).
 
-An approximation of the peak: state + the largest in-flight window + activations; short-lived
+An approximation of the peak: master shards and optimizer state (not yet the shard gradients) +
+the largest in-flight window + activations; short-lived
 buffers of one op (attention scores, the fused loss's chunk) are not in it.
 """
 
@@ -62,8 +63,14 @@ class FsdpPrediction:
 
     @property
     def peak(self) -> int:
-        """State + the largest gathered window + activations."""
-        return self.state + max(self.gathered_forward, self.gathered_backward) + self.activations
+        """Master shards + optimizer state + the largest gathered window + activations.
+
+        The shard gradients are not in it: the step starts with them freed (zero_grad sets them
+        to None), and the backward makes each unit's only as it frees far more of that unit's
+        activations, so at the peak (the forward's end) they do not exist yet.
+        """
+        return (self.params + self.optimizer_state + max(self.gathered_forward, self.gathered_backward)
+                + self.activations)
 
     def as_record(self) -> dict[str, float]:
         """Flat dict in GiB: predicted_fsdp_<part>_gib."""

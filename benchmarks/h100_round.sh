@@ -99,7 +99,7 @@ if stage own-more "${OWN_MORE_S:-300}"; then  # the rest of issue 17's matrix, m
   done
   GPT2=(--model hf:gpt2 --attention sdpa)
   LLAMA=(--model hf:examples/llama-3.2-1b-shape.json --attention sdpa)
-  B=(bench --warmup 3 --steps 10 --timeout 120 --resume --reuse-worker --out "$W/own_bench.jsonl")
+  B=(bench --warmup 3 --steps 10 --timeout 180 --resume --reuse-worker --out "$W/own_bench.jsonl")
   P=(profile --warmup 2 --steps 2 --timeout 90 --resume --out "$W/own_profile.jsonl")
   M=(memory --warmup 1 --steps 2 --snapshot off --timeout 90 --resume --out "$W/own_memory.jsonl")
   while read -r need args; do
@@ -111,18 +111,25 @@ if stage own-more "${OWN_MORE_S:-300}"; then  # the rest of issue 17's matrix, m
 30 ${B[*]} ${GPT2[*]} --context-length 1024 --batch-size 8 --precision bf16,fp32
 30 ${B[*]} ${GPT2[*]} --context-length 4096 --batch-size 2 --precision bf16,fp32
 30 ${B[*]} ${LLAMA[*]} --context-length 1024 --batch-size 4 --precision bf16,fp32
-30 ${B[*]} ${LLAMA[*]} --context-length 4096 --batch-size 1 --precision bf16
-60 ${B[*]} ${GPT2[*]} --context-length 1024 --batch-size 8 --precision bf16 --compile on
-60 ${B[*]} ${LLAMA[*]} --context-length 1024 --batch-size 4 --precision bf16 --compile on
+40 ${B[*]} ${LLAMA[*]} --context-length 4096 --batch-size 1 --precision bf16,fp32
 30 ${P[*]} ${GPT2[*]} --context-length 1024 --batch-size 8 --precision bf16
 30 ${P[*]} ${LLAMA[*]} --context-length 1024 --batch-size 4 --precision bf16
 30 ${M[*]} ${GPT2[*]} --context-length 1024 --batch-size 8 --precision bf16
 30 ${M[*]} ${LLAMA[*]} --context-length 1024 --batch-size 4 --precision bf16
+30 ${P[*]} ${GPT2[*]} --context-length 4096 --batch-size 2 --precision bf16
+30 ${M[*]} ${GPT2[*]} --context-length 4096 --batch-size 2 --precision bf16
 30 ${P[*]} ${LLAMA[*]} --context-length 4096 --batch-size 1 --precision bf16
 30 ${M[*]} ${LLAMA[*]} --context-length 4096 --batch-size 1 --precision bf16
-30 ${B[*]} ${LLAMA[*]} --context-length 4096 --batch-size 1 --precision fp32
+20 ${P[*]} --model examples/own_lm.py:build --context-length 1024 --batch-size 8 --precision bf16
+20 ${M[*]} --model examples/own_lm.py:build --context-length 1024 --batch-size 8 --precision bf16
+60 ${B[*]} ${GPT2[*]} --context-length 1024 --batch-size 8 --precision bf16 --compile on
+90 ${B[*]} ${LLAMA[*]} --context-length 1024 --batch-size 4 --precision bf16 --compile on
 60 ${B[*]} ${GPT2[*]} --context-length 4096 --batch-size 2 --precision bf16 --compile on
-60 ${B[*]} ${LLAMA[*]} --context-length 4096 --batch-size 1 --precision bf16 --compile on
+90 ${B[*]} ${LLAMA[*]} --context-length 4096 --batch-size 1 --precision bf16 --compile on
+60 ${B[*]} ${GPT2[*]} --context-length 1024 --batch-size 8 --precision fp32 --compile on
+60 ${B[*]} ${GPT2[*]} --context-length 4096 --batch-size 2 --precision fp32 --compile on
+90 ${B[*]} ${LLAMA[*]} --context-length 1024 --batch-size 4 --precision fp32 --compile on
+90 ${B[*]} ${LLAMA[*]} --context-length 4096 --batch-size 1 --precision fp32 --compile on
 EOF2
 fi
 if stage activations-more 120; then

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # lmscope study (issue 18) on one GPU, in at most three runs of this script (each < 10 minutes):
 # each run plans the points still missing in $RUN, runs what fits in BUDGET (9m; a run still going
-# at the budget plus LATE_S, default 45 s, is interrupted: finished points are kept), and packs the
+# at the budget plus LATE_S, default 20 s, is interrupted: finished points are kept), and packs the
 # run folder, without the large traces and snapshots, into $OUT/study.tgz, with its report.html
 # and report.md beside it (the device tool brings back at most 8 files).
 #   run 1, 2, 3:  OUT=<dir> bash benchmarks/study/run_gpu.sh      (same RUN folder every time)
@@ -12,10 +12,10 @@
 set -u
 OUT=${OUT:-runs/study-gpu-out}
 RUN=${RUN:-runs/study-h100}
-BUDGET=${BUDGET:-9m}
+BUDGET=${BUDGET:-8m50s}
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 mkdir -p "$OUT" "$RUN"
-LIMIT_S=$(( $(python3 -c "from lmscope.study.planner import parse_budget; print(int(parse_budget('$BUDGET')))") + ${LATE_S:-45} ))
+LIMIT_S=$(( $(python3 -c "from lmscope.study.planner import parse_budget; print(int(parse_budget('$BUDGET')))") + ${LATE_S:-20} ))
 timeout -s INT -k 20 "$LIMIT_S" python3 -m lmscope study --budget "$BUDGET" --resume --out "$RUN" 2>&1 \
   | tee -a "$RUN/log.txt"
 python3 -m lmscope report "$RUN" -o "$RUN/report.html" 2>&1 | tee -a "$RUN/log.txt"

@@ -142,7 +142,7 @@ def run_sweep(
     reuse_worker: bool = False,
     rounds: int = 1,
     only_round: int | None = None,
-    on_start: Callable[[int, dict[str, Any]], None] | None = None,
+    on_start: Callable[[int, dict[str, Any]], bool | None] | None = None,
     on_done: Callable[[Record], None] | None = None,
 ) -> list[Record]:
     """Run every point not yet finished in `out`; return the records written by this call.
@@ -153,7 +153,8 @@ def run_sweep(
     or process-wide memory keep the default, a fresh process per point. `rounds` runs the list
     that many times, interleaved (see the module docstring); `only_round` runs one of them, so
     points that cannot share one command (different models) are interleaved by calling once per
-    round and command in turn.
+    round and command in turn. `on_start` runs before each pending point; when it returns False
+    the point is skipped (no row: it stays pending for a later `resume`).
     """
     points = [spec_dict(spec) for spec in specs]
     done = _finished_keys(workload, points, out) if resume else set()
@@ -164,8 +165,8 @@ def run_sweep(
         for index, (round_index, spec) in enumerate(schedule):
             if identity_key(workload, spec, round_index) in done:
                 continue
-            if on_start:
-                on_start(index, spec)
+            if on_start and on_start(index, spec) is False:
+                continue
             begin = timeit.default_timer()
             if not isolate:
                 metrics = run_in_process(workload, spec)

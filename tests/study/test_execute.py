@@ -1,5 +1,6 @@
-"""Running a study plan: time left goes to later points, a slow pace stops the run and resume
-finishes it, and a failed section does not stop the study.
+"""Running a study plan: time left goes to later points, a point that would pass the deadline is
+skipped while smaller ones still run, resume finishes what was skipped, points are batched into
+few workers, and a failed section does not stop the study.
 
 The points are the accounting workload (no device work, a fraction of a second each); the tests
 that are about the budget give them estimates of their own (`costs`) in place of the cost model,
@@ -16,7 +17,7 @@ import pytest
 from lmscope.results import read_records
 from lmscope.study import planner
 from lmscope.study.accounting_point import Spec
-from lmscope.study.execute import MANIFEST, Pace, later_that_fit, run_plan
+from lmscope.study.execute import MANIFEST, Pace, _batches, later_that_fit, run_plan
 from lmscope.study.planner import DONE, LATER, RUN, make_plan
 from lmscope.study.sections import Point, Section
 from lmscope.study.target import Target
@@ -64,7 +65,9 @@ def test_time_left_after_the_plan_goes_to_later_points_that_fit_it(tmp_path, cos
     assert json.loads((tmp_path / MANIFEST).read_text())["beyond_plan"] == 2
 
 
-def test_a_slow_pace_stops_the_run_and_resume_finishes_it_without_running_points_again(tmp_path, costs):
+def test_a_slow_pace_skips_what_no_longer_fits_and_resume_finishes_it_without_running_points_again(
+    tmp_path, costs
+):
     """Points estimated at a millisecond take longer: the pace rises to its cap (5), so the
     planned 10 s point (50 s at that pace) is not started in a 20 s budget, nor the later one.
     The next run with --resume runs just those two."""
@@ -87,6 +90,30 @@ def test_a_slow_pace_stops_the_run_and_resume_finishes_it_without_running_points
     assert manifest["stopped"] is None
     saved = json.loads((tmp_path / MANIFEST).read_text())
     assert len(saved["commands"]) == 2
+
+
+def test_a_point_that_would_pass_the_deadline_is_skipped_and_a_smaller_one_after_it_runs(tmp_path, costs):
+    """At the pace's cap (5) the 10 s point would take 50 s of a 20 s budget: it is skipped, not
+    started, and the millisecond point after it still runs in the same run."""
+    costs.update({2: 0.001, 4: 0.001, 8: 0.001, 16: 10.0, 32: 0.001})
+    sections = [_section("accounting", ACCOUNTING, [(f, 1) for f in costs])]
+    plan = make_plan(sections, Target(), 20.0, tmp_path, resume=False)
+    assert all(p.action == RUN for p in plan.points)
+    manifest = run_plan(plan, tmp_path, timeout_s=120)
+    assert _fsdps(tmp_path) == [2, 4, 8, 32]
+    assert manifest["sections"]["accounting"]["state"] == "partial"
+    assert "--resume" in manifest["stopped"]
+
+
+def test_tier_zero_of_every_section_runs_first_then_each_section_in_one_batch():
+    """Plan order is tier by tier (a0 b0 a1 b1 a2); the batches are a0 | b0 | a1 a2 | b1: a short
+    run still answers every question, and a section's later tiers share one worker."""
+    a = Section(name="a", question="a?", workload=ACCOUNTING)
+    b = Section(name="b", question="b?", workload=ACCOUNTING)
+    order = [(a, 0), (b, 0), (a, 1), (b, 1), (a, 2)]
+    points = [planner.PlannedPoint(s, Point(f"{s.name}{t}", t), 1.0, RUN) for s, t in order]
+    batches = [(s.name, [p.point.spec for p in ps]) for s, ps in _batches(points)]
+    assert batches == [("a", ["a0"]), ("b", ["b0"]), ("a", ["a1", "a2"]), ("b", ["b1"])]
 
 
 def test_a_failed_section_is_reported_and_the_study_goes_on(tmp_path):

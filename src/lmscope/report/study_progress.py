@@ -27,6 +27,10 @@ class StudyProgress:
         self.cost_s = cost_s
         self._progress.update(self._task, description=section, point=describe(spec))
 
+    def skip(self, cost_s: float) -> None:
+        """A planned point is left for a later run: the bar no longer waits for its seconds."""
+        self.extend(-cost_s)
+
     def done(self, record: dict[str, Any]) -> None:
         """The started point finished (any status)."""
         if record.get("status") not in ("ok", "oom"):

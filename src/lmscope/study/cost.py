@@ -1,10 +1,10 @@
 """A rough estimate of how many seconds one study point takes, for the plan and its ETA.
 
 Step time is the point's analytic FLOPs over an effective throughput per device and precision
-(set from the project's committed H100 rows, benchmarks/results/bench and fast/12-compile-sizes:
-effective rates well below peak), plus a floor per step, the worker's start and the model's
-build; torch.compile adds a compile time that grows with the model. Estimates decide what fits a
-budget and drive the ETA; they are never reported as measurements.
+(set from the `tflops` of the xl and 2.7B rows of the H100 study, benchmarks/results/study-h100/
+timing.jsonl and precision.jsonl: effective rates well below peak), plus a floor per step, the
+worker's start and the model's build; torch.compile adds a compile time that grows with the model.
+Estimates decide what fits a budget and drive the ETA; they are never reported as measurements.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from lmscope.config import preset
 from lmscope.study.target import Target
 
 EFFECTIVE_TFLOPS = {
-    ("cuda", "fp32"): 30.0,
-    ("cuda", "bf16"): 90.0,
-    ("cuda", "fp16"): 90.0,
+    ("cuda", "fp32"): 40.0,
+    ("cuda", "bf16"): 130.0,
+    ("cuda", "fp16"): 130.0,
     ("cpu", "fp32"): 0.005,
     ("cpu", "bf16"): 0.002,
     ("cpu", "fp16"): 0.002,
@@ -33,8 +33,12 @@ REUSED_START_S = {"cuda": 3.0, "cpu": 0.5}
 (wall_s in benchmarks/results/study-h100/timing.jsonl)."""
 PROFILER_S = {"cuda": 7.0, "cpu": 3.0}
 """A profile point's profiler start and trace export (committed H100 rows: ~10 s per large point)."""
-COMPILE_S = {"cuda": (30.0, 0.08, 120.0), "cpu": (40.0, 0.0, 40.0)}
-"""torch.compile: base seconds, seconds per million parameters, cap."""
+COMPILE_S = {"cuda": (10.0, 0.004, 60.0), "cpu": (40.0, 0.0, 40.0)}
+"""torch.compile: base seconds, seconds per million parameters, cap (cuda: the `compile_s` of the
+H100 study's compiled points, benchmarks/results/study-h100/compile.jsonl, barely grows with
+the model: the blocks are compiled once and reused)."""
+LIGHT_S = 0.5
+"""A point with no device work (accounting, precision checks) in a reused worker."""
 
 
 def _model_config(spec: dict[str, Any]) -> Any:
@@ -82,4 +86,4 @@ def point_cost_s(workload: str, spec: dict[str, Any], target: Target, *, reused:
         return start + 3.0
     if workload == "ddp":
         return start + 25.0
-    return start + 1.0
+    return (LIGHT_S if reused else start) + LIGHT_S

@@ -1,12 +1,14 @@
-"""Run a study plan through the one runner, tier by tier, each section into its own JSONL.
+"""Run a study plan through the one runner, each section into its own JSONL.
 
+Every section's tier-0 points run first (so a run cut short still answers each question), then
+each section's other points as one batch: one worker start per section, not one per tier.
 Progress is one rich bar over the plan's estimated seconds (so its ETA weighs a 2.7B point more
-than a tiny one). A point is not started when its estimate, scaled by the pace of the points
-finished so far, would pass the budget's deadline. When the planned points are done with time
-left, the plan's `later` points that fit it run too, through the same runner and into the same
-files, so a run uses its budget although the estimates are rough. A section whose run raises is
-reported and the study goes on. `study.json` in the run directory
-records the command, the target and each section's state for `lmscope report`.
+than a tiny one). A point is skipped, not started, when its estimate, scaled by the pace of the
+points finished so far, would pass the budget's deadline; smaller points after it still run, so
+a run uses its budget to the end. When the planned points are done with time left, the plan's
+`later` points that fit it run too, through the same runner and into the same files. A section
+whose run raises is reported and the study goes on. `study.json` in the run directory records the
+command, the target and each section's state for `lmscope report`.
 """
 
 from __future__ import annotations
@@ -27,10 +29,6 @@ from lmscope.study.planner import DONE, LATER, RUN, Plan, PlannedPoint
 from lmscope.study.sections import Section
 
 MANIFEST = "study.json"
-
-
-class BudgetSpent(Exception):
-    """The next point would end past the budget's deadline."""
 
 
 class Pace:
@@ -121,30 +119,34 @@ class _Session:
     progress: StudyProgress
     timeout_s: float | None
     pace: Pace = dataclasses.field(default_factory=Pace)
+    skipped: int = 0
+    """Points not started because they would have ended past the deadline."""
 
     def run(self, batches: list[tuple[Section, list[PlannedPoint]]]) -> bool:
-        """Run `batches` in order through the runner; False when the budget stopped them."""
+        """Run `batches` in order through the runner; False when the budget skipped a point."""
+        skipped_before = self.skipped
         for section, points in batches:
             state = self.manifest["sections"][section.name]
             try:
                 self._sweep(section, points, state)
-            except BudgetSpent:
-                return False
             except Exception as error:  # noqa: BLE001 - a failed section is reported, the study goes on
                 state["error"] = f"{type(error).__name__}: {error}".splitlines()[0][:300]
                 console.say(f"section {section.name} failed: {state['error']}")
             finally:
                 _write(self.run_dir, self.manifest)
-        return True
+        return self.skipped == skipped_before
 
     def _sweep(self, section: Section, points: list[PlannedPoint], state: dict[str, Any]) -> None:
-        """One batch as one sweep; BudgetSpent before a point that would end past the deadline."""
+        """One batch as one sweep, skipping each point that would end past the deadline."""
         costs = [p.cost_s for p in points]
 
-        def on_start(index: int, spec: dict[str, Any]) -> None:
+        def on_start(index: int, spec: dict[str, Any]) -> bool:
             if timeit.default_timer() + costs[index] * self.pace.factor > self.deadline:
-                raise BudgetSpent
+                self.skipped += 1
+                self.progress.skip(costs[index])
+                return False
             self.progress.start(section.name, spec, costs[index])
+            return True
 
         def on_done(record: dict[str, Any]) -> None:
             self.pace.add(self.progress.cost_s, float(record.get("wall_s") or 0.0))
@@ -178,18 +180,14 @@ def later_that_fit(later: list[PlannedPoint], seconds_left: float, factor: float
 
 
 def _batches(points: list[PlannedPoint]) -> list[tuple[Section, list[PlannedPoint]]]:
-    """Consecutive points of one section and tier, in plan order."""
-    batches: list[tuple[Section, list[PlannedPoint]]] = []
+    """Each section's tier-0 points, section by section; then each section's other points in
+    one batch (plan order within a section): a worker start per batch, not per tier."""
+    batches: dict[tuple[bool, str], tuple[Section, list[PlannedPoint]]] = {}
     for planned in points:
-        if (
-            batches
-            and batches[-1][0].name == planned.section.name
-            and batches[-1][1][-1].point.tier == planned.point.tier
-        ):
-            batches[-1][1].append(planned)
-        else:
-            batches.append((planned.section, [planned]))
-    return batches
+        key = (planned.point.tier > 0, planned.section.name)
+        batches.setdefault(key, (planned.section, []))[1].append(planned)
+    first = [batch for (later, _), batch in batches.items() if not later]
+    return first + [batch for (later, _), batch in batches.items() if later]
 
 
 def _manifest(plan: Plan, run_dir: Path, command: str | None) -> dict[str, Any]:

@@ -9,6 +9,9 @@
 #                    FLOP counter, NVML energy, saved activations, probe, provenance, sources)
 #   attention   115  the leaderboard preset (every peer in one run), issue 19's six shapes (ours,
 #                    SDPA flash, SDPA cuDNN; fwd+bwd), and the host-time breakdown at xl's layer
+#                    (ATTENTION_S seconds: all six shapes need about 240)
+#   engine       40  the autograd engine's device thread against the calling thread, at xl's layer
+#                    (benchmarks/attention/engine_thread.py)
 #   own         125  transformers' GPT-2 (124M) and a Llama-3.2-1B shape from config, and a module
 #                    from a file: bench (eager, and compiled GPT-2), profile and memory rows; then the
 #                    timing-fidelity check (lmscope vs a plain CUDA-event loop, interleaved)
@@ -48,10 +51,10 @@ if stage tests 75; then
     tests/measure/test_saved_activations_gpu.py tests/test_probe_gpu.py tests/test_provenance.py \
     tests/sources/test_sources_gpu.py 2>&1 | tail -15
 fi
-if stage attention 115; then
+if stage attention "${ATTENTION_S:-115}"; then
   A=(--impl flash-triton,sdpa-flash,sdpa-cudnn --dtype bf16 --causal on --check-max-seq 2048
      --reuse-worker --no-plot --timeout 120 --resume --out "$W/attention_shapes.jsonl")
-  deadline=$((SECONDS + 115))
+  deadline=$((SECONDS + ${ATTENTION_S:-115}))
   limit 30 "${LM[@]}" attention --preset leaderboard --compare impl --reuse-worker --timeout 120 \
     --resume --out "$W/leaderboard.jsonl"
   for shape in "1 16 16384 64" "1 16 8192 128" "1 16 32768 128" "8 16 1024 64" "4 25 512 64" "4 32 512 80"; do
@@ -62,6 +65,9 @@ if stage attention 115; then
   done
   limit 40 python3 benchmarks/attention/host_breakdown.py --shape 4,25,512,64 --out "$W/host.jsonl" \
     | head -30
+fi
+if stage engine 40; then
+  limit 40 python3 benchmarks/attention/engine_thread.py --shape 4,25,512,64 --out "$W/engine_thread.jsonl"
 fi
 if stage own 125; then
   deadline=$((SECONDS + 125))

@@ -10,6 +10,8 @@
 #   attention   115  the leaderboard preset (every peer in one run), issue 19's six shapes (ours,
 #                    SDPA flash, SDPA cuDNN; fwd+bwd), and the host-time breakdown at xl's layer
 #                    (ATTENTION_S seconds: all six shapes need about 240)
+#   host         40  the host-time breakdown alone (also part of attention), whole output in
+#                    host_breakdown.txt
 #   engine       40  the autograd engine's device thread against the calling thread, at xl's layer
 #                    (benchmarks/attention/engine_thread.py)
 #   own         125  transformers' GPT-2 (124M) and a Llama-3.2-1B shape from config, and a module
@@ -63,8 +65,11 @@ if stage attention "${ATTENTION_S:-115}"; then
     ((left > 5)) && limit "$left" "${LM[@]}" attention "${A[@]}" --passes fwd_bwd --batch "$1" \
       --heads "$2" --seq-len "$3" --head-dim "$4" | tail -6
   done
+fi
+if stage attention "${ATTENTION_S:-115}" || stage host 40; then  # its whole output, profiler table too
   limit 40 python3 benchmarks/attention/host_breakdown.py --shape 4,25,512,64 --out "$W/host.jsonl" \
-    | head -30
+    > "$W/host_breakdown.txt" 2>&1
+  head -30 "$W/host_breakdown.txt"
 fi
 if stage engine 40; then
   limit 40 python3 benchmarks/attention/engine_thread.py --shape 4,25,512,64 --out "$W/engine_thread.jsonl"

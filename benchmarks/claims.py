@@ -105,6 +105,81 @@ def attention_host_breakdown(rows: Rows) -> str:
     ])
 
 
+ISSUE19_SHAPES = ((1, 16, 16384, 64), (1, 16, 8192, 128), (1, 16, 32768, 128), (8, 16, 1024, 64),
+                  (4, 25, 512, 64), (4, 32, 512, 80))
+"""Issue 19's shapes (B, H, S, d): long context, then the models' own layers (xl, 2.7B)."""
+
+
+@claim("attention-issue19-shapes")
+def attention_issue19_shapes(rows: Rows) -> str:
+    """Ours against SDPA's flash and cuDNN backends at issue 19's shapes, from the newest run
+    that measured all of them (fwd+bwd, bf16, causal)."""
+    found = rows.select(f"{ATTENTION}/*/attention_shapes.jsonl", dtype="bf16", causal=True)
+    by_code: dict[str, list[dict]] = {}
+    for row in found:
+        by_code.setdefault(code_identity(row), []).append(row)
+
+    def point(run: list[dict], shape: tuple[int, ...], impl: str) -> dict | None:
+        return next((r for r in run if r["impl"] == impl and
+                     (r["batch"], r["heads"], r["seq_len"], r["head_dim"]) == shape), None)
+
+    impls = ("flash-triton", "sdpa-flash", "sdpa-cudnn")
+    complete = [run for run in by_code.values()
+                if all(point(run, s, i) for s in ISSUE19_SHAPES for i in impls)]
+    if not complete:
+        raise ClaimError("no run measured every issue 19 shape with flash-triton, sdpa-flash and sdpa-cudnn")
+    run = max(complete, key=lambda r: max(x["time"] for x in r))
+    body = []
+    for shape in ISSUE19_SHAPES:
+        ours, flash, cudnn = (point(run, shape, i) for i in impls)
+        best = min((flash, cudnn), key=lambda r: r["fwd_bwd_ms"])
+        body.append([", ".join(map(str, shape)), fmt(ours["fwd_bwd_ms"]), fmt(flash["fwd_bwd_ms"]),
+                     fmt(cudnn["fwd_bwd_ms"]), best["impl"],
+                     ratio(ours, best, key="fwd_bwd_ms", times="fwd_bwd_times_ms")])
+    used = [point(run, shape, i) for shape in ISSUE19_SHAPES for i in impls]
+    return "\n".join([
+        "fwd+bwd, bf16, causal; `do_bench` medians in ms, every implementation in the same run; "
+        "ours / fastest = flash-triton over the faster SDPA backend (above 1: ours slower), with "
+        "the 95 % bootstrap interval of the per-call times. Target: at most 1.1x at every shape.",
+        "",
+        table(["B, H, S, d", "ours ms", "SDPA flash ms", "SDPA cuDNN ms", "fastest SDPA", "ours / fastest"],
+              body),
+        "",
+        f"Measured on {provenance(used)}.",
+    ])
+
+
+@claim("attention-engine-thread")
+def attention_engine_thread(rows: Rows) -> str:
+    """Host microseconds of eager forward+backward with and without the autograd device thread,
+    and the backward split by stamping hooks, from the newest engine_thread.py run."""
+    found = rows.select(f"{ATTENTION}/*/engine_thread.jsonl", status=None)  # its rows carry no status
+    newest = max(found, key=lambda r: r["time"])
+    run = [r for r in found if code_identity(r) == code_identity(newest) and r["shape"] == newest["shape"]]
+    us = {r["part"]: r["host_us"] for r in run}
+    body = []
+    for thread in ("device thread", "calling thread"):
+        for what in ("forward+backward", "forward+backward, {t}, switch interval 1 us",
+                     "forward+backward, {t}, gc off", "backward hand-off", "backward work",
+                     "backward hand-back"):
+            label = what.format(t=thread) if "{t}" in what else f"{what}, {thread}"
+            sdpa, flash = us.get(f"sdpa: {label}"), us.get(f"flash: {label}")
+            if sdpa is None or flash is None:
+                continue
+            body.append([label, fmt(sdpa), fmt(flash), ratio_text(flash, sdpa),
+                         fmt(us.get(f"skeleton: {label}"))])
+    return "\n".join([
+        f"Shape (B, H, S, d) = {tuple(newest['shape'])}, bf16, causal; host microseconds per call "
+        "(forward+backward: median of 5 rounds of 300 unsynchronized calls; hand-off, work and "
+        "hand-back: medians of 300 stamped backwards, the stamping hooks included); skeleton = a "
+        "Function that saves and allocates what flash does and nothing else.",
+        "",
+        table(["part", "SDPA us", "flash us", "flash / SDPA", "skeleton us"], body),
+        "",
+        f"Measured on {provenance(run)}.",
+    ])
+
+
 def ratio_text(value: float, base: float) -> str:
     """value / base as '1.23x' (single measurements: no interval)."""
     return f"{value / base:.2f}x"

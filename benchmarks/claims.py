@@ -86,12 +86,20 @@ def attention_headline(rows: Rows) -> str:
     ])
 
 
+def newest_run(found: list[dict], newest: dict) -> list[dict]:
+    """The rows of `found` from the same script run as `newest`: its code, declared commit, boot
+    and shape (two runs of one source, on two machines, share a code identity)."""
+    keys = ("git_sha_declared", "boot_id", "shape")
+    return [r for r in found if code_identity(r) == code_identity(newest)
+            and all(r.get(k) == newest.get(k) for k in keys)]
+
+
 @claim("attention-host-breakdown")
 def attention_host_breakdown(rows: Rows) -> str:
     """Host microseconds per eager call at xl's attention layer, by part, from the newest run."""
     found = rows.select(f"{ATTENTION}/*/host.jsonl", status=None)  # its rows carry no status
     newest = max(found, key=lambda r: r["time"])
-    run = [r for r in found if code_identity(r) == code_identity(newest) and r["shape"] == newest["shape"]]
+    run = newest_run(found, newest)
     sdpa = next(r["host_us"] for r in run if r["part"] == "sdpa: forward+backward through autograd")
     body = [[r["part"], fmt(r["host_us"]), ratio_text(r["host_us"], sdpa)] for r in run]
     return "\n".join([
@@ -155,7 +163,7 @@ def attention_engine_thread(rows: Rows) -> str:
     and the backward split by stamping hooks, from the newest engine_thread.py run."""
     found = rows.select(f"{ATTENTION}/*/engine_thread.jsonl", status=None)  # its rows carry no status
     newest = max(found, key=lambda r: r["time"])
-    run = [r for r in found if code_identity(r) == code_identity(newest) and r["shape"] == newest["shape"]]
+    run = newest_run(found, newest)
     us = {r["part"]: r["host_us"] for r in run}
     body = []
     for thread in ("device thread", "calling thread"):

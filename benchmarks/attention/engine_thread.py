@@ -21,10 +21,8 @@ Usage (GPU machine, repo root): PYTHONPATH=src python3 benchmarks/attention/engi
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gc
-import json
 import statistics
 import sys
 import time
@@ -33,10 +31,9 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.nn.functional as F
 from host_breakdown import _Skeleton  # beside this script
-from host_timing import host_us
+from host_timing import append_parts, host_us, print_parts, shape_and_out
 
 from lmscope.kernels import flash_attention as fa
-from lmscope.results import provenance
 
 STAMPED_CALLS = 300
 
@@ -126,23 +123,11 @@ def parts(shape: tuple[int, int, int, int]) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", default="4,25,512,64", help="batch,heads,seq,head_dim")
-    parser.add_argument("--out", default=None, help="append one row per part to this JSONL")
-    args = parser.parse_args()
-    shape = tuple(int(x) for x in args.shape.split(","))
+    shape, out = shape_and_out(__doc__.splitlines()[0])
     measured = parts(shape)  # type: ignore[arg-type]
-    print(f"shape (B, H, S, d) = {shape}, bf16, causal; host us per call")
-    print("| part | host us/call |\n|---|---|")
-    for name, us in measured.items():
-        print(f"| {name} | {us:.1f} |")
-    if args.out:
-        stamp = provenance()
-        with open(args.out, "a", encoding="utf-8") as handle:
-            for name, us in measured.items():
-                row = {**stamp, "workload": "attention-engine-thread", "shape": list(shape),
-                       "part": name, "host_us": us}
-                handle.write(json.dumps(row, default=str) + "\n")
+    print_parts(shape, measured)
+    if out:
+        append_parts(out, "attention-engine-thread", shape, measured)
 
 
 if __name__ == "__main__":

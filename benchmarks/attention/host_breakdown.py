@@ -17,17 +17,14 @@ Usage (GPU machine, repo root): PYTHONPATH=src python3 benchmarks/attention/host
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import threading
 
 import torch
 import torch.nn.functional as F
-from host_timing import host_us  # beside this script
+from host_timing import append_parts, host_us, print_parts, shape_and_out  # beside this script
 
 from lmscope.kernels import flash_attention as fa
-from lmscope.results import provenance
 
 
 class _BackwardOnly(torch.autograd.Function):
@@ -199,27 +196,15 @@ def op_table(shape: tuple[int, int, int, int], calls: int = 50) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", default="4,25,512,64", help="batch,heads,seq,head_dim")
-    parser.add_argument("--out", default=None, help="append one row per part to this JSONL")
-    args = parser.parse_args()
-    shape = tuple(int(x) for x in args.shape.split(","))
+    shape, out = shape_and_out(__doc__.splitlines()[0])
     measured = parts(shape)  # type: ignore[arg-type]
     direct = {name: getattr(fa, name).compiled.direct for name in LAUNCHERS}
     print(f"launches straight to the compiled kernel (DirectLaunch) during the run: {direct}")
-    print(f"shape (B, H, S, d) = {shape}, bf16, causal; host us per call")
-    print("| part | host us/call |\n|---|---|")
-    for name, us in measured.items():
-        print(f"| {name} | {us:.1f} |")
+    print_parts(shape, measured)
     print(f"\ntorch.profiler of 50 flash forward+backward calls at {shape}:\n")
     print(op_table(shape))  # type: ignore[arg-type]
-    if args.out:
-        stamp = provenance()
-        with open(args.out, "a", encoding="utf-8") as handle:
-            for name, us in measured.items():
-                row = {**stamp, "workload": "attention-host-breakdown", "shape": list(shape),
-                       "part": name, "host_us": us}
-                handle.write(json.dumps(row, default=str) + "\n")
+    if out:
+        append_parts(out, "attention-host-breakdown", shape, measured)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ call was issued is repeated with a longer sleep.
 
 from __future__ import annotations
 
+import argparse
+import json
 import statistics
 import time
 from collections.abc import Callable
@@ -48,3 +50,31 @@ def host_us(fn: Callable[[], Any], calls: int = CALLS, rounds: int = ROUNDS) -> 
             per_call.append(elapsed / calls * 1e6)
         torch.cuda.synchronize()
     return statistics.median(per_call)
+
+
+def print_parts(shape: tuple[int, ...], measured: dict[str, float]) -> None:
+    """The parts' host microseconds per call as a markdown table."""
+    print(f"shape (B, H, S, d) = {shape}, bf16, causal; host us per call")
+    print("| part | host us/call |\n|---|---|")
+    for name, us in measured.items():
+        print(f"| {name} | {us:.1f} |")
+
+
+def append_parts(out: str, workload: str, shape: tuple[int, ...], measured: dict[str, float]) -> None:
+    """One row per part (provenance, workload, shape, part, host_us) appended to `out`."""
+    from lmscope.results import provenance
+
+    stamp = provenance()
+    with open(out, "a", encoding="utf-8") as handle:
+        for name, us in measured.items():
+            row = {**stamp, "workload": workload, "shape": list(shape), "part": name, "host_us": us}
+            handle.write(json.dumps(row, default=str) + "\n")
+
+
+def shape_and_out(description: str) -> tuple[tuple[int, ...], str | None]:
+    """The scripts' command line: --shape B,H,S,D (xl's attention layer by default) and --out."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--shape", default="4,25,512,64", help="batch,heads,seq,head_dim")
+    parser.add_argument("--out", default=None, help="append one row per part to this JSONL")
+    args = parser.parse_args()
+    return tuple(int(x) for x in args.shape.split(",")), args.out

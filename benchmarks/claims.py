@@ -104,7 +104,7 @@ def attention_host_breakdown(rows: Rows) -> str:
     body = [[r["part"], fmt(r["host_us"]), ratio_text(r["host_us"], sdpa)] for r in run]
     return "\n".join([
         f"Shape (B, H, S, d) = {tuple(newest['shape'])}, bf16, causal; host microseconds per call "
-        "(median of 5 rounds of 300 unsynchronized calls); x SDPA = the part over SDPA's whole "
+        "(median of rounds of unsynchronized calls, `benchmarks/attention/host_timing.py`); x SDPA = the part over SDPA's whole "
         "forward+backward in the same run.",
         "",
         table(["part", "host us/call", "x SDPA fwd+bwd"], body),
@@ -178,8 +178,8 @@ def attention_engine_thread(rows: Rows) -> str:
                          fmt(us.get(f"skeleton: {label}"))])
     return "\n".join([
         f"Shape (B, H, S, d) = {tuple(newest['shape'])}, bf16, causal; host microseconds per call "
-        "(forward+backward: median of 5 rounds of 300 unsynchronized calls; hand-off, work and "
-        "hand-back: medians of 300 stamped backwards, the stamping hooks included); skeleton = a "
+        "(forward+backward: median of rounds of unsynchronized calls, `host_timing.py`; hand-off, "
+        "work and hand-back: medians of `STAMPED_CALLS` stamped backwards, the stamping hooks included); skeleton = a "
         "Function that saves and allocates what flash does and nothing else.",
         "",
         table(["part", "SDPA us", "flash us", "flash / SDPA", "skeleton us"], body),

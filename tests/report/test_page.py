@@ -239,3 +239,18 @@ def test_memory_timelines_are_found_under_a_copied_run_folder(tmp_path):
         b for b in sections[0].blocks if isinstance(b, ImageBlock) and b.title.startswith("memory timeline")
     ]
     assert len(timelines) == 1 and timelines[0].png == png
+
+
+def test_a_study_sections_rows_read_in_sweep_order_not_in_the_order_a_resumed_run_wrote_them():
+    from lmscope.report.page.build import sweep_order
+
+    ran = [
+        {"parameters": 774, "context_length": 128, "mode": "forward"},
+        {"parameters": 124, "context_length": 512, "mode": "train-step"},
+        {"parameters": 124, "context_length": 128, "mode": "train-step"},
+        {"parameters": None, "context_length": 128, "mode": "forward", "status": "oom"},
+        {"parameters": 124, "context_length": 128, "mode": "forward"},
+    ]
+    ordered = [(r["parameters"], r["context_length"], r["mode"]) for r in sweep_order(ran)]
+    assert ordered == [(124, 128, "forward"), (124, 128, "train-step"), (124, 512, "train-step"),
+                       (774, 128, "forward"), (None, 128, "forward")]

@@ -291,13 +291,29 @@ def _study_peers(run: Run, name: str, records: Sequence[Record]) -> list[Block]:
     return peer_blocks([r for r in run.records if r.get("workload") == workload], [field])
 
 
+SWEEP_FIELDS = ("dtype", "precision", "parameters", "batch", "seq_len", "context_length", "mode",
+                "checkpoint", "compile", "warmup", "impl")
+"""A study section's swept fields, slowest-varying first: its tables read size by size,
+context by context (mode, precision and impl names sort in their natural order as text)."""
+
+
+def sweep_order(records: Sequence[Record]) -> list[Record]:
+    """`records` sorted by the swept fields (a resumed study writes them in the order they ran)."""
+
+    def key(record: Record) -> tuple[tuple[bool, float, str], ...]:
+        values = (record.get(f) for f in SWEEP_FIELDS)
+        return tuple((v is None, v if isinstance(v, int | float) else 0.0, str(v)) for v in values)
+
+    return sorted(records, key=key)
+
+
 def run_sections(run: Run) -> list[PageSection]:
     """The report's sections of one run: per study section (with a manifest) or per workload."""
     commands = run.manifest.get("commands", [])
     groups: list[tuple[str, str, list[Record]]] = []
     if run.manifest.get("sections"):
         for name, state in run.manifest["sections"].items():
-            records = [r for r in run.records if r.get("_file") == state.get("file")]
+            records = sweep_order([r for r in run.records if r.get("_file") == state.get("file")])
             if state.get("skip_reason"):
                 groups.append((name, state["question"], []))
             else:

@@ -27,6 +27,8 @@ launches holds about a thousand before a launch blocks."""
 ROUNDS = 5  # single rounds moved by up to 1.6x between runs on the H100 machine
 SLEEP_CYCLES = 200_000_000
 """GPU clock cycles of the first round's sleep kernel (doubled while too short)."""
+MAX_DOUBLINGS = 4
+"""A function still outlasting the sleep after this many doublings waits for the GPU itself."""
 
 
 def host_us(fn: Callable[[], Any], calls: int = CALLS, rounds: int = ROUNDS) -> float:
@@ -46,6 +48,9 @@ def host_us(fn: Callable[[], Any], calls: int = CALLS, rounds: int = ROUNDS) -> 
         elapsed = time.perf_counter() - start
         if slept.query():  # the GPU was free before the last call: it may have held the host back
             cycles *= 2
+            if cycles > SLEEP_CYCLES * 2**MAX_DOUBLINGS:
+                raise RuntimeError(f"{fn!r} outlasts every sleep: it synchronizes with the GPU, so "
+                                   "its host time cannot be told from the GPU's")
         else:
             per_call.append(elapsed / calls * 1e6)
         torch.cuda.synchronize()

@@ -162,8 +162,14 @@ _DQ = {  # (BLOCK_M2 resident queries, BLOCK_N2 keys per step)
     "interp": [(32, 16, 1, 1, True)],
 }
 # LMSCOPE_FLASH_WIDE=1: the longer head-dim <= 64 lists the lists above were chosen from
-# (benchmarks/flash_tune.py run with it; numbers in docs/kernels/flash_attention.md).
+# (benchmarks/flash_tune.py run with it; numbers in docs/kernels/flash_attention.md), and longer
+# head-dim > 64 backward lists: larger query and key tiles for d 128, where the backward trails
+# cuDNN (issue 19; rows in benchmarks/results/attention/).
 if os.environ.get("LMSCOPE_FLASH_WIDE"):
+    _DKDV["large"] = [*_DKDV["large"], (64, 64, 4, 3), (64, 64, 4, 2), (32, 64, 4, 3), (64, 128, 8, 3),
+                      (32, 128, 4, 3), (128, 64, 8, 2), (64, 64, 8, 3), (32, 128, 8, 4)]  # fmt: skip
+    _DQ["large"] = [*_DQ["large"], (64, 64, 4, 3), (64, 64, 4, 2), (128, 64, 8, 3), (64, 128, 8, 2),
+                    (128, 128, 8, 2), (64, 64, 8, 3), (128, 32, 8, 4)]  # fmt: skip
     _FWD["small"] = [(128, 64, 8, 3), (128, 64, 8, 4), (128, 64, 8, 2), (64, 64, 4, 3),
                      (64, 128, 4, 3), (128, 32, 8, 3), (64, 64, 4, 4), (128, 64, 4, 4),
                      (128, 64, 8, 3, True), (64, 64, 4, 3, True)]  # fmt: skip

@@ -137,9 +137,7 @@ def _key(c: triton.Config, names: tuple[str, str]) -> tuple:
 
 
 # (tile0, tile1, num_warps, num_stages[, HEAD_MAJOR]) per kernel; "small" for head dims <= 64,
-# "large" above, "d128" for head dim 128: "large" and the backward tiles that LMSCOPE_FLASH_WIDE's
-# longer lists showed faster there (rows: benchmarks/results/attention/26-round-h100/, wide_d128);
-# fp32 gets one config (IEEE dots run on the FMA units: correctness, not speed).
+# "large" above; fp32 gets one config (IEEE dots run on the FMA units: correctness, not speed).
 # Picked from register/spill reports of sm_90 builds (4-warp variants of the larger tiles spill)
 # and from timings on an H100 (docs/kernels/flash_attention.md). A fifth entry True means
 # HEAD_MAJOR grid order: batch*heads on grid axis 0, so every head's heavy tiles start first.
@@ -150,12 +148,9 @@ _FWD = {
     "fp32": [(32, 32, 4, 2)],
     "interp": [(16, 16, 1, 1, True)],
 }
-_FWD["d128"] = _FWD["large"]
 _DKDV = {  # (BLOCK_M1 queries per step, BLOCK_N1 resident keys)
     "small": [(64, 64, 4, 3), (64, 64, 4, 3, True), (32, 128, 4, 5), (64, 128, 8, 3)],
     "large": [(32, 128, 8, 3), (32, 128, 8, 2), (16, 128, 8, 3), (64, 128, 8, 2)],
-    "d128": [(32, 128, 8, 3), (32, 128, 8, 2), (16, 128, 8, 3), (64, 128, 8, 2), (32, 64, 4, 3),
-             (64, 128, 8, 3)],
     "fp32": [(16, 64, 8, 2)],
     "interp": [(16, 32, 1, 1)],
 }
@@ -163,20 +158,18 @@ _DQ = {  # (BLOCK_M2 resident queries, BLOCK_N2 keys per step)
     "small": [(64, 64, 4, 3, True), (64, 128, 4, 3), (64, 64, 4, 3), (128, 32, 4, 5)],
     "large": [(128, 32, 8, 3), (128, 32, 8, 3, True), (128, 64, 8, 2), (64, 32, 4, 3),
               (64, 32, 4, 3, True), (128, 16, 8, 3)],  # fmt: skip
-    "d128": [(128, 32, 8, 3), (128, 32, 8, 3, True), (128, 64, 8, 2), (64, 32, 4, 3),
-             (64, 32, 4, 3, True), (128, 16, 8, 3), (128, 64, 8, 3)],  # fmt: skip
     "fp32": [(32, 16, 4, 2)],
     "interp": [(32, 16, 1, 1, True)],
 }
 # LMSCOPE_FLASH_WIDE=1: the longer head-dim <= 64 lists the lists above were chosen from
 # (benchmarks/flash_tune.py run with it; numbers in docs/kernels/flash_attention.md), and longer
-# head-dim 128 backward lists: larger query and key tiles, where the backward trails cuDNN
-# (issue 19; rows in benchmarks/results/attention/).
+# head-dim > 64 backward lists: larger query and key tiles for d 128, where the backward trails
+# cuDNN (issue 19; rows in benchmarks/results/attention/).
 if os.environ.get("LMSCOPE_FLASH_WIDE"):
-    _DKDV["d128"] = [*_DKDV["d128"], (64, 64, 4, 3), (64, 64, 4, 2), (32, 128, 4, 3), (128, 64, 8, 2),
-                     (64, 64, 8, 3), (32, 128, 8, 4)]  # fmt: skip
-    _DQ["d128"] = [*_DQ["d128"], (64, 64, 4, 3), (64, 64, 4, 2), (64, 128, 8, 2), (128, 128, 8, 2),
-                   (64, 64, 8, 3), (128, 32, 8, 4)]  # fmt: skip
+    _DKDV["large"] = [*_DKDV["large"], (64, 64, 4, 3), (64, 64, 4, 2), (32, 64, 4, 3), (64, 128, 8, 3),
+                      (32, 128, 4, 3), (128, 64, 8, 2), (64, 64, 8, 3), (32, 128, 8, 4)]  # fmt: skip
+    _DQ["large"] = [*_DQ["large"], (64, 64, 4, 3), (64, 64, 4, 2), (128, 64, 8, 3), (64, 128, 8, 2),
+                    (128, 128, 8, 2), (64, 64, 8, 3), (128, 32, 8, 4)]  # fmt: skip
     _FWD["small"] = [(128, 64, 8, 3), (128, 64, 8, 4), (128, 64, 8, 2), (64, 64, 4, 3),
                      (64, 128, 4, 3), (128, 32, 8, 3), (64, 64, 4, 4), (128, 64, 4, 4),
                      (128, 64, 8, 3, True), (64, 64, 4, 3, True)]  # fmt: skip
@@ -192,7 +185,7 @@ def _configs(table: dict, names: tuple[str, str]) -> list[triton.Config]:
     if _INTERPRET:
         return [_cfg(names, t) for t in table["interp"]]
     seen: list[tuple] = []
-    for group in ("small", "large", "d128", "fp32"):
+    for group in ("small", "large", "fp32"):
         for t in table[group]:
             if t not in seen:
                 seen.append(t)
@@ -208,7 +201,7 @@ def _pruner(table: dict, names: tuple[str, str]):
         args = {**named_args, **kwargs}
         head_dim = int(args["HEAD_DIM"])
         is_fp32 = args["Q"].dtype == torch.float32
-        group = "fp32" if is_fp32 else "small" if head_dim <= 64 else "d128" if head_dim == 128 else "large"
+        group = "fp32" if is_fp32 else ("small" if head_dim <= 64 else "large")
         wanted = set(table[group])
         kept = [c for c in configs if _key(c, names) in wanted]
         q = args["Q"]

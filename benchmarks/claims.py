@@ -157,6 +157,34 @@ def attention_issue19_shapes(rows: Rows) -> str:
     ])
 
 
+@claim("attention-wide-d128")
+def attention_wide_d128(rows: Rows) -> str:
+    """Ours with the default config lists against LMSCOPE_FLASH_WIDE=1's, cuDNN beside each, at
+    d 128 (one call: wide_d128_default.jsonl, then wide_d128.jsonl)."""
+    folder = f"{ATTENTION}/26-round-h100"
+    body, used = [], []
+    for seq in (8192, 32768):
+        pick = dict(seq_len=seq, head_dim=128, dtype="bf16", causal=True)
+        base = rows.one(f"{folder}/wide_d128_default.jsonl", impl="flash-triton", **pick)
+        wide = rows.one(f"{folder}/wide_d128.jsonl", impl="flash-triton", **pick)
+        cudnn = [rows.one(f"{folder}/{f}.jsonl", impl="sdpa-cudnn", **pick)
+                 for f in ("wide_d128_default", "wide_d128")]
+        used += [base, wide, *cudnn]
+        body.append([str(seq), fmt(base["fwd_bwd_ms"]), fmt(wide["fwd_bwd_ms"]),
+                     ratio(wide, base, key="fwd_bwd_ms", times="fwd_bwd_times_ms"),
+                     ratio(base, cudnn[0], key="fwd_bwd_ms", times="fwd_bwd_times_ms"),
+                     ratio(wide, cudnn[1], key="fwd_bwd_ms", times="fwd_bwd_times_ms")])
+    return "\n".join([
+        "Batch 1, 16 heads, head dim 128, bf16, causal, fwd+bwd; `do_bench` medians in ms; ratios "
+        "with the 95 % bootstrap interval of the per-call times; cuDNN measured in each pass.",
+        "",
+        table(["seq", "ours, default lists", "ours, wide lists", "wide / default",
+               "default / cuDNN", "wide / cuDNN"], body),
+        "",
+        f"Measured on {provenance(used)}.",
+    ])
+
+
 @claim("attention-engine-thread")
 def attention_engine_thread(rows: Rows) -> str:
     """Host microseconds of eager forward+backward with and without the autograd device thread,

@@ -87,9 +87,10 @@ def attention_headline(rows: Rows) -> str:
 
 
 def newest_run(found: list[dict], newest: dict) -> list[dict]:
-    """The rows of `found` from the same script run as `newest`: its code, declared commit, boot
-    and shape (two runs of one source, on two machines, share a code identity)."""
-    keys = ("git_sha_declared", "boot_id", "shape")
+    """The rows of `found` from the same script run as `newest`: the scripts stamp every row of a
+    run with one provenance, so its `time` (and the shape) picks the run out (two runs of one
+    source share a code identity)."""
+    keys = ("time", "shape")
     return [r for r in found if code_identity(r) == code_identity(newest)
             and all(r.get(k) == newest.get(k) for k in keys)]
 
@@ -104,8 +105,8 @@ def attention_host_breakdown(rows: Rows) -> str:
     body = [[r["part"], fmt(r["host_us"]), ratio_text(r["host_us"], sdpa)] for r in run]
     return "\n".join([
         f"Shape (B, H, S, d) = {tuple(newest['shape'])}, bf16, causal; host microseconds per call "
-        "(median of rounds of unsynchronized calls, `benchmarks/attention/host_timing.py`); x SDPA = the part over SDPA's whole "
-        "forward+backward in the same run.",
+        "(median of rounds of unsynchronized calls, `benchmarks/attention/host_timing.py`); "
+        "x SDPA = the part over SDPA's whole forward+backward in the same run.",
         "",
         table(["part", "host us/call", "x SDPA fwd+bwd"], body),
         "",
@@ -123,13 +124,15 @@ def attention_issue19_shapes(rows: Rows) -> str:
     """Ours against SDPA's flash and cuDNN backends at issue 19's shapes, from the newest run
     that measured all of them (fwd+bwd, bf16, causal)."""
     found = rows.select(f"{ATTENTION}/*/attention_shapes.jsonl", dtype="bf16", causal=True)
-    by_code: dict[str, list[dict]] = {}
-    for row in found:
-        by_code.setdefault(code_identity(row), []).append(row)
+    by_code: dict[tuple[str, str], list[dict]] = {}
+    for row in found:  # one run: one file, one code
+        by_code.setdefault((row["_file"], code_identity(row)), []).append(row)
 
     def point(run: list[dict], shape: tuple[int, ...], impl: str) -> dict | None:
-        return next((r for r in run if r["impl"] == impl and
-                     (r["batch"], r["heads"], r["seq_len"], r["head_dim"]) == shape), None)
+        """The newest row of `impl` at `shape` in `run`."""
+        matches = [r for r in run if r["impl"] == impl and
+                   (r["batch"], r["heads"], r["seq_len"], r["head_dim"]) == shape]
+        return max(matches, key=lambda r: r["time"]) if matches else None
 
     impls = ("flash-triton", "sdpa-flash", "sdpa-cudnn")
     complete = [run for run in by_code.values()
@@ -207,8 +210,9 @@ def attention_engine_thread(rows: Rows) -> str:
     return "\n".join([
         f"Shape (B, H, S, d) = {tuple(newest['shape'])}, bf16, causal; host microseconds per call "
         "(forward+backward: median of rounds of unsynchronized calls, `host_timing.py`; hand-off, "
-        "work and hand-back: medians of `STAMPED_CALLS` stamped backwards, the stamping hooks included); skeleton = a "
-        "Function that saves and allocates what flash does and nothing else.",
+        "work and hand-back: medians of stamped backwards, `STAMPED_CALLS` in engine_thread.py, "
+        "the stamping hooks included); skeleton = a Function that saves and allocates what flash "
+        "does and nothing else.",
         "",
         table(["part", "SDPA us", "flash us", "flash / SDPA", "skeleton us"], body),
         "",

@@ -3,8 +3,8 @@
 # own time limit (a stage cut at its limit keeps its finished points; rerun a stage with STAGES=...
 # and the same OUT to resume it). Usage (repo root, GPU machine, no uv):
 #   OUT=/some/dir [STAGES="tests attention own activations interleaved"] bash benchmarks/h100_round.sh
-# Stages and their limits (seconds); the default runs the first five, the second call of the round
-# STAGES="tests-all fidelity own-more activations-more":
+# Stages and their limits (seconds); the default STAGES is the one above; later calls of a round
+# name others, e.g. STAGES="tests-all fidelity own-more activations-more":
 #   tests        75  the GPU tests of the code changed in this round (launch path, head dims 80/96,
 #                    FLOP counter, NVML energy, saved activations, probe, provenance, sources)
 #   attention   115  the leaderboard preset (every peer in one run), issue 19's six shapes (ours,
@@ -66,7 +66,7 @@ if stage attention "${ATTENTION_S:-115}"; then
       --heads "$2" --seq-len "$3" --head-dim "$4" | tail -6
   done
 fi
-if stage attention "${ATTENTION_S:-115}" || stage host 40; then  # its whole output, profiler table too
+if [[ " $STAGES " == *" attention "* ]] || stage host 40; then  # its whole output, profiler table too
   limit 40 python3 benchmarks/attention/host_breakdown.py --shape 4,25,512,64 --out "$W/host.jsonl" \
     > "$W/host_breakdown.txt" 2>&1
   head -30 "$W/host_breakdown.txt"

@@ -79,6 +79,7 @@ def stamped_split(forward: Callable[[], torch.Tensor], leaves: tuple[torch.Tenso
     split: dict[str, list[float]] = {"hand-off": [], "work": [], "hand-back": []}
     try:
         for index in range(STAMPED_CALLS + 10):
+            torch.cuda.synchronize()  # no queue of earlier launches for this backward to wait on
             out = forward()
             out.register_hook(first)
             stamps.clear()

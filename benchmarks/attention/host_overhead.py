@@ -2,9 +2,9 @@
 
 At small shapes the GPU finishes an attention call in microseconds, so what a call costs is the
 host's work to launch it. This script measures that work: the wall time of many calls issued
-without synchronizing (the GPU keeps up, so the host is the bottleneck; median of 5 rounds of
-300), per implementation, and a cProfile of flash-triton's forward+backward to name the Python
-functions that spend it.
+without synchronizing while a sleep kernel holds the GPU (host_timing.py: the host is then the
+only thing timed; the median of its rounds), per implementation, and a cProfile of flash-triton's
+forward+backward to name the Python functions that spend it.
 
 flash-triton launches its autotuned kernels through ``triton.autotune`` only until the autotuner
 has chosen a config for the key, then calls the JIT function directly (``_Launcher`` in

@@ -49,8 +49,9 @@ def host_us(fn: Callable[[], Any], calls: int = CALLS, rounds: int = ROUNDS) -> 
         if slept.query():  # the GPU was free before the last call: it may have held the host back
             cycles *= 2
             if cycles > SLEEP_CYCLES * 2**MAX_DOUBLINGS:
-                raise RuntimeError(f"{fn!r} outlasts every sleep: it synchronizes with the GPU, so "
-                                   "its host time cannot be told from the GPU's")
+                raise RuntimeError(f"{fn!r} outlasts every sleep: it synchronizes with the GPU, or "
+                                   f"{calls} calls launch more kernels than CUDA's launch queue "
+                                   "holds (pass fewer calls); its host time cannot be told from the GPU's")
         else:
             per_call.append(elapsed / calls * 1e6)
         torch.cuda.synchronize()

@@ -245,12 +245,21 @@ def test_a_study_sections_rows_read_in_sweep_order_not_in_the_order_a_resumed_ru
     from lmscope.report.page.build import sweep_order
 
     ran = [
-        {"parameters": 774, "context_length": 128, "mode": "forward"},
-        {"parameters": 124, "context_length": 512, "mode": "train-step"},
-        {"parameters": 124, "context_length": 128, "mode": "train-step"},
-        {"parameters": None, "context_length": 128, "mode": "forward", "status": "oom"},
-        {"parameters": 124, "context_length": 128, "mode": "forward"},
+        {"size": "large", "parameters": 774, "context_length": 128, "mode": "forward"},
+        {"size": "small", "parameters": 124, "context_length": 512, "mode": "train-step"},
+        {"size": "small", "context_length": 128, "mode": "train-step", "status": "error"},
+        {"size": "huge", "context_length": 128, "mode": "forward", "status": "oom"},
+        {"size": "small", "parameters": 124, "context_length": 128, "mode": "forward"},
+        {"size": "small", "parameters": 124, "context_length": 128, "mode": "train-step", "status": "ok"},
+        {"size": "large", "context_length": 512, "mode": "forward", "status": "oom"},
     ]
-    ordered = [(r["parameters"], r["context_length"], r["mode"]) for r in sweep_order(ran)]
-    assert ordered == [(124, 128, "forward"), (124, 128, "train-step"), (124, 512, "train-step"),
-                       (774, 128, "forward"), (None, 128, "forward")]
+    ordered = [(r["size"], r["context_length"], r["mode"], r.get("status")) for r in sweep_order(ran)]
+    assert ordered == [
+        ("small", 128, "forward", None),
+        ("small", 128, "train-step", "error"),  # the resume's ok row stays after it: the report shows it
+        ("small", 128, "train-step", "ok"),
+        ("small", 512, "train-step", None),
+        ("large", 128, "forward", None),
+        ("large", 512, "forward", "oom"),  # a failed row stays with its size
+        ("huge", 128, "forward", "oom"),  # a size no row measured comes last
+    ]

@@ -1,7 +1,10 @@
 """Run a study plan through the one runner, each section into its own JSONL.
 
 Every section's tier-0 points run first (so a run cut short still answers each question), then
-each section's other points as one batch: one worker start per section, not one per tier.
+each section's other points as one batch: in a section that reuses its worker, one worker start
+per section, not one per tier. Past tier 0 a section's higher tiers thus run before the next
+section's tier 1: when the pace is worse than estimated, the later sections' points are the ones
+skipped, for the next --resume.
 Progress is one rich bar over the plan's estimated seconds (so its ETA weighs a 2.7B point more
 than a tiny one). A point is skipped, not started, when its estimate, scaled by the pace of the
 points finished so far, would pass the budget's deadline; smaller points after it still run, so

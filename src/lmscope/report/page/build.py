@@ -291,17 +291,28 @@ def _study_peers(run: Run, name: str, records: Sequence[Record]) -> list[Block]:
     return peer_blocks([r for r in run.records if r.get("workload") == workload], [field])
 
 
-SWEEP_FIELDS = ("dtype", "precision", "parameters", "batch", "seq_len", "context_length", "mode",
+SWEEP_FIELDS = ("dtype", "precision", "size", "batch", "seq_len", "context_length", "mode",
                 "checkpoint", "compile", "warmup", "impl")
-"""A study section's swept fields, slowest-varying first: its tables read size by size,
-context by context (mode, precision and impl names sort in their natural order as text)."""
+"""A study section's swept spec fields, slowest-varying first: its tables read precision by
+precision, size by size, context by context (mode and impl names sort in their natural order as
+text; sizes by their parameter count)."""
 
 
 def sweep_order(records: Sequence[Record]) -> list[Record]:
-    """`records` sorted by the swept fields (a resumed study writes them in the order they ran)."""
+    """`records` sorted by their spec (a resumed study writes them in the order they ran).
+
+    Only spec fields decide, so the rows of one point keep the order they were written in (the
+    report shows the last, e.g. an ok row that a resume wrote after an error row). A size ranks
+    by the parameter count its rows measured; a size without one (every row failed) comes after.
+    """
+    sizes: dict[Any, float] = {}
+    for record in records:
+        if isinstance(record.get("parameters"), int | float):
+            sizes[record.get("size")] = max(sizes.get(record.get("size"), 0.0), record["parameters"])
 
     def key(record: Record) -> tuple[tuple[bool, float, str], ...]:
-        values = (record.get(f) for f in SWEEP_FIELDS)
+        values = [sizes.get(record.get(f), float("inf")) if f == "size" and "size" in record
+                  else record.get(f) for f in SWEEP_FIELDS]
         return tuple((v is None, v if isinstance(v, int | float) else 0.0, str(v)) for v in values)
 
     return sorted(records, key=key)

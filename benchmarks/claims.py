@@ -52,16 +52,21 @@ def is_results_readme(path: Path) -> bool:
     return "benchmarks/results/" in path.as_posix()
 
 
+def runs_of(found: list[dict]) -> list[list[dict]]:
+    """`found` split into runs: one results file at one code identity, rows in time order."""
+    runs: dict[tuple[str, str], list[dict]] = {}
+    for row in sorted(found, key=lambda r: r["time"]):
+        runs.setdefault((row["_file"], code_identity(row)), []).append(row)
+    return list(runs.values())
+
+
 @claim("attention-headline")
 def attention_headline(rows: Rows) -> str:
     """The reference workload, from the newest run that measured flash-triton with both SDPA peers."""
     candidates = [r for pattern in (f"{ATTENTION}/*.jsonl", f"{ATTENTION}/*/*.jsonl")
                   for r in rows.select(pattern, **LEADERBOARD) if "fwd_bwd_ms" in r and "fwd_ms" in r]
-    by_sha: dict[str, list[dict]] = {}
-    for row in sorted(candidates, key=lambda r: r["time"]):
-        by_sha.setdefault(code_identity(row), []).append(row)
     needed = {"flash-triton", "sdpa-flash", "sdpa-cudnn"}
-    runs = [r for r in by_sha.values() if needed <= {x["impl"] for x in r}]
+    runs = [r for r in runs_of(candidates) if needed <= {x["impl"] for x in r}]
     if not runs:
         raise ClaimError("no run measured flash-triton, sdpa-flash and sdpa-cudnn at the leaderboard shape")
     run = max(runs, key=lambda r: r[-1]["time"])
@@ -124,18 +129,14 @@ def attention_issue19_shapes(rows: Rows) -> str:
     """Ours against SDPA's flash and cuDNN backends at issue 19's shapes, from the newest run
     that measured all of them (fwd+bwd, bf16, causal)."""
     found = rows.select(f"{ATTENTION}/*/attention_shapes.jsonl", dtype="bf16", causal=True)
-    by_code: dict[tuple[str, str], list[dict]] = {}
-    for row in found:  # one run: one file, one code
-        by_code.setdefault((row["_file"], code_identity(row)), []).append(row)
-
     def point(run: list[dict], shape: tuple[int, ...], impl: str) -> dict | None:
-        """The newest row of `impl` at `shape` in `run`."""
+        """The newest row of `impl` at `shape` in `run` (its rows are in time order)."""
         matches = [r for r in run if r["impl"] == impl and
                    (r["batch"], r["heads"], r["seq_len"], r["head_dim"]) == shape]
-        return max(matches, key=lambda r: r["time"]) if matches else None
+        return matches[-1] if matches else None
 
     impls = ("flash-triton", "sdpa-flash", "sdpa-cudnn")
-    complete = [run for run in by_code.values()
+    complete = [run for run in runs_of(found)
                 if all(point(run, s, i) for s in ISSUE19_SHAPES for i in impls)]
     if not complete:
         raise ClaimError("no run measured every issue 19 shape with flash-triton, sdpa-flash and sdpa-cudnn")

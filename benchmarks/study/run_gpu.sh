@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # lmscope study (issue 18) on one GPU, in at most three runs of this script (each < 10 minutes):
-# each run plans the points still missing in $RUN, runs what fits in BUDGET (9m; a run still going
+# each run plans the points still missing in $RUN, runs what fits in BUDGET (default 8m50s; a run still going
 # at the budget plus LATE_S, default 20 s, is interrupted: finished points are kept), and packs the
 # run folder, without the large traces and snapshots, into $OUT/study.tgz, with its report.html
 # and report.md beside it (the device tool brings back at most 8 files).

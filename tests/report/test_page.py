@@ -245,13 +245,13 @@ def test_a_study_sections_rows_read_in_sweep_order_not_in_the_order_a_resumed_ru
     from lmscope.report.page.build import sweep_order
 
     ran = [
-        {"size": "large", "parameters": 774, "context_length": 128, "mode": "forward"},
-        {"size": "small", "parameters": 124, "context_length": 512, "mode": "train-step"},
+        {"size": "large", "context_length": 128, "mode": "forward"},
+        {"size": "small", "context_length": 512, "mode": "train-step"},
         {"size": "small", "context_length": 128, "mode": "train-step", "status": "error"},
-        {"size": "huge", "context_length": 128, "mode": "forward", "status": "oom"},
-        {"size": "small", "parameters": 124, "context_length": 128, "mode": "forward"},
-        {"size": "small", "parameters": 124, "context_length": 128, "mode": "train-step", "status": "ok"},
-        {"size": "large", "context_length": 512, "mode": "forward", "status": "oom"},
+        {"size": "hf:gpt2", "context_length": 128, "mode": "forward"},
+        {"size": "small", "context_length": 128, "mode": "forward"},
+        {"size": "small", "context_length": 128, "mode": "train-step", "status": "ok"},
+        {"size": "medium", "context_length": 512, "mode": "forward", "status": "oom"},
     ]
     ordered = [(r["size"], r["context_length"], r["mode"], r.get("status")) for r in sweep_order(ran)]
     assert ordered == [
@@ -259,7 +259,7 @@ def test_a_study_sections_rows_read_in_sweep_order_not_in_the_order_a_resumed_ru
         ("small", 128, "train-step", "error"),  # the resume's ok row stays after it: the report shows it
         ("small", 128, "train-step", "ok"),
         ("small", 512, "train-step", None),
+        ("medium", 512, "forward", "oom"),  # presets by their parameter count, failed rows too
         ("large", 128, "forward", None),
-        ("large", 512, "forward", "oom"),  # a failed row stays with its size
-        ("huge", 128, "forward", "oom"),  # a size no row measured comes last
+        ("hf:gpt2", 128, "forward", None),  # a source that is not a preset after them
     ]

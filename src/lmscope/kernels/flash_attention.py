@@ -163,8 +163,8 @@ _DQ = {  # (BLOCK_M2 resident queries, BLOCK_N2 keys per step)
 }
 # LMSCOPE_FLASH_WIDE=1: the longer head-dim <= 64 lists the lists above were chosen from
 # (benchmarks/flash_tune.py run with it; numbers in docs/kernels/flash_attention.md), and longer
-# head-dim > 64 backward lists: larger query and key tiles for d 128, where the backward trails
-# cuDNN (issue 19; rows in benchmarks/results/attention/).
+# head-dim > 64 backward lists with larger query and key tiles, measured at d 128 where the
+# backward trails cuDNN (docs/kernels/flash_attention_backward_notes.md).
 if os.environ.get("LMSCOPE_FLASH_WIDE"):
     _DKDV["large"] = [*_DKDV["large"], (64, 64, 4, 3), (64, 64, 4, 2), (32, 64, 4, 3), (64, 128, 8, 3),
                       (32, 128, 4, 3), (64, 64, 8, 3), (32, 128, 8, 4)]  # fmt: skip

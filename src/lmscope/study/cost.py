@@ -37,8 +37,9 @@ COMPILE_S = {"cuda": (10.0, 0.004, 60.0), "cpu": (40.0, 0.0, 40.0)}
 """torch.compile: base seconds, seconds per million parameters, cap (cuda: the `compile_s` of the
 H100 study's compiled points, benchmarks/results/study-h100/compile.jsonl, barely grows with
 the model: the blocks are compiled once and reused)."""
-LIGHT_S = 0.5
-"""A point with no device work (accounting, precision checks) in a reused worker."""
+LIGHT_S = 1.0
+"""A point with no device work (accounting, precision checks) in a reused worker; a fresh worker
+adds its start."""
 
 
 def _model_config(spec: dict[str, Any]) -> Any:
@@ -86,4 +87,4 @@ def point_cost_s(workload: str, spec: dict[str, Any], target: Target, *, reused:
         return start + 3.0
     if workload == "ddp":
         return start + 25.0
-    return (LIGHT_S if reused else start) + LIGHT_S
+    return LIGHT_S if reused else start + LIGHT_S

@@ -12,6 +12,8 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from lmscope.accounting.flops import parameter_counts
+from lmscope.config import PRESETS, preset
 from lmscope.measure.kernel_categories import CATEGORIES, short_name
 from lmscope.report import attention_plots, comm_plots
 from lmscope.report.page import plots
@@ -295,24 +297,23 @@ SWEEP_FIELDS = ("dtype", "precision", "size", "batch", "seq_len", "context_lengt
                 "checkpoint", "compile", "warmup", "impl")
 """A study section's swept spec fields, slowest-varying first: its tables read precision by
 precision, size by size, context by context (mode and impl names sort in their natural order as
-text; sizes by their parameter count)."""
+text; sizes by `_size_rank`)."""
+
+
+def _size_rank(size: Any) -> float:
+    """A preset's parameter count (the study's sizes are presets); other sources after them."""
+    return parameter_counts(preset(size))["total"] if size in PRESETS else float("inf")
 
 
 def sweep_order(records: Sequence[Record]) -> list[Record]:
     """`records` sorted by their spec (a resumed study writes them in the order they ran).
 
     Only spec fields decide, so the rows of one point keep the order they were written in (the
-    report shows the last, e.g. an ok row that a resume wrote after an error row). A size ranks
-    by the parameter count its rows measured; a size without one (every row failed) comes after.
-    """
-    sizes: dict[Any, float] = {}
-    for record in records:
-        if isinstance(record.get("parameters"), int | float):
-            sizes[record.get("size")] = max(sizes.get(record.get("size"), 0.0), record["parameters"])
+    report shows the last, e.g. an ok row that a resume wrote after an error row)."""
 
     def key(record: Record) -> tuple[tuple[bool, float, str], ...]:
-        values = [sizes.get(record.get(f), float("inf")) if f == "size" and "size" in record
-                  else record.get(f) for f in SWEEP_FIELDS]
+        values = [_size_rank(record[f]) if f == "size" and f in record else record.get(f)
+                  for f in SWEEP_FIELDS]
         return tuple((v is None, v if isinstance(v, int | float) else 0.0, str(v)) for v in values)
 
     return sorted(records, key=key)

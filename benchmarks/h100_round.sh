@@ -26,6 +26,10 @@
 #                    shape at 1024 and 4096 (bf16, fp32), compiled, profile and memory; it starts
 #                    from the committed rows in benchmarks/results/own_model (--resume skips them)
 #   activations-more 120  saved activations per block of small..2.7B at contexts 512 and 2048
+#   dq-modes    300  the long-context shapes of issue 19 (16k d64, 8k and 32k d128, 8x1024 d64):
+#                    ours with dQ from its own kernel (separate) and as TMA reduce-adds from the
+#                    dK/dV kernel (tma), cuDNN beside each, fwd, bwd and fwd+bwd (DQ_MODES_S
+#                    seconds); first the GPU tests of both modes and of head dims 80, 96, 128
 # Writes the rows and log.txt to $OUT/w while it runs, then round.tgz (all of it, no traces) to
 # $OUT (the device tool brings back at most 8 files). The energy fields need nvidia-ml-py: put
 # pynvml.py in gpu_deps/ (a folder .git/info/exclude ignores) and carry it.
@@ -73,6 +77,21 @@ if [[ " $STAGES " == *" attention "* ]] || stage host 40; then  # its whole outp
 fi
 if stage engine 40; then
   limit 40 python3 benchmarks/attention/engine_thread.py --shape 4,25,512,64 --out "$W/engine_thread.jsonl"
+fi
+if stage dq-modes "${DQ_MODES_S:-300}"; then
+  deadline=$((SECONDS + ${DQ_MODES_S:-300}))
+  limit 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_flash_attention_triton.py \
+    -k "atomic or 128 or 80 or 96" 2>&1 | tail -8
+  D=(--impl flash-triton,sdpa-cudnn --dtype bf16 --causal on --check-max-seq 2048 --reuse-worker
+     --no-plot --timeout 150 --resume --passes fwd,bwd,fwd_bwd)
+  for shape in "1 16 16384 64" "1 16 8192 128" "8 16 1024 64" "1 16 32768 128"; do
+    set -- $shape
+    for mode in separate tma; do
+      left=$((deadline - SECONDS))
+      ((left > 10)) && LMSCOPE_FLASH_DQ=$mode limit "$left" "${LM[@]}" attention "${D[@]}" --batch "$1" \
+        --heads "$2" --seq-len "$3" --head-dim "$4" --out "$W/dq_$mode.jsonl" | tail -4
+    done
+  done
 fi
 if stage own 125; then
   deadline=$((SECONDS + 125))

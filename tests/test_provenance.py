@@ -244,3 +244,13 @@ def test_a_real_gpu_row_names_its_uuid_clocks_and_power_limit(fresh_gpu_query):
     assert row["gpu_uuid"].startswith(("GPU-", "MIG-")) and row["driver"]
     assert row["gpu_sm_clock_max_mhz"] >= row["gpu_sm_clock_mhz"] > 0
     assert row["gpu_mem_clock_max_mhz"] > 0 and row["gpu_power_limit_w"] > 0
+
+
+def test_kernel_env_names_the_flash_variant_set(monkeypatch):
+    for name in [k for k in os.environ if k.startswith(prov.KERNEL_ENV_PREFIX)]:
+        monkeypatch.delenv(name)
+    assert prov.kernel_env() is None
+    monkeypatch.setenv("LMSCOPE_FLASH_DQ", "tma")
+    monkeypatch.setenv("LMSCOPE_FLASH_WIDE", "1")
+    monkeypatch.setenv("LMSCOPE_GIT_SHA", "abc")
+    assert prov.kernel_env() == {"LMSCOPE_FLASH_DQ": "tma", "LMSCOPE_FLASH_WIDE": "1"}

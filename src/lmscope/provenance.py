@@ -15,6 +15,8 @@
   UUID, current and maximum SM and memory clocks (MHz, read when the row is written, just after
   the point ran) and the power limit (W).
 - **Process.** Its CPU affinity (count and list) and the machine's load averages.
+- **Kernel variants.** `kernel_env`: the `LMSCOPE_FLASH_*` environment variables that pick a
+  FlashAttention variant (dQ mode, config lists), name to value; None where none is set.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 SHA_ENV = "LMSCOPE_GIT_SHA"
+KERNEL_ENV_PREFIX = "LMSCOPE_FLASH_"
 MACHINE_ID_FILES = (Path("/etc/machine-id"), Path("/var/lib/dbus/machine-id"))
 BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
 GPU_FIELDS = {
@@ -260,7 +263,14 @@ def provenance(device: str | None = None) -> dict[str, Any]:
         "python": platform.python_version(),
         **source_identity(),
         **process_state(),
+        "kernel_env": kernel_env(),
     }
+
+
+def kernel_env() -> dict[str, str] | None:
+    """The ``LMSCOPE_FLASH_*`` variables set in this process (they change which kernels run)."""
+    found = {k: v for k, v in sorted(os.environ.items()) if k.startswith(KERNEL_ENV_PREFIX)}
+    return found or None
 
 
 def source_label(row: dict[str, Any]) -> str:

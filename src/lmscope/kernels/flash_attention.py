@@ -91,6 +91,7 @@ import triton.language as tl
 
 from lmscope.kernels.attention_reference import check_attention_inputs
 from lmscope.kernels.triton_launch import DirectLaunch
+from lmscope.kernels.triton_scratch import tma_reduce_supported, triton_scratch_allocator
 
 __all__ = [
     "DQ_MODE",
@@ -104,8 +105,10 @@ LOG2E = 1.4426950408889634  # log2(e)
 LN2 = 0.6931471805599453  # ln(2)
 MAX_HEAD_DIM = 128
 
-# "separate": dQ by its own kernel (no atomics); "atomic": dQ accumulated by the dK/dV kernel.
+# "separate": dQ by its own kernel (no atomics); "atomic": dQ accumulated by the dK/dV kernel
+# with per-element fp32 atomics; "tma": the same with one TMA reduce-add per tile (Hopper+).
 DQ_MODE = os.environ.get("LMSCOPE_FLASH_DQ", "separate")
+_DQ_MODES = {"separate": 0, "atomic": 1, "tma": 2}  # the launch key's and ATOMIC_DQ's value
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0").strip().lower() not in ("", "0", "false")
 # Triton's CPU interpreter mis-computes bfloat16 dots (seen with Triton 3.9): there, dot operands
@@ -150,14 +153,15 @@ _FWD = {
 }
 _DKDV = {  # (BLOCK_M1 queries per step, BLOCK_N1 resident keys)
     "small": [(64, 64, 4, 3), (64, 64, 4, 3, True), (32, 128, 4, 5), (64, 128, 8, 3)],
-    "large": [(32, 128, 8, 3), (32, 128, 8, 2), (16, 128, 8, 3), (64, 128, 8, 2)],
+    "large": [(32, 128, 8, 3), (32, 128, 8, 2), (16, 128, 8, 3), (64, 128, 8, 2),
+              (32, 64, 4, 3), (64, 128, 8, 3)],  # the last two: the wide lists' d 128 picks
     "fp32": [(16, 64, 8, 2)],
     "interp": [(16, 32, 1, 1)],
 }
 _DQ = {  # (BLOCK_M2 resident queries, BLOCK_N2 keys per step)
     "small": [(64, 64, 4, 3, True), (64, 128, 4, 3), (64, 64, 4, 3), (128, 32, 4, 5)],
     "large": [(128, 32, 8, 3), (128, 32, 8, 3, True), (128, 64, 8, 2), (64, 32, 4, 3),
-              (64, 32, 4, 3, True), (128, 16, 8, 3)],  # fmt: skip
+              (64, 32, 4, 3, True), (128, 16, 8, 3), (128, 64, 8, 3)],  # fmt: skip
     "fp32": [(32, 16, 4, 2)],
     "interp": [(32, 16, 1, 1, True)],
 }
@@ -166,10 +170,10 @@ _DQ = {  # (BLOCK_M2 resident queries, BLOCK_N2 keys per step)
 # head-dim > 64 backward lists with larger query and key tiles, measured at d 128 where the
 # backward trails cuDNN (docs/kernels/flash_attention_backward_notes.md).
 if os.environ.get("LMSCOPE_FLASH_WIDE"):
-    _DKDV["large"] = [*_DKDV["large"], (64, 64, 4, 3), (64, 64, 4, 2), (32, 64, 4, 3), (64, 128, 8, 3),
-                      (32, 128, 4, 3), (64, 64, 8, 3), (32, 128, 8, 4)]  # fmt: skip
-    _DQ["large"] = [*_DQ["large"], (64, 64, 4, 3), (64, 64, 4, 2), (128, 64, 8, 3), (64, 128, 8, 2),
-                    (128, 128, 8, 2), (64, 64, 8, 3), (128, 32, 8, 4)]  # fmt: skip
+    _DKDV["large"] = [*_DKDV["large"], (64, 64, 4, 3), (64, 64, 4, 2), (32, 128, 4, 3),
+                      (64, 64, 8, 3), (32, 128, 8, 4)]  # fmt: skip
+    _DQ["large"] = [*_DQ["large"], (64, 64, 4, 3), (64, 64, 4, 2), (64, 128, 8, 2), (128, 128, 8, 2),
+                    (64, 64, 8, 3), (128, 32, 8, 4)]  # fmt: skip
     _FWD["small"] = [(128, 64, 8, 3), (128, 64, 8, 4), (128, 64, 8, 2), (64, 64, 4, 3),
                      (64, 128, 4, 3), (128, 32, 8, 3), (64, 64, 4, 4), (128, 64, 4, 4),
                      (128, 64, 8, 3, True), (64, 64, 4, 3, True)]  # fmt: skip
@@ -444,6 +448,9 @@ def _dkdv_inner(
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr,
     ATOMIC_DQ: tl.constexpr,
 ):  # fmt: skip
+    """dK, dV over ``n_steps`` query tiles from ``start_m``; with ATOMIC_DQ also adds each tile's
+    dQ into the float32 accumulator: per element (1) or as one TMA reduce-add of the tile (2,
+    ``dq_base`` is then a tensor descriptor of this head's (n_q, D_PAD) rows)."""
     EVEN_D: tl.constexpr = HEAD_DIM == D_PAD
     offs_mb = tl.arange(0, BLOCK_M1)
     d_row = offs_d[:, None] < HEAD_DIM
@@ -476,8 +483,11 @@ def _dkdv_inner(
         dk = _dot_acc(dsT, tl.trans(qT), dk, DOT_PREC)
         if ATOMIC_DQ:
             dq = _dot(tl.trans(dsT), k, DOT_PREC)  # (BLOCK_M1, D), unscaled
-            dq_ptrs = dq_base + offs_m[:, None] * D_PAD + offs_d[None, :]
-            tl.atomic_add(dq_ptrs, dq, mask=m_ok[:, None], sem="relaxed")
+            if ATOMIC_DQ == 2:  # rows past n_q fall outside the descriptor and are dropped
+                dq_base.atomic_add([curr_m, 0], dq)
+            else:
+                dq_ptrs = dq_base + offs_m[:, None] * D_PAD + offs_d[None, :]
+                tl.atomic_add(dq_ptrs, dq, mask=m_ok[:, None], sem="relaxed")
         curr_m += BLOCK_M1
     return dk, dv
 
@@ -517,6 +527,9 @@ def _attn_bwd_dkdv(
     lse_base = LSE + off_bh.to(tl.int64) * n_q
     delta_base = DELTA + off_bh.to(tl.int64) * n_q
     dq_base = DQ_ACC + off_bh.to(tl.int64) * n_q * D_PAD
+    if ATOMIC_DQ == 2:  # Hopper+: dQ tiles go out as TMA reduce-adds (bulk, asynchronous)
+        dq_base = tl.make_tensor_descriptor(dq_base, shape=[n_q, D_PAD], strides=[D_PAD, 1],
+                                            block_shape=[BLOCK_M1, D_PAD])  # fmt: skip
 
     start_n = pid_n * BLOCK_N1
     offs_n = start_n + tl.arange(0, BLOCK_N1)
@@ -726,6 +739,7 @@ class _Launcher:
         self._autotuned(key, n, bh, args)
 
     def _autotuned(self, key: tuple, n: int, bh: int, args: tuple) -> None:
+        """Launch through the autotuner and keep its choice for ``key``."""
         kernel, block = self.kernel, self.block
         cache = getattr(kernel, "cache", None)
         if cache is None:
@@ -910,9 +924,10 @@ def flash_attention_forward(
 
 
 def _backward(
-    do: torch.Tensor, q4, k4, v4, o4, lse: torch.Tensor, f32: torch.Tensor, plan: _Plan, atomic: bool
+    do: torch.Tensor, q4, k4, v4, o4, lse: torch.Tensor, f32: torch.Tensor, plan: _Plan, atomic: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The backward launches; ``f32`` holds ``_scratch(plan, atomic)`` floats, 16-byte aligned."""
+    """The backward launches; ``f32`` holds ``_scratch(plan, atomic)`` floats, 16-byte aligned;
+    ``atomic`` is the dQ mode's number (``_DQ_MODES``)."""
     if do.dtype != plan.dtype:
         do = do.to(plan.dtype)
     do4 = _as4d(do)
@@ -932,7 +947,7 @@ def _backward(
     strides = (*plan.strides, *do_strides)
     key = plan.key
     if atomic:
-        key = (*key[:5], True, key[6])
+        key = (*key[:5], atomic, key[6])
         dq_acc.zero_()
         pre_block = 16 if _INTERPRET else 128
         _bwd_preprocess[(triton.cdiv(n_q, pre_block), bh)](
@@ -944,20 +959,31 @@ def _backward(
             key, n_q, bh,
             (q4, k4, v4, do4, o4, lse, delta, dq, *strides, *plan.o_strides, *plan.scalars),
         )  # fmt: skip
-    _DKDV_LAUNCH(key, plan.scalars[2], bh,
-                 (q4, k4, v4, do4, lse, delta, dk, dv, dq_acc, *strides, *plan.scalars))  # fmt: skip
+    dkdv_args = (q4, k4, v4, do4, lse, delta, dk, dv, dq_acc, *strides, *plan.scalars)
+    if atomic == 2:  # its in-kernel tensor descriptor lives in a scratch buffer from Triton's allocator
+        with triton_scratch_allocator():
+            _DKDV_LAUNCH(key, plan.scalars[2], bh, dkdv_args)
+    else:
+        _DKDV_LAUNCH(key, plan.scalars[2], bh, dkdv_args)
     if atomic:
         acc = dq_acc[: n_rows * plan.d_pad].view(bh, n_q, plan.d_pad)[..., : plan.d]
         dq.copy_((acc * plan.scalars[4]).reshape(dq.shape))
     return dq, dk, dv
 
 
-def _is_atomic(dq_mode: str | None) -> bool:
-    """True for atomic dQ (``dq_mode``, default ``DQ_MODE``); ValueError for an unknown mode."""
+def _dq_mode(dq_mode: str | None, device: torch.device) -> int:
+    """``_DQ_MODES``' number for ``dq_mode`` (default ``DQ_MODE``); ValueError for an unknown
+    mode, or for "tma" where this GPU or Triton cannot do TMA reduce-adds."""
     mode = dq_mode or DQ_MODE
-    if mode not in ("separate", "atomic"):
-        raise ValueError(f"dq_mode must be 'separate' or 'atomic', got {mode!r}")
-    return mode == "atomic"
+    number = _DQ_MODES.get(mode)
+    if number is None:
+        raise ValueError(f"dq_mode must be one of {', '.join(_DQ_MODES)}, got {mode!r}")
+    if number == 2 and not tma_reduce_supported(device):
+        raise ValueError(
+            "dq_mode 'tma' needs a CUDA GPU of compute capability 9.0 or newer and a Triton with "
+            "tensor-descriptor atomics (3.4+); use 'separate' or 'atomic'"
+        )
+    return number
 
 
 def flash_attention_backward(
@@ -971,7 +997,7 @@ def flash_attention_backward(
     dq_mode: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward kernels. Returns (dQ, dK, dV) with the shapes and dtype of q, k, v."""
-    atomic = _is_atomic(dq_mode)
+    atomic = _dq_mode(dq_mode, q.device)
     if do.shape != o.shape:
         raise ValueError(f"dO shape {tuple(do.shape)} != O shape {tuple(o.shape)}")
     q4, k4, v4, o4 = _as4d(q), _as4d(k), _as4d(v), _as4d(o)
@@ -992,7 +1018,7 @@ class FlashAttentionTriton(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False):
-        atomic = _is_atomic(None)
+        atomic = _dq_mode(None, q.device)
         o, _, stats, (q4, k4, v4), plan = _forward(q, k, v, bool(is_causal), not atomic)
         ctx.save_for_backward(q4, k4, v4, o, stats)
         ctx.plan, ctx.atomic = plan, atomic

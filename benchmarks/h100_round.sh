@@ -86,7 +86,7 @@ if stage dq-modes "${DQ_MODES_S:-300}"; then
      --no-plot --timeout 150 --resume --passes fwd,bwd,fwd_bwd)
   for shape in "1 16 16384 64" "1 16 8192 128" "8 16 1024 64" "1 16 32768 128"; do
     set -- $shape
-    for mode in separate tma; do
+    for mode in ${DQ_MODES:-separate tma}; do
       left=$((deadline - SECONDS))
       ((left > 10)) && LMSCOPE_FLASH_DQ=$mode limit "$left" "${LM[@]}" attention "${D[@]}" --batch "$1" \
         --heads "$2" --seq-len "$3" --head-dim "$4" --out "$W/dq_$mode.jsonl" | tail -4

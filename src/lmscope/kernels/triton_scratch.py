@@ -63,7 +63,9 @@ def tma_reduce_supported(device: torch.device) -> bool:
 
     if device.type != "cuda" or _allocator_var() is None:
         return False
-    if not hasattr(getattr(tl, "tensor_descriptor_base", None), "atomic_add"):
+    # the descriptor class: tensor_descriptor_base in newer Tritons, tensor_descriptor in 3.4-3.6
+    descriptor = getattr(tl, "tensor_descriptor_base", None) or getattr(tl, "tensor_descriptor", None)
+    if not hasattr(descriptor, "atomic_add"):
         return False
     index = device.index if device.index is not None else torch.cuda.current_device()
     return _device_supports_tma(index)

@@ -30,6 +30,9 @@
 #                    ours with dQ from its own kernel (separate) and as TMA reduce-adds from the
 #                    dK/dV kernel (tma), cuDNN beside each, fwd, bwd and fwd+bwd (DQ_MODES_S
 #                    seconds); first the GPU tests of both modes and of head dims 80, 96, 128
+#   wide-small  200  the short shapes of issue 19 (8x1024 d64, xl, 2.7B): ours with the default and
+#                    the wide config lists (LMSCOPE_FLASH_WIDE=1), cuDNN and SDPA flash beside each,
+#                    fwd, bwd and fwd+bwd
 # Writes the rows and log.txt to $OUT/w while it runs, then round.tgz (all of it, no traces) to
 # $OUT (the device tool brings back at most 8 files). The energy fields need nvidia-ml-py: put
 # pynvml.py in gpu_deps/ (a folder .git/info/exclude ignores) and carry it.
@@ -90,6 +93,19 @@ if stage dq-modes "${DQ_MODES_S:-300}"; then
       left=$((deadline - SECONDS))
       ((left > 10)) && LMSCOPE_FLASH_DQ=$mode limit "$left" "${LM[@]}" attention "${D[@]}" --batch "$1" \
         --heads "$2" --seq-len "$3" --head-dim "$4" --out "$W/dq_$mode.jsonl" | tail -4
+    done
+  done
+fi
+if stage wide-small 200; then
+  deadline=$((SECONDS + 200))
+  D=(--impl flash-triton,sdpa-cudnn,sdpa-flash --dtype bf16 --causal on --check-max-seq 2048
+     --reuse-worker --no-plot --timeout 120 --resume --passes fwd,bwd,fwd_bwd)
+  for shape in "8 16 1024 64" "4 25 512 64" "4 32 512 80"; do
+    set -- $shape
+    for wide in "" 1; do
+      left=$((deadline - SECONDS))
+      ((left > 10)) && LMSCOPE_FLASH_WIDE=$wide limit "$left" "${LM[@]}" attention "${D[@]}" --batch "$1" \
+        --heads "$2" --seq-len "$3" --head-dim "$4" --out "$W/small${wide:+_wide}.jsonl" | tail -4
     done
   done
 fi

@@ -104,7 +104,7 @@ if stage wide-small 200; then
     set -- $shape
     for wide in "" 1; do
       left=$((deadline - SECONDS))
-      ((left > 10)) && LMSCOPE_FLASH_WIDE=$wide limit "$left" "${LM[@]}" attention "${D[@]}" --batch "$1" \
+      ((left > 10)) && limit "$left" env ${wide:+LMSCOPE_FLASH_WIDE=1} "${LM[@]}" attention "${D[@]}" --batch "$1" \
         --heads "$2" --seq-len "$3" --head-dim "$4" --out "$W/small${wide:+_wide}.jsonl" | tail -4
     done
   done

@@ -189,6 +189,69 @@ def attention_wide_d128(rows: Rows) -> str:
     ])
 
 
+ROUND_27 = f"{ATTENTION}/27-round-h200"
+DQ_SHAPES = ((1, 16, 16384, 64), (1, 16, 8192, 128), (8, 16, 1024, 64), (1, 16, 32768, 128))
+"""The shapes of h100_round.sh's dq-modes stage (B, H, S, d)."""
+
+
+def _at(shape: tuple[int, ...]) -> dict:
+    return dict(batch=shape[0], heads=shape[1], seq_len=shape[2], head_dim=shape[3], dtype="bf16", causal=True)
+
+
+@claim("attention-dq-tma")
+def attention_dq_tma(rows: Rows) -> str:
+    """Ours with dQ from its own kernel (separate) and as TMA reduce-adds from the dK/dV kernel
+    (tma), cuDNN beside each in its run (two calls on one machine, two commits: no ratio across)."""
+    body, runs = [], {"separate": [], "tma": []}
+    for shape in DQ_SHAPES:
+        line = [", ".join(map(str, shape))]
+        for mode in runs:
+            ours = rows.one(f"{ROUND_27}/dq_{mode}.jsonl", impl="flash-triton", **_at(shape))
+            cudnn = rows.one(f"{ROUND_27}/dq_{mode}.jsonl", impl="sdpa-cudnn", **_at(shape))
+            runs[mode] += [ours, cudnn]
+            line += [fmt(ours["bwd_ms"]), fmt(ours["fwd_bwd_ms"]),
+                     ratio(ours, cudnn, key="fwd_bwd_ms", times="fwd_bwd_times_ms")]
+        body.append(line)
+    return "\n".join([
+        "bf16, causal; `do_bench` medians in ms; ours / cuDNN = fwd+bwd over cuDNN's in the same "
+        "run, with the 95 % bootstrap interval of the per-call times.",
+        "",
+        table(["B, H, S, d", "separate bwd", "separate fwd+bwd", "separate / cuDNN",
+               "tma bwd", "tma fwd+bwd", "tma / cuDNN"], body),
+        "",
+        f"separate: {provenance(runs['separate'])}.",
+        f"tma: {provenance(runs['tma'])}.",
+    ])
+
+
+@claim("attention-wide-small")
+def attention_wide_small(rows: Rows) -> str:
+    """Ours with the default and the wide config lists at the short shapes, SDPA beside each."""
+    body, used = [], []
+    for shape in ((8, 16, 1024, 64), (4, 25, 512, 64), (4, 32, 512, 80)):
+        line = [", ".join(map(str, shape))]
+        picked = {}
+        for name in ("small", "small_wide"):
+            found = {i: rows.one(f"{ROUND_27}/{name}.jsonl", impl=i, **_at(shape))
+                     for i in ("flash-triton", "sdpa-cudnn", "sdpa-flash")}
+            used += found.values()
+            picked[name] = found
+            ours = found["flash-triton"]
+            best = min(found["sdpa-cudnn"], found["sdpa-flash"], key=lambda r: r["fwd_bwd_ms"])
+            line += [fmt(ours["fwd_ms"]), fmt(ours["bwd_ms"]), fmt(ours["fwd_bwd_ms"]),
+                     ratio(ours, best, key="fwd_bwd_ms", times="fwd_bwd_times_ms")]
+        body.append(line)
+    return "\n".join([
+        "bf16, causal; `do_bench` medians in ms; ours / fastest = fwd+bwd over the faster SDPA "
+        "backend in the same pass, with the 95 % bootstrap interval of the per-call times.",
+        "",
+        table(["B, H, S, d", "default fwd", "default bwd", "default fwd+bwd", "default / fastest",
+               "wide fwd", "wide bwd", "wide fwd+bwd", "wide / fastest"], body),
+        "",
+        f"Measured on {provenance(used)}.",
+    ])
+
+
 @claim("attention-engine-thread")
 def attention_engine_thread(rows: Rows) -> str:
     """Host microseconds of eager forward+backward with and without the autograd device thread,

@@ -412,6 +412,36 @@ def test_gpu_compiled_launch_is_used_and_bit_identical_to_the_jit_launch(case, m
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("layout", ["bhtd", "bthd"])
+def test_gpu_direct_functions_reuse_their_plan_and_launch_directly(layout, monkeypatch):
+    """flash_attention_forward and flash_attention_backward keep their plan (and its launch
+    arguments) per input signature too: from the third call every launch goes straight to the
+    kept CompiledKernel, with the bits of JITFunction.run's launch, for contiguous inputs and
+    for (B, T, H, d) memory read through .transpose(1, 2)."""
+    monkeypatch.setattr(fa, "DQ_MODE", "separate")
+    q, k, v, do = _inputs((2, 3), 300, 300, 64, torch.bfloat16, seed=7, device="cuda")
+    q, k, v = q.detach(), k.detach(), v.detach()
+    if layout == "bthd":
+        q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
+    launchers = _launchers()
+    _fwd_bwd(q, k, v, do, True)
+    _fwd_bwd(q, k, v, do, True)
+    before = [launcher.direct for launcher in launchers]
+    direct = _fwd_bwd(q, k, v, do, True)
+    assert [launcher.direct for launcher in launchers] == [n + 1 for n in before]
+    for launcher in launchers:
+        launcher.supported = False
+    try:
+        through_jit = _fwd_bwd(q, k, v, do, True)
+    finally:
+        for launcher in launchers:
+            launcher.supported = True
+    for name, a, b in zip(("O", "L", "dQ", "dK", "dV"), direct, through_jit, strict=True):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_launch_hooks_see_every_kernel():
     """With a launch hook installed (what Triton's profiler does) launches go through
     JITFunction.run, and the hook sees each kernel's name."""

@@ -49,10 +49,11 @@ _LAUNCH_CALL = (
 _KNOB_OPTIONS = {"debug", "instrumentation_mode", "fpsan_homomorphic_casts"}
 
 
-def tensor_key(tensors: tuple[torch.Tensor, ...]) -> tuple:
-    """What Triton specialises the tensor arguments on: each one's dtype and whether its data
-    is 16-byte aligned, as a flat tuple (one Python loop; no tuple per tensor)."""
-    key = []
+def tensor_key(tensors: tuple[torch.Tensor, ...], *head) -> tuple:
+    """``head``, then what Triton specialises the tensor arguments on: each one's dtype and
+    whether its data is 16-byte aligned, as one flat tuple (one Python loop; no tuple per
+    tensor)."""
+    key = list(head)
     for t in tensors:
         key.append(t.dtype)
         key.append(t.data_ptr() % 16 == 0)
@@ -97,11 +98,6 @@ SUPPORTED = _supported()
 """True where this Triton's JITFunction.run launches the way DirectLaunch repeats (checked once)."""
 
 
-def _hook_set(hook) -> bool:
-    # Triton >= 3.4 holds an empty HookChain (which calls nothing) where no hook is installed.
-    return hook is not None and bool(getattr(hook, "calls", True))
-
-
 class DirectLaunch:
     """Launches one JIT function, through its kept ``CompiledKernel`` where Triton would reuse it.
 
@@ -132,9 +128,11 @@ class DirectLaunch:
             comp = knobs.compilation
             self._knobs = (knobs.runtime, comp, hasattr(comp, "fpsan_homomorphic_casts"))
         rt, comp, has_fpsan = self._knobs
+        enter, exit_ = rt.launch_enter_hook, rt.launch_exit_hook
+        # Triton >= 3.4 holds an empty HookChain (which calls nothing) where no hook is installed.
         if (
-            _hook_set(rt.launch_enter_hook)
-            or _hook_set(rt.launch_exit_hook)
+            (enter is not None and getattr(enter, "calls", True))
+            or (exit_ is not None and getattr(exit_, "calls", True))
             or getattr(rt, "add_stages_inspection_hook", None) is not None
             or getattr(self.jit, "pre_run_hooks", None)
         ):
@@ -154,7 +152,7 @@ class DirectLaunch:
         if state is None:
             self.jit.run(*tensors, *fixed.args, grid=grid, warmup=False, **kwargs)
             return
-        key = (state, tensor_key(tensors), fixed)
+        key = tensor_key(tensors, fixed, *state)
         kernel = kept.get(key)
         if kernel is None:  # first launch with this specialisation: Triton compiles or finds it
             kernel = self.jit.run(*tensors, *fixed.args, grid=grid, warmup=False, **kwargs)

@@ -866,7 +866,7 @@ class _Plan(NamedTuple):
     key: tuple  # the launchers' key, atomic dQ off
     fwd: FixedArgs  # the forward launch's arguments after its tensors
     bwd: dict  # dO's strides -> (dQ launch's, dK/dV launch's FixedArgs), a few
-    dq_acc: torch.Tensor  # separate mode's dK/dV dQ-accumulator argument (one float, unused)
+    dq_acc: torch.Tensor  # separate mode's dK/dV dQ-accumulator argument (never read or written)
 
 
 # Plans by (shapes, strides, dtypes, devices of q, k, v; causal): the forward's checks, views
@@ -1023,6 +1023,8 @@ def _backward(
         acc = dq_acc[: bh * n_q * plan.d_pad].view(bh, n_q, plan.d_pad)[..., : plan.d]
         dq.copy_((acc * plan.scalars[4]).reshape(dq.shape))
     return dq, dk, dv
+
+
 def _dq_mode(dq_mode: str | None, device: torch.device) -> int:
     """``_DQ_MODES``' number for ``dq_mode`` (default ``DQ_MODE``); ValueError for an unknown
     mode, or for "tma" where this GPU or Triton cannot do TMA reduce-adds."""

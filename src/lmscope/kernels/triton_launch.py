@@ -49,7 +49,7 @@ _LAUNCH_CALL = (
 _KNOB_OPTIONS = {"debug", "instrumentation_mode", "fpsan_homomorphic_casts"}
 
 
-def tensor_key(tensors: tuple[torch.Tensor, ...], *head) -> tuple:
+def tensor_key(tensors: tuple[torch.Tensor, ...], *head: object) -> tuple:
     """``head``, then what Triton specialises the tensor arguments on: each one's dtype and
     whether its data is 16-byte aligned, as one flat tuple (one Python loop; no tuple per
     tensor)."""

@@ -117,15 +117,16 @@ def test_dq_modes_refused_with_what_to_use():
 
 def test_autograd_function_saves_one_fp32_buffer_and_expanded_grad():
     """apply(q, k, v, is_causal) saves Q, K, V, O and one float32 buffer: L, then room for the
-    backward's D (16-byte aligned); o.sum() gives backward an expanded, stride-0 dO."""
+    backward's D (16-byte aligned; the separate mode's dK/dV kernel gets the plan's unused dQ
+    accumulator); o.sum() gives backward an expanded, stride-0 dO."""
     q, k, v, _ = _inputs((2, 2), 19, 26, 16, torch.float32, seed=5)
     o = fa.FlashAttentionTriton.apply(q, k, v, True)
     saved = o.grad_fn.saved_tensors
     assert len(saved) == 5
     _, lse = fa.flash_attention_forward(q.detach(), k.detach(), v.detach(), True)
     stats = saved[4]
-    # L (76 floats), D at 128, the separate mode's one-float dQ accumulator at 256
-    assert stats.dtype == torch.float32 and stats.ndim == 1 and stats.numel() == 128 + 128 + 1
+    # L (76 floats), D (76 floats) at 128
+    assert stats.dtype == torch.float32 and stats.ndim == 1 and stats.numel() == 128 + 76
     assert torch.equal(stats[:76].view(2, 2, 19), lse)
     o.sum().backward()
     q2, k2, v2 = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
@@ -236,6 +237,70 @@ def test_direct_launch_after_the_first_call_gives_identical_results(dq_mode):
         assert torch.equal(a, b), name
 
 
+def test_plans_are_kept_per_signature_and_checked_once(monkeypatch):
+    """The forward's checks and plan run once per (shapes, strides, dtypes, devices, causal):
+    a hit skips them, a change of any of those makes a new plan (the key is exact)."""
+    checked = []
+    check = fa._check_inputs
+    monkeypatch.setattr(fa, "_check_inputs", lambda *t: (checked.append(t), check(*t)))
+    monkeypatch.setattr(fa, "_PLANS", {})
+    q, k, v, _ = _inputs((2, 3), 17, 17, 16, torch.float32, seed=41)
+    plan = fa._plan_for(q, k, v, True)
+    assert fa._plan_for(q.detach().clone(), k.clone(), v.clone(), True) is plan and len(checked) == 1
+    bthd = q.detach().transpose(1, 2).contiguous().transpose(1, 2)  # same shape, other strides
+    others = [(bthd, k, v, True), (q, k, v, False), (q.bfloat16(), k.bfloat16(), v.bfloat16(), True),
+              (q[:, :, :16], k, v, True), (q, k.half(), v, True)]  # fmt: skip
+    plans = [fa._plan_for(*args) for args in others[:4]]
+    assert len({id(p) for p in (plan, *plans)}) == 5 and len(checked) == 5
+    assert plans[0].strides[:3] == bthd.stride()[:3] and plans[1].key[1] is False
+    with pytest.raises(ValueError, match="dtypes differ"):
+        fa._plan_for(*others[4])
+    assert len(fa._PLANS) == 5  # the refused signature is not kept
+
+
+def test_plans_stay_bounded(monkeypatch):
+    monkeypatch.setattr(fa, "_PLANS", {})
+    monkeypatch.setattr(fa, "_MAX_PLANS", 2)
+    for n in (9, 10, 11):
+        q, k, v, _ = _inputs((1, 2), n, n, 16, torch.float32, seed=n)
+        fa._plan_for(q, k, v, True)
+    assert len(fa._PLANS) == 1  # cleared when the third came
+
+
+def test_bad_inputs_raise_at_every_call():
+    """A refused signature is never kept: the same one-line error every time."""
+    q = torch.randn(2, 5, 16, device=DEVICE)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="n_queries"):
+            fa.flash_attention(q, torch.randn(3, 5, 16, device=DEVICE), torch.randn(3, 5, 16))
+
+
+def test_backward_launch_arguments_are_kept_per_do_layout(monkeypatch):
+    monkeypatch.setattr(fa, "_MAX_DO_LAYOUTS", 2)
+    q, k, v, _ = _inputs((2, 3), 17, 17, 16, torch.float32, seed=43)
+    plan = fa._plan(q, k, v, True)
+    first = fa._bwd_args(plan, (1, 2, 3, 1))
+    assert fa._bwd_args(plan, (1, 2, 3, 1)) is first
+    assert first[0].args[9:12] == (1, 2, 3) and first[1].args[9:12] == (1, 2, 3)
+    assert first[0].args[12:15] == plan.o_strides and first[1].args[12:] == plan.scalars
+    fa._bwd_args(plan, (4, 5, 6, 1))
+    fa._bwd_args(plan, (7, 8, 9, 1))
+    assert len(plan.bwd) == 1 and fa._bwd_args(plan, (1, 2, 3, 1)) is not first
+
+
+def test_direct_backward_with_o_in_another_layout():
+    """flash_attention_backward reads O through the strides it is given, not the plan's."""
+    q, k, v, do = _inputs((2, 2), 21, 18, 16, torch.float32, seed=45)
+    q, k, v = q.detach(), k.detach(), v.detach()
+    o, lse = fa.flash_attention_forward(q, k, v, True)
+    ours = fa.flash_attention_backward(do, q, k, v, o, lse, True)
+    dense = o.contiguous()
+    assert dense.stride() != o.stride()
+    theirs = fa.flash_attention_backward(do, q, k, v, dense, lse, True)
+    for name, a, b in zip("QKV", ours, theirs, strict=True):
+        assert torch.equal(a, b), name
+
+
 def test_rejects_bad_inputs():
     q = torch.randn(2, 5, 16, device=DEVICE)
     with pytest.raises(ValueError, match="n_queries"):
@@ -343,6 +408,36 @@ def test_gpu_compiled_launch_is_used_and_bit_identical_to_the_jit_launch(case, m
         assert torch.equal(a, ref), name
     ref_o, _ = attention_reference(q, k, v, causal)
     assert relative_error(direct[0], ref_o) < 2e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("layout", ["bhtd", "bthd"])
+def test_gpu_direct_functions_reuse_their_plan_and_launch_directly(layout, monkeypatch):
+    """flash_attention_forward and flash_attention_backward keep their plan (and its launch
+    arguments) per input signature too: from the third call every launch goes straight to the
+    kept CompiledKernel, with the bits of JITFunction.run's launch, for contiguous inputs and
+    for (B, T, H, d) memory read through .transpose(1, 2)."""
+    monkeypatch.setattr(fa, "DQ_MODE", "separate")
+    q, k, v, do = _inputs((2, 3), 300, 300, 64, torch.bfloat16, seed=7, device="cuda")
+    q, k, v = q.detach(), k.detach(), v.detach()
+    if layout == "bthd":
+        q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
+    launchers = _launchers()
+    _fwd_bwd(q, k, v, do, True)
+    _fwd_bwd(q, k, v, do, True)
+    before = [launcher.direct for launcher in launchers]
+    direct = _fwd_bwd(q, k, v, do, True)
+    assert [launcher.direct for launcher in launchers] == [n + 1 for n in before]
+    for launcher in launchers:
+        launcher.supported = False
+    try:
+        through_jit = _fwd_bwd(q, k, v, do, True)
+    finally:
+        for launcher in launchers:
+            launcher.supported = True
+    for name, a, b in zip(("O", "L", "dQ", "dK", "dV"), direct, through_jit, strict=True):
+        assert torch.equal(a, b), name
 
 
 @pytest.mark.gpu

@@ -15,7 +15,7 @@ import torch
 triton = pytest.importorskip("triton")
 
 from lmscope.kernels import triton_launch as tlaunch  # noqa: E402
-from lmscope.kernels.triton_launch import DirectLaunch, spec_key  # noqa: E402
+from lmscope.kernels.triton_launch import DirectLaunch, FixedArgs, tensor_key  # noqa: E402
 
 
 def _aligned_and_not(dtype=torch.bfloat16):
@@ -29,43 +29,54 @@ INTS = [0, 1, 2, 3, 15, 16, 17, 32, -1, -16, -17, 2**31 - 16, 2**31 - 1, 2**31, 
         2**64 - 16]  # fmt: skip
 
 
-def _samples() -> list:
+def _tensors() -> list:
     bf_a, bf_u = _aligned_and_not(torch.bfloat16)
     f32_a, f32_u = _aligned_and_not(torch.float32)
-    return [bf_a, bf_u, bf_a[8:], f32_a, f32_u, torch.empty(3, dtype=torch.float16),
-            *INTS, 0.5, 1.0, -3.0, True, False, None]  # fmt: skip
+    return [bf_a, bf_u, bf_a[8:], f32_a, f32_u, torch.empty(3, dtype=torch.float16)]
 
 
-def test_key_separates_whatever_triton_specialises_on():
-    """Equal keys imply equal Triton specialisation (type and attribute), for every pair."""
+def _scalars() -> list:
+    return [*INTS, 0.5, 1.0, -3.0, 0.0, -0.0, True, False, None]
+
+
+def _native():
     libtriton = pytest.importorskip("triton._C.libtriton")
     native = getattr(libtriton, "native_specialize_impl", None)
     if native is None:
         pytest.skip("this Triton has no native_specialize_impl")
     from triton.backends.compiler import BaseBackend
 
-    samples = _samples()
-    theirs = [native(BaseBackend, a, False, True, True) for a in samples]
-    ours = [spec_key((a,)) for a in samples]
-    assert None not in ours
+    return lambda a: native(BaseBackend, a, False, True, True)
+
+
+def test_tensor_key_separates_whatever_triton_specialises_on():
+    """Equal keys imply equal Triton specialisation (type and attribute), for every pair."""
+    native, samples = _native(), _tensors()
+    theirs = [native(a) for a in samples]
+    ours = [tensor_key((a,)) for a in samples]
     for (i, a), (j, b) in itertools.combinations(enumerate(samples), 2):
         if ours[i] == ours[j]:
             assert theirs[i] == theirs[j], (a, b, theirs[i], theirs[j])
 
 
-def test_key_on_the_cases_that_matter():
+def test_fixed_args_know_the_kinds_triton_specialises_by_value():
+    """Every scalar kind is one FixedArgs knows (so a kept kernel is keyed on the object that
+    holds exactly these values); objects of other kinds send launches through JITFunction.run."""
+    native = _native()
+    for a in _scalars():
+        native(a)  # a kind Triton takes as a kernel argument
+        assert FixedArgs((a,)).plain
+    assert FixedArgs((*INTS, 0.5, None)).args == (*INTS, 0.5, None)
+    assert not FixedArgs(("ieee",)).plain and not FixedArgs((3, object())).plain
+
+
+def test_tensor_key_on_the_cases_that_matter():
     aligned, misaligned = _aligned_and_not()
-    assert spec_key((aligned,)) != spec_key((misaligned,))
-    assert spec_key((aligned,)) != spec_key((aligned.float(),))
-    assert spec_key((aligned,)) == spec_key((aligned[8:],))  # 16 bytes on: still aligned
-    assert spec_key((1,)) != spec_key((2,)) and spec_key((2,)) == spec_key((2,))
-    assert spec_key((16,)) != spec_key((17,))
-    assert spec_key((2**31 - 1,)) != spec_key((2**31 + 1,))  # int32 -> int64
-    assert spec_key((2**63 + 1,)) != spec_key((2**40 + 1,))  # int64 -> uint64
-    assert spec_key((True,)) != spec_key((1,)) and spec_key((1.0,)) != spec_key((1,))
-    assert spec_key((aligned, 5)) != spec_key((5, aligned))  # per position
-    assert spec_key(("ieee",)) is None and spec_key((aligned, object())) is None
-    assert spec_key((aligned, 3, misaligned)) is None  # tensors only lead
+    assert tensor_key((aligned,)) != tensor_key((misaligned,))
+    assert tensor_key((aligned,)) != tensor_key((aligned.float(),))
+    assert tensor_key((aligned,)) == tensor_key((aligned[8:],))  # 16 bytes on: still aligned
+    assert tensor_key((aligned, misaligned)) != tensor_key((misaligned, aligned))  # per position
+    assert tensor_key((aligned, aligned.float())) != tensor_key((aligned.float(), aligned))
 
 
 class FakeCompiled:
@@ -108,36 +119,42 @@ def test_second_launch_goes_straight_to_the_compiled_kernel():
     jit, launch = _direct()
     kept: dict = {}
     x, _ = _aligned_and_not()
-    args = (x, 48, 7, 0.125)
-    launch.launch(kept, (3, 5), args, TAIL, KW)
+    fixed = FixedArgs((48, 7, 0.125))
+    launch.launch(kept, (3, 5), (x,), fixed, TAIL, KW)
     assert len(jit.runs) == 1 and launch.direct == 0 and len(kept) == 1
+    assert jit.runs[0] == ((x, 48, 7, 0.125), (3, 5), KW)
     kernel = next(iter(kept.values()))
-    launch.launch(kept, (4, 5), args, TAIL, KW)
+    launch.launch(kept, (4, 5), (x,), fixed, TAIL, KW)
     assert len(jit.runs) == 1 and launch.direct == 1
-    assert kernel.calls == [(4, 5, 1, 1000, "cu-function", ("packed",), None, None, None, *args, *TAIL)]
+    assert kernel.calls == [(4, 5, 1, 1000, "cu-function", ("packed",), None, None, None, x, 48, 7, 0.125,
+                             *TAIL)]  # fmt: skip
 
 
 @pytest.mark.parametrize("change", ["misaligned", "int becomes 1", "int loses 16", "int64", "dtype",
-                                    "device"])  # fmt: skip
+                                    "device", "equal values, another FixedArgs"])  # fmt: skip
 def test_a_new_specialisation_is_not_given_another_kernel(change):
     jit, launch = _direct()
     kept: dict = {}
     x, misaligned = _aligned_and_not()
-    launch.launch(kept, (1, 1), (x, 48, 7), TAIL, KW)
-    args = {
-        "misaligned": (misaligned, 48, 7),
-        "int becomes 1": (x, 48, 1),
-        "int loses 16": (x, 47, 7),
-        "int64": (x, 48, 2**33 + 7),
-        "dtype": (x.float(), 48, 7),
-        "device": (x, 48, 7),
+    fixed = FixedArgs((48, 7))
+    launch.launch(kept, (1, 1), (x,), fixed, TAIL, KW)
+    tensors, values = {
+        "misaligned": ((misaligned,), (48, 7)),
+        "int becomes 1": ((x,), (48, 1)),
+        "int loses 16": ((x,), (47, 7)),
+        "int64": ((x,), (48, 2**33 + 7)),
+        "dtype": ((x.float(),), (48, 7)),
+        "device": ((x,), (48, 7)),
+        "equal values, another FixedArgs": ((x,), (48, 7)),
     }[change]
     if change == "device":
         launch._device = lambda: 1
-    launch.launch(kept, (1, 1), args, TAIL, KW)
-    assert launch.direct == 0 and len(jit.runs) == 2 and jit.runs[-1][0] == args
+    same = values == fixed.args and not change.startswith("equal")
+    other = fixed if same else FixedArgs(values)
+    launch.launch(kept, (1, 1), tensors, other, TAIL, KW)
+    assert launch.direct == 0 and len(jit.runs) == 2 and jit.runs[-1][0] == (*tensors, *values)
     assert len(kept) == 2
-    launch.launch(kept, (1, 1), args, TAIL, KW)  # now known too
+    launch.launch(kept, (1, 1), tensors, other, TAIL, KW)  # now known too
     assert launch.direct == 1 and len(jit.runs) == 2
 
 
@@ -147,7 +164,8 @@ def test_launch_hooks_send_every_launch_through_the_jit_function():
     jit, launch = _direct()
     kept: dict = {}
     x, _ = _aligned_and_not()
-    launch.launch(kept, (1, 1), (x, 3), TAIL, KW)
+    fixed = FixedArgs((3,))
+    launch.launch(kept, (1, 1), (x,), fixed, TAIL, KW)
     seen = []
 
     def hook(metadata):
@@ -161,11 +179,11 @@ def test_launch_hooks_send_every_launch_through_the_jit_function():
         knobs.runtime.launch_enter_hook = hook
         restore = lambda: setattr(knobs.runtime, "launch_enter_hook", chain)  # noqa: E731
     try:
-        launch.launch(kept, (1, 1), (x, 3), TAIL, KW)
+        launch.launch(kept, (1, 1), (x,), fixed, TAIL, KW)
     finally:
         restore()
     assert launch.direct == 0 and len(jit.runs) == 2
-    launch.launch(kept, (1, 1), (x, 3), TAIL, KW)
+    launch.launch(kept, (1, 1), (x,), fixed, TAIL, KW)
     assert launch.direct == 1
 
 
@@ -173,18 +191,21 @@ def test_pre_run_hooks_and_unknown_arguments_and_unsupported_triton_use_the_jit_
     x, _ = _aligned_and_not()
     jit, launch = _direct()
     kept: dict = {}
+    odd = FixedArgs(("not a kernel argument kind",))
     for _ in range(2):
-        launch.launch(kept, (1, 1), (x, "not a kernel argument kind"), TAIL, KW)
+        launch.launch(kept, (1, 1), (x,), odd, TAIL, KW)
     assert launch.direct == 0 and len(jit.runs) == 2 and not kept
+    assert jit.runs[-1][0] == (x, "not a kernel argument kind")
 
+    fixed = FixedArgs((3,))
     jit.pre_run_hooks.append(lambda *a, **k: None)
     for _ in range(2):
-        launch.launch(kept, (1, 1), (x, 3), TAIL, KW)
+        launch.launch(kept, (1, 1), (x,), fixed, TAIL, KW)
     assert launch.direct == 0 and len(jit.runs) == 4
 
     jit, launch = _direct(supported=False)
     for _ in range(2):
-        launch.launch(kept, (1, 1), (x, 3), TAIL, KW)
+        launch.launch(kept, (1, 1), (x,), fixed, TAIL, KW)
     assert launch.direct == 0 and len(jit.runs) == 2
 
 
@@ -206,6 +227,7 @@ def test_kept_kernels_stay_bounded(monkeypatch):
     jit, launch = _direct()
     kept: dict = {}
     x, _ = _aligned_and_not()
+    fixed = {n: FixedArgs((n,)) for n in (5, 6, 7)}
     for n in (5, 6, 7, 7):
-        launch.launch(kept, (1, 1), (x, n), TAIL, KW)
+        launch.launch(kept, (1, 1), (x,), fixed[n], TAIL, KW)
     assert len(kept) == 1 and len(jit.runs) == 3 and launch.direct == 1  # cleared at the third

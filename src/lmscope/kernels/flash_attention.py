@@ -90,7 +90,7 @@ import triton
 import triton.language as tl
 
 from lmscope.kernels.attention_reference import check_attention_inputs
-from lmscope.kernels.triton_launch import DirectLaunch
+from lmscope.kernels.triton_launch import DirectLaunch, FixedArgs
 from lmscope.kernels.triton_scratch import tma_reduce_supported, triton_scratch_allocator
 
 __all__ = [
@@ -722,8 +722,9 @@ class _Launcher:
         self.direct_launches = 0  # for tests: launches that bypassed the autotuner
         self.compiled = DirectLaunch(kernel.fn) if self.run is not None else None
 
-    def __call__(self, key: tuple, n: int, bh: int, args: tuple) -> None:
-        """Launch over (cdiv(n, tile), bh) tiles, or (bh, cdiv(n, tile)) for HEAD_MAJOR."""
+    def __call__(self, key: tuple, n: int, bh: int, tensors: tuple, fixed: FixedArgs) -> None:
+        """Launch over (cdiv(n, tile), bh) tiles, or (bh, cdiv(n, tile)) for HEAD_MAJOR, with the
+        positional arguments ``tensors`` then ``fixed.args``."""
         hit = self.known.get(key)
         if hit is not None and len(self.kernel.cache) == self.n_tuned:
             config, block, head_major, kwargs, tail, compiled = hit
@@ -732,11 +733,11 @@ class _Launcher:
             self.direct_launches += 1
             grid = (bh, tiles) if head_major else (tiles, bh)
             if tail is None:
-                self.run(*args, grid=grid, warmup=False, **kwargs)
+                self.run(*tensors, *fixed.args, grid=grid, warmup=False, **kwargs)
             else:
-                self.compiled.launch(compiled, grid, args, tail, kwargs)
+                self.compiled.launch(compiled, grid, tensors, fixed, tail, kwargs)
             return
-        self._autotuned(key, n, bh, args)
+        self._autotuned(key, n, bh, (*tensors, *fixed.args))
 
     def _autotuned(self, key: tuple, n: int, bh: int, args: tuple) -> None:
         """Launch through the autotuner and keep its choice for ``key``."""
@@ -818,56 +819,22 @@ def _as4d(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def _empty_out(q: torch.Tensor) -> torch.Tensor:
-    """O shaped like q: for (..., H, n, d) inputs with the strides of (..., n, H, d) memory (so
-    O.transpose(-3, -2) is contiguous), for 2-d and 3-d inputs contiguous."""
-    if q.ndim < 4:
-        return torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    *lead, h, n, d = q.shape
+def _out_strides(shape: torch.Size) -> tuple[int, ...] | None:
+    """O's strides for q's shape: for (..., H, n, d) those of (..., n, H, d) memory (so
+    O.transpose(-3, -2) is contiguous); None (contiguous) for 2-d and 3-d inputs."""
+    if len(shape) < 4:
+        return None
+    *lead, h, n, d = shape
     strides, size = [d, h * d, 1], n * h * d  # (H, n, d) over (n, H, d) memory
     for dim in reversed(lead):
         strides.insert(0, size)
         size *= dim
-    # a tensor of its own with those strides, not a view: callers may modify it in place
-    return torch.empty_strided(q.shape, strides, dtype=q.dtype, device=q.device)
+    return tuple(strides)
 
 
 def _bucket(n: int) -> int:
     """The power of two >= max(n, 16) (triton.next_power_of_2 of it, without the call)."""
     return 1 << (max(n, 16) - 1).bit_length()
-
-
-class _Plan(NamedTuple):
-    """What the kernels need besides the tensors, fixed by q, k, v and causal: computed once in
-    the forward and kept on the autograd context, so the backward only looks at dO."""
-
-    dtype: torch.dtype
-    q_shape: torch.Size
-    k_shape: torch.Size
-    bh: int  # batch * heads
-    n_q: int
-    d: int
-    d_pad: int
-    strides: tuple  # (z, h, n) strides of Q, K, V as 4-d tensors
-    o_strides: tuple  # the same for O
-    scalars: tuple  # (H, n_q, n_k, qk_scale, sm_scale, NQ_BUCKET, NK_BUCKET)
-    key: tuple  # the launchers' key, atomic dQ off
-
-
-def _plan(q: torch.Tensor, k: torch.Tensor, q4, k4, v4, o4, causal: bool) -> _Plan:
-    n_q, d = q.shape[-2], q.shape[-1]
-    n_k = k.shape[-2]
-    h = q4.shape[1]
-    bh = q4.shape[0] * h
-    nq_bucket, nk_bucket = _bucket(n_q), _bucket(n_k)
-    sm_scale = 1.0 / math.sqrt(d)
-    return _Plan(
-        dtype=q.dtype, q_shape=q.shape, k_shape=k.shape, bh=bh, n_q=n_q, d=d,
-        d_pad=_bucket(d),  # max(16, next power of two): no Triton call per call
-        strides=(*q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3]), o_strides=o4.stride()[:3],
-        scalars=(h, n_q, n_k, sm_scale * LOG2E, sm_scale, nq_bucket, nk_bucket),
-        key=(d, causal, q.dtype, nq_bucket, nk_bucket, False, bh > 65535),
-    )  # fmt: skip
 
 
 def _aligned(n: int) -> int:
@@ -876,41 +843,131 @@ def _aligned(n: int) -> int:
     return (n + 63) // 64 * 64
 
 
+class _Plan(NamedTuple):
+    """What the kernels need besides the tensors, fixed by the shapes, strides, dtype and device
+    of q, k, v and causal: computed once per such signature (``_plan_for``), kept on the autograd
+    context, so the backward only looks at dO."""
+
+    dtype: torch.dtype
+    device: torch.device
+    q_shape: torch.Size
+    k_shape: torch.Size
+    l_shape: torch.Size  # L's: q's without d
+    o_strides_nd: tuple | None  # O's strides (``_out_strides``), None: contiguous
+    as_is: bool  # q, k, v (and so O) are read as they are: no 4-d view or copy to make
+    bh: int  # batch * heads
+    n_q: int
+    d: int
+    d_pad: int
+    l_size: int  # L's floats rounded up (``_aligned``): D's offset in the forward's buffer
+    strides: tuple  # (z, h, n) strides of Q, K, V as 4-d tensors
+    o_strides: tuple  # the same for O
+    scalars: tuple  # (H, n_q, n_k, qk_scale, sm_scale, NQ_BUCKET, NK_BUCKET)
+    key: tuple  # the launchers' key, atomic dQ off
+    fwd: FixedArgs  # the forward launch's arguments after its tensors
+    bwd: dict  # dO's strides -> (dQ launch's, dK/dV launch's FixedArgs), a few
+    dq_acc: torch.Tensor  # separate mode's dK/dV dQ-accumulator argument (never read or written)
+
+
+# Plans by (shapes, strides, dtypes, devices of q, k, v; causal): the forward's checks, views
+# and arithmetic once per signature. Cleared when full (a few shapes per model in practice).
+_PLANS: dict[tuple, _Plan] = {}
+_MAX_PLANS = 64
+_MAX_DO_LAYOUTS = 4  # dO strides kept per plan (one per model in practice)
+
+
+def _signature(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> tuple:
+    """Everything ``_check_inputs`` and ``_plan`` read from q, k, v and causal."""
+    return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
+            q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, causal)  # fmt: skip
+
+
+def _plan_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> _Plan:
+    """The plan for q, k, v and causal: kept from an earlier call with the same signature, or
+    checked (``_check_inputs``: a new signature raises its ValueError every time) and made."""
+    signature = _signature(q, k, v, causal)
+    plan = _PLANS.get(signature)
+    if plan is None:
+        _check_inputs(q, k, v)
+        plan = _plan(q, k, v, causal)
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[signature] = plan
+    return plan
+
+
+def _plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> _Plan:
+    """A new plan for checked q, k, v (views taken here only for their strides; O's from a meta
+    tensor of its layout)."""
+    q4, k4, v4 = _as4d(q), _as4d(k), _as4d(v)
+    o_strides_nd = _out_strides(q.shape)
+    o_meta = torch.empty(q.shape, device="meta") if o_strides_nd is None else torch.empty_strided(
+        q.shape, o_strides_nd, device="meta")  # fmt: skip
+    n_q, d = q.shape[-2], q.shape[-1]
+    n_k = k.shape[-2]
+    h = q4.shape[1]
+    bh = q4.shape[0] * h
+    nq_bucket, nk_bucket = _bucket(n_q), _bucket(n_k)
+    sm_scale = 1.0 / math.sqrt(d)
+    strides = (*q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3])
+    o_strides = _as4d(o_meta).stride()[:3]
+    scalars = (h, n_q, n_k, sm_scale * LOG2E, sm_scale, nq_bucket, nk_bucket)
+    return _Plan(
+        dtype=q.dtype, device=q.device, q_shape=q.shape, k_shape=k.shape, l_shape=q.shape[:-1],
+        o_strides_nd=o_strides_nd, as_is=q4 is q and k4 is k and v4 is v, bh=bh, n_q=n_q, d=d,
+        d_pad=_bucket(d),  # max(16, next power of two): no Triton call per call
+        l_size=_aligned(bh * n_q), strides=strides, o_strides=o_strides, scalars=scalars,
+        key=(d, causal, q.dtype, nq_bucket, nk_bucket, False, bh > 65535),
+        fwd=FixedArgs((*strides, *o_strides, h, n_q, n_k, sm_scale * LOG2E, nq_bucket, nk_bucket)),
+        bwd={}, dq_acc=torch.empty(4, dtype=torch.float32, device=q.device),
+    )  # fmt: skip
+
+
+def _bwd_args(plan: _Plan, do_strides: tuple) -> tuple[FixedArgs, FixedArgs]:
+    """The dQ and dK/dV launches' arguments after their tensors, for dO's 4-d strides
+    ``do_strides`` (its (z, h, n, d) strides): made once per plan and dO layout."""
+    fixed = plan.bwd.get(do_strides)
+    if fixed is None:
+        if len(plan.bwd) >= _MAX_DO_LAYOUTS:
+            plan.bwd.clear()
+        strides = (*plan.strides, *do_strides[:3])
+        fixed = plan.bwd[do_strides] = (
+            FixedArgs((*strides, *plan.o_strides, *plan.scalars)), FixedArgs((*strides, *plan.scalars)))
+    return fixed
+
+
 def _scratch(plan: _Plan, atomic: bool) -> int:
     """Float32 elements the backward needs besides L: D = rowsum(dO * O) (bh, n_q), then the
-    atomic-mode dQ accumulator. In separate mode the kernel never touches that accumulator, but
-    the autotuner zeroes it (reset_to_zero) while benchmarking: it gets one float of its own."""
+    atomic-mode dQ accumulator (separate mode passes ``plan.dq_acc``, which its dK/dV kernel
+    never touches; only the autotuner zeroes it, reset_to_zero, while benchmarking)."""
     n_rows = plan.bh * plan.n_q
-    return _aligned(n_rows) + (n_rows * plan.d_pad if atomic else 1)
+    return _aligned(n_rows) + n_rows * plan.d_pad if atomic else n_rows
 
 
 def _forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scratch: bool
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple, _Plan]:
-    """The forward launch. Returns (O, L, stats, (Q, K, V) as the kernel read them, plan).
+) -> tuple[torch.Tensor, torch.Tensor, tuple, _Plan]:
+    """The forward launch. Returns (O, stats, (Q, K, V) as the kernel read them, plan).
 
-    Without ``scratch``, stats is L; with it, L is the head of stats, a float32 buffer that also
-    holds the separate-mode backward's scratch at ``_aligned(L.numel())`` (one allocation fewer
-    per backward; it holds as many floats as L, plus one)."""
-    _check_inputs(q, k, v)
-    q4, k4, v4 = _as4d(q), _as4d(k), _as4d(v)
-    o = _empty_out(q)
-    o4 = _as4d(o)  # a view: merging the dims before H keeps O's memory
-    plan = _plan(q, k, q4, k4, v4, o4, bool(causal))
+    Without ``scratch``, stats is L (..., n_queries); with it, a flat float32 buffer that holds
+    L at its head and the separate-mode backward's D at ``plan.l_size`` (one allocation fewer
+    per backward)."""
+    plan = _plan_for(q, k, v, bool(causal))
+    if plan.o_strides_nd is None:
+        o = torch.empty(plan.q_shape, dtype=plan.dtype, device=plan.device)
+    else:  # a tensor of its own with those strides, not a view: callers may modify it in place
+        o = torch.empty_strided(plan.q_shape, plan.o_strides_nd, dtype=plan.dtype, device=plan.device)
+    if plan.as_is:
+        q4, k4, v4, o4 = q, k, v, o
+    else:  # merging the dims before H keeps O's memory: o4 is a view
+        q4, k4, v4, o4 = _as4d(q), _as4d(k), _as4d(v), _as4d(o)
     # Contiguous: the kernel indexes L by (batch*head, row) without strides.
     if scratch:
-        n_rows = plan.bh * plan.n_q
-        stats = torch.empty(_aligned(n_rows) + _scratch(plan, False), dtype=torch.float32, device=q.device)
-        lse = stats[:n_rows].view(q.shape[:-1])
+        stats = torch.empty(plan.l_size + _scratch(plan, False), dtype=torch.float32, device=plan.device)
     else:
-        lse = stats = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
-    h, n_q, n_k, qk_scale, _, nq_bucket, nk_bucket = plan.scalars
-    _FWD_LAUNCH(
-        plan.key, n_q, plan.bh,
-        (q4, k4, v4, o4, lse, *plan.strides, *plan.o_strides, h, n_q, n_k, qk_scale, nq_bucket,
-         nk_bucket),
-    )  # fmt: skip
-    return o, lse, stats, (q4, k4, v4), plan
+        stats = torch.empty(plan.l_shape, dtype=torch.float32, device=plan.device)
+    _FWD_LAUNCH(plan.key, plan.n_q, plan.bh, (q4, k4, v4, o4, stats), plan.fwd)
+    return o, stats, (q4, k4, v4), plan
 
 
 def flash_attention_forward(
@@ -919,54 +976,51 @@ def flash_attention_forward(
     """Forward kernel only. Returns (O with q's shape and dtype, L float32 (..., n_queries)).
 
     For inputs of 4+ dims O has (..., n_queries, H, d) memory order (module docstring)."""
-    o, lse, _, _, _ = _forward(q, k, v, causal, False)
+    o, lse, _, _ = _forward(q, k, v, causal, False)
     return o, lse
 
 
 def _backward(
     do: torch.Tensor, q4, k4, v4, o4, lse: torch.Tensor, f32: torch.Tensor, plan: _Plan, atomic: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The backward launches; ``f32`` holds ``_scratch(plan, atomic)`` floats, 16-byte aligned;
-    ``atomic`` is the dQ mode's number (``_DQ_MODES``)."""
+    """The backward launches. ``lse`` and ``f32`` are passed by pointer: L at the head of
+    ``lse``, D at the head of ``f32``, which holds ``_scratch(plan, atomic)`` floats, 16-byte
+    aligned; ``atomic`` is the dQ mode's number (``_DQ_MODES``)."""
     if do.dtype != plan.dtype:
         do = do.to(plan.dtype)
     do4 = _as4d(do)
-    do_strides = do4.stride()[:3]
+    do_strides = do4.stride()
     if 0 in do_strides:  # e.g. the expanded gradient of o.sum()
         do4 = do4.contiguous()
-        do_strides = do4.stride()[:3]
+        do_strides = do4.stride()
+    dq_args, dkdv_args = _bwd_args(plan, do_strides)
     bh, n_q = plan.bh, plan.n_q
-    n_rows = bh * n_q
-    delta, dq_acc = f32[:n_rows], f32[_aligned(n_rows) :]
     # Contiguous, as the kernels assume (they index dQ, dK, dV without strides). Three tensors of
     # their own, not views of one buffer: each may become a leaf's .grad as it is.
-    device = do.device
-    dq = torch.empty(plan.q_shape, dtype=plan.dtype, device=device)
-    dk = torch.empty(plan.k_shape, dtype=plan.dtype, device=device)
-    dv = torch.empty(plan.k_shape, dtype=plan.dtype, device=device)
-    strides = (*plan.strides, *do_strides)
+    dq = torch.empty(plan.q_shape, dtype=plan.dtype, device=plan.device)
+    dk = torch.empty(plan.k_shape, dtype=plan.dtype, device=plan.device)
+    dv = torch.empty(plan.k_shape, dtype=plan.dtype, device=plan.device)
     key = plan.key
     if atomic:
         key = (*key[:5], atomic, key[6])
+        dq_acc = f32[_aligned(bh * n_q) :]
         dq_acc.zero_()
         pre_block = 16 if _INTERPRET else 128
         _bwd_preprocess[(triton.cdiv(n_q, pre_block), bh)](
-            o4, do4, delta, *plan.o_strides, *do_strides, plan.scalars[0], n_q,
+            o4, do4, f32, *plan.o_strides, *do_strides[:3], plan.scalars[0], n_q,
             HEAD_DIM=plan.d, D_PAD=plan.d_pad, BLOCK_M=pre_block, ACC64=plan.dtype == torch.float32,
         )  # fmt: skip
     else:  # the dQ kernel computes D for its rows and stores it: it runs first
-        _DQ_LAUNCH(
-            key, n_q, bh,
-            (q4, k4, v4, do4, o4, lse, delta, dq, *strides, *plan.o_strides, *plan.scalars),
-        )  # fmt: skip
-    dkdv_args = (q4, k4, v4, do4, lse, delta, dk, dv, dq_acc, *strides, *plan.scalars)
+        dq_acc = plan.dq_acc
+        _DQ_LAUNCH(key, n_q, bh, (q4, k4, v4, do4, o4, lse, f32, dq), dq_args)
+    dkdv_tensors = (q4, k4, v4, do4, lse, f32, dk, dv, dq_acc)
     if atomic == 2:  # its in-kernel tensor descriptor lives in a scratch buffer from Triton's allocator
         with triton_scratch_allocator():
-            _DKDV_LAUNCH(key, plan.scalars[2], bh, dkdv_args)
+            _DKDV_LAUNCH(key, plan.scalars[2], bh, dkdv_tensors, dkdv_args)
     else:
-        _DKDV_LAUNCH(key, plan.scalars[2], bh, dkdv_args)
+        _DKDV_LAUNCH(key, plan.scalars[2], bh, dkdv_tensors, dkdv_args)
     if atomic:
-        acc = dq_acc[: n_rows * plan.d_pad].view(bh, n_q, plan.d_pad)[..., : plan.d]
+        acc = dq_acc[: bh * n_q * plan.d_pad].view(bh, n_q, plan.d_pad)[..., : plan.d]
         dq.copy_((acc * plan.scalars[4]).reshape(dq.shape))
     return dq, dk, dv
 
@@ -1000,11 +1054,14 @@ def flash_attention_backward(
     atomic = _dq_mode(dq_mode, q.device)
     if do.shape != o.shape:
         raise ValueError(f"dO shape {tuple(do.shape)} != O shape {tuple(o.shape)}")
-    q4, k4, v4, o4 = _as4d(q), _as4d(k), _as4d(v), _as4d(o)
+    plan = _plan_for(q, k, v, bool(causal))
+    o4 = _as4d(o)
+    if o4.stride()[:3] != plan.o_strides:  # not the forward's layout: a plan of its own
+        plan = plan._replace(o_strides=o4.stride()[:3], bwd={})
+    q4, k4, v4 = (q, k, v) if plan.as_is else (_as4d(q), _as4d(k), _as4d(v))
     if not lse.is_contiguous():  # read as (batch*heads, n_q) rows
         lse = lse.contiguous()
-    plan = _plan(q, k, q4, k4, v4, o4, bool(causal))
-    f32 = torch.empty(_scratch(plan, atomic), dtype=torch.float32, device=q.device)
+    f32 = torch.empty(_scratch(plan, atomic), dtype=torch.float32, device=plan.device)
     return _backward(do, q4, k4, v4, o4, lse, f32, plan, atomic)
 
 
@@ -1019,9 +1076,10 @@ class FlashAttentionTriton(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False):
         atomic = _dq_mode(None, q.device)
-        o, _, stats, (q4, k4, v4), plan = _forward(q, k, v, bool(is_causal), not atomic)
+        o, stats, (q4, k4, v4), plan = _forward(q, k, v, is_causal, not atomic)
         ctx.save_for_backward(q4, k4, v4, o, stats)
-        ctx.plan, ctx.atomic = plan, atomic
+        ctx.plan = plan
+        ctx.atomic = atomic
         return o
 
     @staticmethod
@@ -1029,9 +1087,9 @@ class FlashAttentionTriton(torch.autograd.Function):
         q4, k4, v4, o, stats = ctx.saved_tensors
         plan, atomic = ctx.plan, ctx.atomic
         if atomic:  # its dQ accumulator is not kept from forward to backward
-            f32 = torch.empty(_scratch(plan, True), dtype=torch.float32, device=stats.device)
+            f32 = torch.empty(_scratch(plan, True), dtype=torch.float32, device=plan.device)
         else:
-            f32 = stats[_aligned(plan.bh * plan.n_q) :]
+            f32 = stats[plan.l_size :]
         # the kernels take O and L by pointer: the saved tensors serve as they are
         return (*_backward(do, q4, k4, v4, o, stats, f32, plan, atomic), None)
 

@@ -8,18 +8,23 @@ its launcher with the same arguments, the way ``JITFunction.run`` calls it on a 
 ``kernel.run(grid0, grid1, grid2, stream, kernel.function, kernel.packed_metadata,
 launch_metadata, enter_hook, exit_hook, *all_args)``.
 
-A kept kernel is reused only where Triton would pick the same binary: ``spec_key`` holds each
-tensor's dtype and 16-byte alignment and every other argument's value and type (which decide
-what Triton specialises an int on: == 1, divisibility by 16, 32/64-bit range), and the key also
-holds the current device and the knobs ``JITFunction.run`` adds to the options (debug,
+A kept kernel is reused only where Triton would pick the same binary. The key holds each
+tensor's dtype and 16-byte alignment (``tensor_key``, computed per launch: what Triton specialises
+a pointer on), the non-tensor arguments (a ``FixedArgs`` object, held by identity: it is built once
+from values whose kinds it checks and never changes, and its values and their types decide
+what Triton specialises them on: an int's == 1, divisibility by 16, 32/64-bit range), the
+current device and the knobs ``JITFunction.run`` adds to the options (debug,
 instrumentation mode, fpsan casts). Everything else (the constexprs, num_warps, ...) is fixed per
 ``DirectLaunch.launch`` caller's ``kept`` dict, which belongs to one set of launch options.
+Callers keep their ``FixedArgs`` (e.g. per input shape), so that a launch only reads its
+tensors; a new ``FixedArgs`` object, even with equal values, sends its first launch through
+``JITFunction.run`` (which finds the binary in Triton's cache).
 
 Every call goes through ``JITFunction.run`` instead where that is needed to stay exact or
 observable: a Triton whose ``JITFunction.run`` does not launch as above (checked once, from its
 source), a kernel that is not a ``JITFunction`` (e.g. the CPU interpreter's), launch hooks
 installed (profilers such as proton read kernel names from them), pre-run hooks on the kernel,
-a stages-inspection hook, or an argument of a kind ``spec_key`` does not know.
+a stages-inspection hook, or a non-tensor argument of a kind the key does not know.
 """
 
 from __future__ import annotations
@@ -29,10 +34,10 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["DirectLaunch", "spec_key", "SUPPORTED"]
+__all__ = ["DirectLaunch", "FixedArgs", "SUPPORTED", "tensor_key"]
 
 _PLAIN = frozenset((int, float, bool, type(None)))
-# Kept kernels per caller's dict before it is cleared (spec_key holds exact lengths and strides).
+# Kept kernels per caller's dict before it is cleared (a key per FixedArgs object).
 _MAX_KEPT = 256
 
 # JITFunction.run's launch on a cache hit, whitespace removed: the call DirectLaunch repeats.
@@ -44,31 +49,32 @@ _LAUNCH_CALL = (
 _KNOB_OPTIONS = {"debug", "instrumentation_mode", "fpsan_homomorphic_casts"}
 
 
-def spec_key(args: tuple) -> tuple | None:
-    """A key that is equal for two argument tuples only where Triton specialises them alike;
-    None where the arguments are of kinds this does not know.
-
-    Leading tensors give (dtype, data_ptr % 16 == 0) each, what Triton specialises a pointer on;
-    the other arguments (ints, floats, bools, None) give their values and types as they are.
-    That is finer than Triton's own key for ints (== 1, divisible by 16, 32/64-bit range: all
-    follow from the value), and costs a few C-level tuple operations instead of a Python step
-    per argument; a new length or stride only sends one more launch through JITFunction.run.
-    """
-    n = 0
-    tensors = []
-    for a in args:
-        if not isinstance(a, torch.Tensor):
-            break
-        tensors.append(a.dtype)
-        tensors.append(a.data_ptr() % 16 == 0)
-        n += 1
-    rest = args[n:]
-    kinds = tuple(map(type, rest))
-    if not _PLAIN.issuperset(kinds):
-        return None
-    return tuple(tensors), rest, kinds
+def tensor_key(tensors: tuple[torch.Tensor, ...], *head: object) -> tuple:
+    """``head``, then what Triton specialises the tensor arguments on: each one's dtype and
+    whether its data is 16-byte aligned, as one flat tuple (one Python loop; no tuple per
+    tensor)."""
+    key = list(head)
+    for t in tensors:
+        key.append(t.dtype)
+        key.append(t.data_ptr() % 16 == 0)
+    return tuple(key)
 
 
+class FixedArgs:
+    """The non-tensor arguments of a launch (after its tensors, before its constexprs), checked
+    once: ``plain`` says whether all are ints, floats, bools or None, the kinds whose value and
+    type decide Triton's specialisation. ``DirectLaunch`` keys kept kernels on the object itself
+    (identity): two objects with equal values are two keys, which costs one more launch through
+    ``JITFunction.run``, never a wrong binary. ``args`` must not change (it is a tuple)."""
+
+    __slots__ = ("args", "plain")
+
+    def __init__(self, args: tuple) -> None:
+        self.args = args
+        self.plain = _PLAIN.issuperset(map(type, args))
+
+    def __repr__(self) -> str:
+        return f"FixedArgs{self.args!r}"
 def _supported() -> bool:
     """Whether this Triton's JITFunction.run launches a compiled kernel as DirectLaunch does."""
     try:
@@ -92,18 +98,14 @@ SUPPORTED = _supported()
 """True where this Triton's JITFunction.run launches the way DirectLaunch repeats (checked once)."""
 
 
-def _hook_set(hook) -> bool:
-    # Triton >= 3.4 holds an empty HookChain (which calls nothing) where no hook is installed.
-    return hook is not None and bool(getattr(hook, "calls", True))
-
-
 class DirectLaunch:
     """Launches one JIT function, through its kept ``CompiledKernel`` where Triton would reuse it.
 
-    ``launch(kept, grid, args, tail, kwargs)``: ``args`` are the positional arguments,
-    ``kwargs`` the constexprs and launch options (always the same ones for one ``kept`` dict),
-    ``tail`` the constexpr values in the kernel's parameter order after ``args``. ``direct``
-    counts the launches that bypassed ``JITFunction.run`` (for tests).
+    ``launch(kept, grid, tensors, fixed, tail, kwargs)``: the positional arguments are
+    ``tensors`` then ``fixed.args``; ``kwargs`` the constexprs and launch options (always the
+    same ones for one ``kept`` dict), ``tail`` the constexpr values in the kernel's parameter
+    order after the positional ones. ``direct`` counts the launches that bypassed
+    ``JITFunction.run`` (for tests).
     """
 
     def __init__(self, jit, supported: bool | None = None):
@@ -126,9 +128,11 @@ class DirectLaunch:
             comp = knobs.compilation
             self._knobs = (knobs.runtime, comp, hasattr(comp, "fpsan_homomorphic_casts"))
         rt, comp, has_fpsan = self._knobs
+        enter, exit_ = rt.launch_enter_hook, rt.launch_exit_hook
+        # Triton >= 3.4 holds an empty HookChain (which calls nothing) where no hook is installed.
         if (
-            _hook_set(rt.launch_enter_hook)
-            or _hook_set(rt.launch_exit_hook)
+            (enter is not None and getattr(enter, "calls", True))
+            or (exit_ is not None and getattr(exit_, "calls", True))
             or getattr(rt, "add_stages_inspection_hook", None) is not None
             or getattr(self.jit, "pre_run_hooks", None)
         ):
@@ -140,16 +144,18 @@ class DirectLaunch:
         fpsan = comp.fpsan_homomorphic_casts if has_fpsan else None
         return (self._device(), rt.debug, comp.instrumentation_mode, fpsan)
 
-    def launch(self, kept: dict, grid: tuple[int, int], args: tuple, tail: tuple, kwargs: dict) -> None:
-        state = self._state() if self.supported else None
-        spec = spec_key(args) if state is not None else None
-        if spec is None:
-            self.jit.run(*args, grid=grid, warmup=False, **kwargs)
+    def launch(
+        self, kept: dict, grid: tuple[int, int], tensors: tuple, fixed: FixedArgs, tail: tuple, kwargs: dict
+    ) -> None:
+        """Launch over ``grid`` (two axes): the kept kernel for this key, else JITFunction.run."""
+        state = self._state() if self.supported and fixed.plain else None
+        if state is None:
+            self.jit.run(*tensors, *fixed.args, grid=grid, warmup=False, **kwargs)
             return
-        key = (state, spec)
+        key = tensor_key(tensors, fixed, *state)
         kernel = kept.get(key)
         if kernel is None:  # first launch with this specialisation: Triton compiles or finds it
-            kernel = self.jit.run(*args, grid=grid, warmup=False, **kwargs)
+            kernel = self.jit.run(*tensors, *fixed.args, grid=grid, warmup=False, **kwargs)
             if all(hasattr(kernel, a) for a in ("run", "function", "packed_metadata")):
                 if len(kept) >= _MAX_KEPT:  # many shapes: start again rather than grow
                     kept.clear()
@@ -157,4 +163,4 @@ class DirectLaunch:
             return
         self.direct += 1
         kernel.run(grid[0], grid[1], 1, self._stream(state[0]), kernel.function,
-                   kernel.packed_metadata, None, None, None, *args, *tail)  # fmt: skip
+                   kernel.packed_metadata, None, None, None, *tensors, *fixed.args, *tail)  # fmt: skip

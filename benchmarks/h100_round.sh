@@ -27,9 +27,10 @@
 #                    from the committed rows in benchmarks/results/own_model (--resume skips them)
 #   activations-more 120  saved activations per block of small..2.7B at contexts 512 and 2048
 #   dq-modes    300  the long-context shapes of issue 19 (16k d64, 8k and 32k d128, 8x1024 d64):
-#                    ours with dQ from its own kernel (separate) and as TMA reduce-adds from the
-#                    dK/dV kernel (tma), cuDNN beside each, fwd, bwd and fwd+bwd (DQ_MODES_S
-#                    seconds); first the GPU tests of both modes and of head dims 80, 96, 128
+#                    ours in each dQ mode of DQ_MODES (default "separate atomic"; the "tma" mode
+#                    it measured first is gone since), cuDNN beside each, fwd, bwd and fwd+bwd
+#                    (DQ_MODES_S seconds); first the GPU tests of the atomic mode and of head
+#                    dims 80, 96, 128
 #   wide-small  200  the short shapes of issue 19 (8x1024 d64, xl, 2.7B): ours with the default and
 #                    the wide config lists (LMSCOPE_FLASH_WIDE=1), cuDNN and SDPA flash beside each,
 #                    fwd, bwd and fwd+bwd
@@ -89,7 +90,7 @@ if stage dq-modes "${DQ_MODES_S:-300}"; then
      --no-plot --timeout 150 --resume --passes fwd,bwd,fwd_bwd)
   for shape in "1 16 16384 64" "1 16 8192 128" "8 16 1024 64" "1 16 32768 128"; do
     set -- $shape
-    for mode in ${DQ_MODES:-separate tma}; do
+    for mode in ${DQ_MODES:-separate atomic}; do
       left=$((deadline - SECONDS))
       ((left > 10)) && LMSCOPE_FLASH_DQ=$mode limit "$left" "${LM[@]}" attention "${D[@]}" --batch "$1" \
         --heads "$2" --seq-len "$3" --head-dim "$4" --out "$W/dq_$mode.jsonl" | tail -4

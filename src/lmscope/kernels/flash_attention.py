@@ -91,7 +91,6 @@ import triton.language as tl
 
 from lmscope.kernels.attention_reference import check_attention_inputs
 from lmscope.kernels.triton_launch import DirectLaunch, FixedArgs
-from lmscope.kernels.triton_scratch import tma_reduce_supported, triton_scratch_allocator
 
 __all__ = [
     "DQ_MODE",
@@ -106,9 +105,10 @@ LN2 = 0.6931471805599453  # ln(2)
 MAX_HEAD_DIM = 128
 
 # "separate": dQ by its own kernel (no atomics); "atomic": dQ accumulated by the dK/dV kernel
-# with per-element fp32 atomics; "tma": the same with one TMA reduce-add per tile (Hopper+).
+# with per-element fp32 atomics. (A third mode, one TMA reduce-add per dQ tile, measured slower
+# and was removed: docs/kernels/flash_attention_backward_notes.md, variant 2.)
 DQ_MODE = os.environ.get("LMSCOPE_FLASH_DQ", "separate")
-_DQ_MODES = {"separate": 0, "atomic": 1, "tma": 2}  # the launch key's and ATOMIC_DQ's value
+_DQ_MODES = {"separate": 0, "atomic": 1}  # the launch key's and ATOMIC_DQ's value
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0").strip().lower() not in ("", "0", "false")
 # Triton's CPU interpreter mis-computes bfloat16 dots (seen with Triton 3.9): there, dot operands
@@ -449,8 +449,7 @@ def _dkdv_inner(
     ATOMIC_DQ: tl.constexpr,
 ):  # fmt: skip
     """dK, dV over ``n_steps`` query tiles from ``start_m``; with ATOMIC_DQ also adds each tile's
-    dQ into the float32 accumulator: per element (1) or as one TMA reduce-add of the tile (2,
-    ``dq_base`` is then a tensor descriptor of this head's (n_q, D_PAD) rows)."""
+    dQ into the float32 accumulator, per element."""
     EVEN_D: tl.constexpr = HEAD_DIM == D_PAD
     offs_mb = tl.arange(0, BLOCK_M1)
     d_row = offs_d[:, None] < HEAD_DIM
@@ -483,11 +482,8 @@ def _dkdv_inner(
         dk = _dot_acc(dsT, tl.trans(qT), dk, DOT_PREC)
         if ATOMIC_DQ:
             dq = _dot(tl.trans(dsT), k, DOT_PREC)  # (BLOCK_M1, D), unscaled
-            if ATOMIC_DQ == 2:  # rows past n_q fall outside the descriptor and are dropped
-                dq_base.atomic_add([curr_m, 0], dq)
-            else:
-                dq_ptrs = dq_base + offs_m[:, None] * D_PAD + offs_d[None, :]
-                tl.atomic_add(dq_ptrs, dq, mask=m_ok[:, None], sem="relaxed")
+            dq_ptrs = dq_base + offs_m[:, None] * D_PAD + offs_d[None, :]
+            tl.atomic_add(dq_ptrs, dq, mask=m_ok[:, None], sem="relaxed")
         curr_m += BLOCK_M1
     return dk, dv
 
@@ -527,9 +523,6 @@ def _attn_bwd_dkdv(
     lse_base = LSE + off_bh.to(tl.int64) * n_q
     delta_base = DELTA + off_bh.to(tl.int64) * n_q
     dq_base = DQ_ACC + off_bh.to(tl.int64) * n_q * D_PAD
-    if ATOMIC_DQ == 2:  # Hopper+: dQ tiles go out as TMA reduce-adds (bulk, asynchronous)
-        dq_base = tl.make_tensor_descriptor(dq_base, shape=[n_q, D_PAD], strides=[D_PAD, 1],
-                                            block_shape=[BLOCK_M1, D_PAD])  # fmt: skip
 
     start_n = pid_n * BLOCK_N1
     offs_n = start_n + tl.arange(0, BLOCK_N1)
@@ -1014,29 +1007,19 @@ def _backward(
         dq_acc = plan.dq_acc
         _DQ_LAUNCH(key, n_q, bh, (q4, k4, v4, do4, o4, lse, f32, dq), dq_args)
     dkdv_tensors = (q4, k4, v4, do4, lse, f32, dk, dv, dq_acc)
-    if atomic == 2:  # its in-kernel tensor descriptor lives in a scratch buffer from Triton's allocator
-        with triton_scratch_allocator():
-            _DKDV_LAUNCH(key, plan.scalars[2], bh, dkdv_tensors, dkdv_args)
-    else:
-        _DKDV_LAUNCH(key, plan.scalars[2], bh, dkdv_tensors, dkdv_args)
+    _DKDV_LAUNCH(key, plan.scalars[2], bh, dkdv_tensors, dkdv_args)
     if atomic:
         acc = dq_acc[: bh * n_q * plan.d_pad].view(bh, n_q, plan.d_pad)[..., : plan.d]
         dq.copy_((acc * plan.scalars[4]).reshape(dq.shape))
     return dq, dk, dv
 
 
-def _dq_mode(dq_mode: str | None, device: torch.device) -> int:
-    """``_DQ_MODES``' number for ``dq_mode`` (default ``DQ_MODE``); ValueError for an unknown
-    mode, or for "tma" where this GPU or Triton cannot do TMA reduce-adds."""
+def _dq_mode(dq_mode: str | None) -> int:
+    """``_DQ_MODES``' number for ``dq_mode`` (default ``DQ_MODE``); ValueError for an unknown mode."""
     mode = dq_mode or DQ_MODE
     number = _DQ_MODES.get(mode)
     if number is None:
         raise ValueError(f"dq_mode must be one of {', '.join(_DQ_MODES)}, got {mode!r}")
-    if number == 2 and not tma_reduce_supported(device):
-        raise ValueError(
-            "dq_mode 'tma' needs a CUDA GPU of compute capability 9.0 or newer and a Triton with "
-            "tensor-descriptor atomics (3.4+); use 'separate' or 'atomic'"
-        )
     return number
 
 
@@ -1051,7 +1034,7 @@ def flash_attention_backward(
     dq_mode: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward kernels. Returns (dQ, dK, dV) with the shapes and dtype of q, k, v."""
-    atomic = _dq_mode(dq_mode, q.device)
+    atomic = _dq_mode(dq_mode)
     if do.shape != o.shape:
         raise ValueError(f"dO shape {tuple(do.shape)} != O shape {tuple(o.shape)}")
     plan = _plan_for(q, k, v, bool(causal))
@@ -1075,7 +1058,7 @@ class FlashAttentionTriton(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False):
-        atomic = _dq_mode(None, q.device)
+        atomic = _dq_mode(None)
         o, stats, (q4, k4, v4), plan = _forward(q, k, v, is_causal, not atomic)
         ctx.save_for_backward(q4, k4, v4, o, stats)
         ctx.plan = plan

@@ -264,6 +264,20 @@ def test_plans_stay_bounded(monkeypatch):
     assert len(fa._PLANS) == 1  # cleared when the third came
 
 
+class _Subclass(torch.Tensor):
+    """Stands in for a tensor subclass such as a compiler's fake tensor."""
+
+
+def test_plans_of_tensor_subclasses_are_not_kept(monkeypatch):
+    monkeypatch.setattr(fa, "_PLANS", {})
+    q, k, v, _ = _inputs((1, 2), 9, 9, 16, torch.float32, seed=8)
+    sub = [t.detach().as_subclass(_Subclass) for t in (q, k, v)]
+    plan = fa._plan_for(*sub, True)
+    assert fa._PLANS == {} and fa._plan_for(*sub, True) is not plan
+    fa._plan_for(q, k, v, True)
+    assert len(fa._PLANS) == 1
+
+
 def test_bad_inputs_raise_at_every_call():
     """A refused signature is never kept: the same one-line error every time."""
     q = torch.randn(2, 5, 16, device=DEVICE)

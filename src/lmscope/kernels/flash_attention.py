@@ -883,9 +883,12 @@ def _plan_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -
     if plan is None:
         _check_inputs(q, k, v)
         plan = _plan(q, k, v, causal)
-        if len(_PLANS) >= _MAX_PLANS:
-            _PLANS.clear()
-        _PLANS[signature] = plan
+        # Only plain tensors' plans are kept: a subclass's (a fake tensor while a compiler traces,
+        # say) would hold a dQ-accumulator argument of that subclass for later real calls.
+        if type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor:
+            if len(_PLANS) >= _MAX_PLANS:
+                _PLANS.clear()
+            _PLANS[signature] = plan
     return plan
 
 

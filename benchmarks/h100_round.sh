@@ -31,9 +31,6 @@
 #                    it measured first is gone since), cuDNN beside each, fwd, bwd and fwd+bwd
 #                    (DQ_MODES_S seconds); first the GPU tests of the atomic mode and of head
 #                    dims 80, 96, 128
-#   tma-loads   300  the long-context shapes with the backward's per-step tiles through TMA
-#                    (LMSCOPE_FLASH_TMA_LOADS=1) and without, cuDNN beside each, fwd, bwd and
-#                    fwd+bwd; first the GPU reference tests with TMA loads (bf16, fp16)
 #   wide-small  200  the short shapes of issue 19 (8x1024 d64, xl, 2.7B): ours with the default and
 #                    the wide config lists (LMSCOPE_FLASH_WIDE=1), cuDNN and SDPA flash beside each,
 #                    fwd, bwd and fwd+bwd
@@ -97,21 +94,6 @@ if stage dq-modes "${DQ_MODES_S:-300}"; then
       left=$((deadline - SECONDS))
       ((left > 10)) && LMSCOPE_FLASH_DQ=$mode limit "$left" "${LM[@]}" attention "${D[@]}" --batch "$1" \
         --heads "$2" --seq-len "$3" --head-dim "$4" --out "$W/dq_$mode.jsonl" | tail -4
-    done
-  done
-fi
-if stage tma-loads 300; then
-  deadline=$((SECONDS + 300))
-  limit 100 env LMSCOPE_FLASH_TMA_LOADS=1 python3 -m pytest -q -m gpu -p no:cacheprovider \
-    tests/kernels/test_flash_attention_triton.py -k "matches_reference and not fp32" 2>&1 | tail -6
-  D=(--impl flash-triton,sdpa-cudnn --dtype bf16 --causal on --check-max-seq 2048 --reuse-worker
-     --no-plot --timeout 150 --resume --passes fwd,bwd,fwd_bwd)
-  for shape in "1 16 16384 64" "1 16 8192 128" "1 16 32768 128"; do
-    set -- $shape
-    for tma in 1 ""; do
-      left=$((deadline - SECONDS))
-      ((left > 10)) && limit "$left" env ${tma:+LMSCOPE_FLASH_TMA_LOADS=1} "${LM[@]}" attention "${D[@]}" \
-        --batch "$1" --heads "$2" --seq-len "$3" --head-dim "$4" --out "$W/tma_loads${tma:+_on}.jsonl" | tail -4
     done
   done
 fi

@@ -91,7 +91,6 @@ import triton.language as tl
 
 from lmscope.kernels.attention_reference import check_attention_inputs
 from lmscope.kernels.triton_launch import DirectLaunch, FixedArgs
-from lmscope.kernels.triton_scratch import triton_scratch_allocator
 
 __all__ = [
     "DQ_MODE",
@@ -109,9 +108,6 @@ MAX_HEAD_DIM = 128
 # with per-element fp32 atomics. (A third mode, one TMA reduce-add per dQ tile, measured slower
 # and was removed: docs/kernels/flash_attention_backward_notes.md, variant 2.)
 DQ_MODE = os.environ.get("LMSCOPE_FLASH_DQ", "separate")
-# Experiment (issue 19): the backward's per-step tiles through TMA (tensor descriptors built in
-# the kernels; Hopper+, inputs 16-byte aligned with 16-byte row strides).
-_TMA_LOADS = os.environ.get("LMSCOPE_FLASH_TMA_LOADS") == "1"
 _DQ_MODES = {"separate": 0, "atomic": 1}  # the launch key's and ATOMIC_DQ's value
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0").strip().lower() not in ("", "0", "false")
@@ -450,11 +446,10 @@ def _dkdv_inner(
     stride_qm, stride_dom, offs_n, offs_d, start_m, n_steps, n_q, qk_scale,
     BLOCK_M1: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr,
-    ATOMIC_DQ: tl.constexpr, TMA_LOADS: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr,
 ):  # fmt: skip
     """dK, dV over ``n_steps`` query tiles from ``start_m``; with ATOMIC_DQ also adds each tile's
-    dQ into the float32 accumulator, per element. With TMA_LOADS, ``q_base`` and ``do_base`` are
-    tensor descriptors of this head's rows (TMA loads, zero fill past n_q and the head dim)."""
+    dQ into the float32 accumulator, per element."""
     EVEN_D: tl.constexpr = HEAD_DIM == D_PAD
     offs_mb = tl.arange(0, BLOCK_M1)
     d_row = offs_d[:, None] < HEAD_DIM
@@ -464,14 +459,10 @@ def _dkdv_inner(
         offs_m = curr_m + offs_mb
         m_ok = offs_m < n_q
         # Q^T tile (D, BLOCK_M1) and dO tile (BLOCK_M1, D).
-        if TMA_LOADS:
-            qT = tl.trans(q_base.load([curr_m, 0]))
-            do = do_base.load([curr_m, 0])
-        else:
-            qT = _load(q_base + offs_m[None, :] * stride_qm + offs_d[:, None], m_ok[None, :], d_row,
-                       MASKED, not EVEN_D)  # fmt: skip
-            do = _load(do_base + offs_m[:, None] * stride_dom + offs_d[None, :], m_ok[:, None],
-                       d_col, MASKED, not EVEN_D)  # fmt: skip
+        qT = _load(q_base + offs_m[None, :] * stride_qm + offs_d[:, None], m_ok[None, :], d_row,
+                   MASKED, not EVEN_D)  # fmt: skip
+        do = _load(do_base + offs_m[:, None] * stride_dom + offs_d[None, :], m_ok[:, None],
+                   d_col, MASKED, not EVEN_D)  # fmt: skip
         if MASKED:
             lse2 = tl.load(lse_base + offs_m, mask=m_ok, other=0.0) * 1.4426950408889634
             delta = tl.load(delta_base + offs_m, mask=m_ok, other=0.0)
@@ -514,7 +505,7 @@ def _attn_bwd_dkdv(
     H, n_q, n_k, qk_scale, sm_scale, NQ_BUCKET, NK_BUCKET,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr,
     ATOMIC_DQ: tl.constexpr, BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
-    HEAD_MAJOR: tl.constexpr, TMA_LOADS: tl.constexpr,
+    HEAD_MAJOR: tl.constexpr,
 ):  # fmt: skip
     tl.static_assert(BLOCK_N1 % BLOCK_M1 == 0)
     EVEN_D: tl.constexpr = HEAD_DIM == D_PAD
@@ -532,11 +523,6 @@ def _attn_bwd_dkdv(
     lse_base = LSE + off_bh.to(tl.int64) * n_q
     delta_base = DELTA + off_bh.to(tl.int64) * n_q
     dq_base = DQ_ACC + off_bh.to(tl.int64) * n_q * D_PAD
-    if TMA_LOADS:  # the per-step Q and dO tiles through TMA
-        q_base = tl.make_tensor_descriptor(q_base, shape=[n_q, HEAD_DIM], strides=[stride_qm, 1],
-                                           block_shape=[BLOCK_M1, D_PAD])  # fmt: skip
-        do_base = tl.make_tensor_descriptor(do_base, shape=[n_q, HEAD_DIM], strides=[stride_dom, 1],
-                                            block_shape=[BLOCK_M1, D_PAD])  # fmt: skip
 
     start_n = pid_n * BLOCK_N1
     offs_n = start_n + tl.arange(0, BLOCK_N1)
@@ -560,7 +546,7 @@ def _attn_bwd_dkdv(
         dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
                              stride_qm, stride_dom, offs_n, offs_d, start_n, n_diag, n_q,
                              qk_scale, BLOCK_M1, HEAD_DIM, D_PAD, True, CAUSAL, DOT_PREC,
-                             ATOMIC_DQ, TMA_LOADS)  # fmt: skip
+                             ATOMIC_DQ)  # fmt: skip
         full_lo = start_n + BLOCK_N1
     else:
         full_lo = 0
@@ -569,13 +555,13 @@ def _attn_bwd_dkdv(
     dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
                          stride_qm, stride_dom, offs_n, offs_d, full_lo, n_full, n_q,
                          qk_scale, BLOCK_M1, HEAD_DIM, D_PAD, False, CAUSAL, DOT_PREC,
-                         ATOMIC_DQ, TMA_LOADS)  # fmt: skip
+                         ATOMIC_DQ)  # fmt: skip
     tail_lo = tl.maximum(full_lo, full_hi)
     n_tail = (tl.maximum(n_q - tail_lo, 0) + BLOCK_M1 - 1) // BLOCK_M1
     dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
                          stride_qm, stride_dom, offs_n, offs_d, tail_lo, n_tail, n_q,
                          qk_scale, BLOCK_M1, HEAD_DIM, D_PAD, True, CAUSAL, DOT_PREC,
-                         ATOMIC_DQ, TMA_LOADS)  # fmt: skip
+                         ATOMIC_DQ)  # fmt: skip
 
     dk = dk * sm_scale
     out_ok = n_ok & d_ok
@@ -590,24 +576,18 @@ def _dq_inner(
     dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
     offs_m, offs_d, lo, hi, n_k, qk_scale,
     BLOCK_N2: tl.constexpr, HEAD_DIM: tl.constexpr, EVEN_D: tl.constexpr,
-    MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr, TMA_LOADS: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr,
 ):  # fmt: skip
-    """dQ over the key tiles in [lo, hi); with TMA_LOADS, ``k_base`` and ``v_base`` are tensor
-    descriptors of this head's keys and values."""
     offs_nb = tl.arange(0, BLOCK_N2)
     d_ok = offs_d[None, :] < HEAD_DIM
     for start_n in range(lo, hi, BLOCK_N2):
         start_n = tl.multiple_of(start_n, BLOCK_N2)
         offs_n = start_n + offs_nb
         n_ok = offs_n[:, None] < n_k
-        if TMA_LOADS:
-            k = k_base.load([start_n, 0])
-            v = v_base.load([start_n, 0])
-        else:
-            k = _load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], n_ok, d_ok,
-                      MASKED, not EVEN_D)  # fmt: skip
-            v = _load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], n_ok, d_ok,
-                      MASKED, not EVEN_D)  # fmt: skip
+        k = _load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], n_ok, d_ok,
+                  MASKED, not EVEN_D)  # fmt: skip
+        v = _load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], n_ok, d_ok,
+                  MASKED, not EVEN_D)  # fmt: skip
         qk = _dot(q, tl.trans(k), DOT_PREC)  # (BLOCK_M2, BLOCK_N2)
         p = tl.math.exp2(qk * qk_scale - lse2[:, None])
         if MASKED:
@@ -638,7 +618,6 @@ def _attn_bwd_dq(
     H, n_q, n_k, qk_scale, sm_scale, NQ_BUCKET, NK_BUCKET,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr,
     ACC64: tl.constexpr, BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr, HEAD_MAJOR: tl.constexpr,
-    TMA_LOADS: tl.constexpr,
 ):  # fmt: skip
     EVEN_D: tl.constexpr = HEAD_DIM == D_PAD
     # heaviest causal tiles first (see _attn_fwd)
@@ -652,11 +631,6 @@ def _attn_bwd_dq(
     off_h = (off_bh % H).to(tl.int64)
     k_base = K + off_z * stride_kz + off_h * stride_kh
     v_base = V + off_z * stride_vz + off_h * stride_vh
-    if TMA_LOADS:  # the per-step K and V tiles through TMA
-        k_base = tl.make_tensor_descriptor(k_base, shape=[n_k, HEAD_DIM], strides=[stride_kn, 1],
-                                           block_shape=[BLOCK_N2, D_PAD])  # fmt: skip
-        v_base = tl.make_tensor_descriptor(v_base, shape=[n_k, HEAD_DIM], strides=[stride_vn, 1],
-                                           block_shape=[BLOCK_N2, D_PAD])  # fmt: skip
 
     start_m = pid_m * BLOCK_M2
     offs_m = start_m + tl.arange(0, BLOCK_M2)
@@ -685,10 +659,10 @@ def _attn_bwd_dq(
     full_hi = (full_hi // BLOCK_N2) * BLOCK_N2
     dq = _dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
                    offs_m, offs_d, 0, full_hi, n_k, qk_scale,
-                   BLOCK_N2, HEAD_DIM, EVEN_D, False, CAUSAL, DOT_PREC, TMA_LOADS)  # fmt: skip
+                   BLOCK_N2, HEAD_DIM, EVEN_D, False, CAUSAL, DOT_PREC)  # fmt: skip
     dq = _dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
                    offs_m, offs_d, full_hi, hi, n_k, qk_scale,
-                   BLOCK_N2, HEAD_DIM, EVEN_D, True, CAUSAL, DOT_PREC, TMA_LOADS)  # fmt: skip
+                   BLOCK_N2, HEAD_DIM, EVEN_D, True, CAUSAL, DOT_PREC)  # fmt: skip
     dq = dq * sm_scale
     tl.store(DQ + off_bh.to(tl.int64) * n_q * HEAD_DIM + offs_m[:, None] * HEAD_DIM  # contiguous
              + offs_d[None, :], _cast(dq, DQ.dtype.element_ty), mask=m_ok[:, None] & d_ok)  # fmt: skip
@@ -777,8 +751,6 @@ class _Launcher:
             consts["ATOMIC_DQ"] = atomic
         if self.acc64_arg:
             consts["ACC64"] = dtype == torch.float32
-        if "TMA_LOADS" in kernel.arg_names:
-            consts["TMA_LOADS"] = _TMA_LOADS
         if big:
             # Triton's key does not hold batch*heads: a config tuned with fewer of them may put
             # them on grid axis 1 (at most 65535). Forget such choices so the pruner runs again.
@@ -1017,25 +989,13 @@ def _backward(
     if 0 in do_strides:  # e.g. the expanded gradient of o.sum()
         do4 = do4.contiguous()
         do_strides = do4.stride()
+    dq_args, dkdv_args = _bwd_args(plan, do_strides)
+    bh, n_q = plan.bh, plan.n_q
     # Contiguous, as the kernels assume (they index dQ, dK, dV without strides). Three tensors of
     # their own, not views of one buffer: each may become a leaf's .grad as it is.
     dq = torch.empty(plan.q_shape, dtype=plan.dtype, device=plan.device)
     dk = torch.empty(plan.k_shape, dtype=plan.dtype, device=plan.device)
     dv = torch.empty(plan.k_shape, dtype=plan.dtype, device=plan.device)
-    if _TMA_LOADS:  # the kernels' tensor descriptors take Triton scratch memory
-        with triton_scratch_allocator():
-            _backward_launches(do4, q4, k4, v4, o4, lse, f32, plan, atomic, (dq, dk, dv), do_strides)
-    else:
-        _backward_launches(do4, q4, k4, v4, o4, lse, f32, plan, atomic, (dq, dk, dv), do_strides)
-    return dq, dk, dv
-
-
-def _backward_launches(do4, q4, k4, v4, o4, lse, f32, plan: _Plan, atomic: int, grads: tuple,
-                       do_strides: tuple) -> None:  # fmt: skip
-    """The backward's kernels, writing ``grads`` (dQ, dK, dV)."""
-    dq, dk, dv = grads
-    dq_args, dkdv_args = _bwd_args(plan, do_strides)
-    bh, n_q = plan.bh, plan.n_q
     key = plan.key
     if atomic:
         key = (*key[:5], atomic, key[6])
@@ -1054,6 +1014,7 @@ def _backward_launches(do4, q4, k4, v4, o4, lse, f32, plan: _Plan, atomic: int, 
     if atomic:
         acc = dq_acc[: bh * n_q * plan.d_pad].view(bh, n_q, plan.d_pad)[..., : plan.d]
         dq.copy_((acc * plan.scalars[4]).reshape(dq.shape))
+    return dq, dk, dv
 
 
 def _dq_mode(dq_mode: str | None) -> int:

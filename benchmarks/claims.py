@@ -224,6 +224,31 @@ def attention_dq_tma(rows: Rows) -> str:
     ])
 
 
+@claim("attention-tma-loads")
+def attention_tma_loads(rows: Rows) -> str:
+    """The backward with its per-step tiles through TMA against the pointer loads, one H100 call."""
+    folder = f"{ATTENTION}/27-round-h100"
+    body, used = [], []
+    for shape in ((1, 16, 16384, 64), (1, 16, 8192, 128), (1, 16, 32768, 128)):
+        found = {name: {i: rows.one(f"{folder}/{name}.jsonl", impl=i, **_at(shape))
+                        for i in ("flash-triton", "sdpa-cudnn")} for name in ("tma_loads", "tma_loads_on")}
+        off, on = found["tma_loads"]["flash-triton"], found["tma_loads_on"]["flash-triton"]
+        used += [r for pair in found.values() for r in pair.values()]
+        body.append([", ".join(map(str, shape)), fmt(off["bwd_ms"]), fmt(on["bwd_ms"]),
+                     ratio(on, off, key="bwd_ms", times="bwd_times_ms"),
+                     ratio(off, found["tma_loads"]["sdpa-cudnn"], key="fwd_bwd_ms", times="fwd_bwd_times_ms"),
+                     ratio(on, found["tma_loads_on"]["sdpa-cudnn"], key="fwd_bwd_ms", times="fwd_bwd_times_ms")])
+    return "\n".join([
+        "bf16, causal; `do_bench` medians in ms; ratios with the 95 % bootstrap interval of the "
+        "per-call times; cuDNN measured beside each pass.",
+        "",
+        table(["B, H, S, d", "bwd, pointer loads", "bwd, TMA loads", "TMA / pointer (bwd)",
+               "fwd+bwd / cuDNN, pointer", "fwd+bwd / cuDNN, TMA"], body),
+        "",
+        f"Measured on {provenance(used)}.",
+    ])
+
+
 @claim("attention-wide-small")
 def attention_wide_small(rows: Rows) -> str:
     """Ours with the default and the wide config lists at the short shapes, SDPA beside each."""

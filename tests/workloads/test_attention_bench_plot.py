@@ -78,3 +78,12 @@ def test_log_ticks_are_plain_numbers_and_the_legend_is_off_the_data():
     assert labels and all(float(text) > 0 for text in labels)  # '2', '5', '10', never '2×10⁰'
     renderer = canvas.get_renderer()
     assert ax.get_legend().get_window_extent(renderer).x0 >= ax.get_window_extent(renderer).x1
+
+
+def test_a_panel_of_failed_points_only_is_drawn_not_raised(tmp_path):
+    """A resumed or cut sweep can leave a (dtype, head dim) panel with error rows only: it gets
+    the legend entries and a linear axis (a log axis of no positive value fails to save)."""
+    rows = [r for r in _records() if not (r["dtype"] == "fp32" and r["head_dim"] == 64
+                                          and r["impl"] != "sdpa-flash")]  # fmt: skip
+    path = plot_attention(rows, tmp_path / "partial.png", ["fwd_bwd_ms"])
+    assert path is not None and path.stat().st_size > 10_000

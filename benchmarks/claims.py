@@ -30,6 +30,7 @@ from lmscope.report.claims import (
     ratio,
     table,
 )
+from lmscope.stats import ratio_interval
 
 ROOT = Path(__file__).resolve().parent.parent
 REGISTRY = Registry(ROOT)
@@ -246,6 +247,77 @@ def attention_tma_loads(rows: Rows) -> str:
                "fwd+bwd / cuDNN, pointer", "fwd+bwd / cuDNN, TMA"], body),
         "",
         f"Measured on {provenance(used)}.",
+    ])
+
+
+BEFORE_AFTER = ("after", "before", "after2")
+"""The passes of benchmarks/attention/before_after.sh, in the order they ran in one session."""
+
+
+@claim("attention-host-before-after")
+def attention_host_before_after(rows: Rows) -> str:
+    """Host us per eager fwd+bwd (ours, SDPA) and issue 19's short shapes, with the source tree of
+    the session's start (before) and the final one (after, twice), in one GPU session."""
+    folder = f"{ATTENTION}/27-round-h100"
+    host_body, used_by_pass = [], {}
+    for v in BEFORE_AFTER:
+        found = {r["part"]: r for r in rows.select(f"{folder}/host_{v}.jsonl", status=None)}
+        flash = found["flash: forward+backward through autograd"]
+        sdpa = found["sdpa: forward+backward through autograd"]
+        host_body.append([v, fmt(flash["host_us"]), fmt(sdpa["host_us"]),
+                          f"{flash['host_us'] / sdpa['host_us']:.2f}x"])
+        used_by_pass[v] = [flash, sdpa]
+    shape_body = []
+    for shape in ((8, 16, 1024, 64), (4, 25, 512, 64), (4, 32, 512, 80)):
+        for v in BEFORE_AFTER:
+            found = {i: rows.one(f"{folder}/small_{v}.jsonl", impl=i, **_at(shape))
+                     for i in ("flash-triton", "sdpa-flash", "sdpa-cudnn")}
+            ours = found["flash-triton"]
+            best = min(found["sdpa-flash"], found["sdpa-cudnn"], key=lambda r: r["fwd_bwd_ms"])
+            shape_body.append([", ".join(map(str, shape)), v, fmt(ours["fwd_ms"]), fmt(ours["bwd_ms"]),
+                               fmt(ours["fwd_bwd_ms"]), fmt(best["fwd_bwd_ms"]), best["impl"],
+                               ratio(ours, best, key="fwd_bwd_ms", times="fwd_bwd_times_ms")])
+            used_by_pass[v] += found.values()
+    return "\n".join([
+        "Shape (4, 25, 512, 64), bf16, causal; host microseconds per eager forward+backward through "
+        "the public API (`benchmarks/attention/host_public.py`: median of rounds of unsynchronized "
+        "calls while a sleep kernel holds the GPU); flash / SDPA within the pass.",
+        "",
+        table(["pass", "flash us", "SDPA us", "flash / SDPA"], host_body),
+        "",
+        "`lmscope attention` at issue 19's short shapes, bf16, causal; `do_bench` medians in ms; "
+        "ours / fastest = our fwd+bwd over the faster SDPA backend's in the same pass, with the "
+        "95 % bootstrap interval of the per-call times.",
+        "",
+        table(["B, H, S, d", "pass", "ours fwd", "ours bwd", "ours fwd+bwd", "fastest SDPA fwd+bwd",
+               "fastest", "ours / fastest"], shape_body),
+        "",
+        *[f"{v}: {provenance(used)}." for v, used in used_by_pass.items()],
+    ])
+
+
+@claim("fast-step-before-after")
+def fast_step_before_after(rows: Rows) -> str:
+    """The fast training step (xl, 2.7B) with the session's first and final source trees, one
+    GPU session (benchmarks/attention/before_after.sh)."""
+    folder = f"{ATTENTION}/27-round-h100"
+    body, used = [], {}
+    for size in ("xl", "2.7B"):
+        found = {v: rows.one(f"{folder}/fast_{v}.jsonl", size=size) for v in BEFORE_AFTER}
+        for v, r in found.items():
+            used.setdefault(v, []).append(r)
+        body.append([size, *(fmt(found[v]["median_ms"], 4) for v in BEFORE_AFTER),
+                     ratio_interval(found["after"]["times_ms"], found["before"]["times_ms"]).as_text(),
+                     ratio_interval(found["after2"]["times_ms"], found["before"]["times_ms"]).as_text()])
+    return "\n".join([
+        "Train step, context 512, batch 4, bf16, flash attention, `--fast on` (CUDA graphs); median "
+        "ms of 10 steps per pass; after / before with the 95 % bootstrap interval of the step times "
+        "(two source trees, so two commits, measured in one session on one GPU).",
+        "",
+        table(["size", "after ms", "before ms", "after, again ms", "after / before",
+               "after again / before"], body),
+        "",
+        *[f"{v}: {provenance(r)}." for v, r in used.items()],
     ])
 
 

@@ -162,41 +162,22 @@ def attention_issue19_shapes(rows: Rows) -> str:
     ])
 
 
-@claim("attention-wide-d128")
-def attention_wide_d128(rows: Rows) -> str:
-    """Ours with the default config lists against LMSCOPE_FLASH_WIDE=1's, cuDNN beside each, at
-    d 128 (one call: wide_d128_default.jsonl, then wide_d128.jsonl)."""
-    folder = f"{ATTENTION}/26-round-h100"
-    body, used = [], []
-    for seq in (8192, 32768):
-        pick = dict(seq_len=seq, head_dim=128, dtype="bf16", causal=True)
-        base = rows.one(f"{folder}/wide_d128_default.jsonl", impl="flash-triton", **pick)
-        wide = rows.one(f"{folder}/wide_d128.jsonl", impl="flash-triton", **pick)
-        cudnn = [rows.one(f"{folder}/{f}.jsonl", impl="sdpa-cudnn", **pick)
-                 for f in ("wide_d128_default", "wide_d128")]
-        used += [base, wide, *cudnn]
-        body.append([str(seq), fmt(base["fwd_bwd_ms"]), fmt(wide["fwd_bwd_ms"]),
-                     ratio(wide, base, key="fwd_bwd_ms", times="fwd_bwd_times_ms"),
-                     ratio(base, cudnn[0], key="fwd_bwd_ms", times="fwd_bwd_times_ms"),
-                     ratio(wide, cudnn[1], key="fwd_bwd_ms", times="fwd_bwd_times_ms")])
-    return "\n".join([
-        "Batch 1, 16 heads, head dim 128, bf16, causal, fwd+bwd; `do_bench` medians in ms; ratios "
-        "with the 95 % bootstrap interval of the per-call times; cuDNN measured in each pass.",
-        "",
-        table(["seq", "ours, default lists", "ours, wide lists", "wide / default",
-               "default / cuDNN", "wide / cuDNN"], body),
-        "",
-        f"Measured on {provenance(used)}.",
-    ])
-
-
 ROUND_27 = f"{ATTENTION}/27-round-h200"
 DQ_SHAPES = ((1, 16, 16384, 64), (1, 16, 8192, 128), (8, 16, 1024, 64), (1, 16, 32768, 128))
 """The shapes of h100_round.sh's dq-modes stage (B, H, S, d)."""
 
 
 def _at(shape: tuple[int, ...]) -> dict:
-    return dict(batch=shape[0], heads=shape[1], seq_len=shape[2], head_dim=shape[3], dtype="bf16", causal=True)
+    """The row filter of a (B, H, S, d) shape, bf16, causal."""
+    batch, heads, seq_len, head_dim = shape
+    return dict(batch=batch, heads=heads, seq_len=seq_len, head_dim=head_dim, dtype="bf16", causal=True)
+
+
+def _ours_and_fastest(rows: Rows, path: str, shape: tuple[int, ...]) -> tuple[dict, dict, list[dict]]:
+    """(our row, the faster SDPA backend's row by fwd+bwd, all three rows) of ``path`` at ``shape``."""
+    found = {i: rows.one(path, impl=i, **_at(shape)) for i in ("flash-triton", "sdpa-flash", "sdpa-cudnn")}
+    best = min(found["sdpa-flash"], found["sdpa-cudnn"], key=lambda r: r["fwd_bwd_ms"])
+    return found["flash-triton"], best, list(found.values())
 
 
 @claim("attention-dq-tma")
@@ -225,29 +206,48 @@ def attention_dq_tma(rows: Rows) -> str:
     ])
 
 
-@claim("attention-tma-loads")
-def attention_tma_loads(rows: Rows) -> str:
-    """The backward with its per-step tiles through TMA against the pointer loads, one H100 call."""
-    folder = f"{ATTENTION}/27-round-h100"
+def _variant_against_default(rows: Rows, folder: str, files: tuple[str, str], shapes: tuple,
+                             names: tuple[str, str], key: str) -> str:
+    """Ours in two passes of one call, the default and a variant (``files``), at ``shapes``:
+    ``key`` of each and variant / default, then each pass's fwd+bwd over cuDNN's beside it."""
     body, used = [], []
-    for shape in ((1, 16, 16384, 64), (1, 16, 8192, 128), (1, 16, 32768, 128)):
-        found = {name: {i: rows.one(f"{folder}/{name}.jsonl", impl=i, **_at(shape))
-                        for i in ("flash-triton", "sdpa-cudnn")} for name in ("tma_loads", "tma_loads_on")}
-        off, on = found["tma_loads"]["flash-triton"], found["tma_loads_on"]["flash-triton"]
-        used += [r for pair in found.values() for r in pair.values()]
-        body.append([", ".join(map(str, shape)), fmt(off["bwd_ms"]), fmt(on["bwd_ms"]),
-                     ratio(on, off, key="bwd_ms", times="bwd_times_ms"),
-                     ratio(off, found["tma_loads"]["sdpa-cudnn"], key="fwd_bwd_ms", times="fwd_bwd_times_ms"),
-                     ratio(on, found["tma_loads_on"]["sdpa-cudnn"], key="fwd_bwd_ms", times="fwd_bwd_times_ms")])
+    for shape in shapes:
+        base, variant = (rows.one(f"{folder}/{f}.jsonl", impl="flash-triton", **_at(shape)) for f in files)
+        cudnn = [rows.one(f"{folder}/{f}.jsonl", impl="sdpa-cudnn", **_at(shape)) for f in files]
+        used += [base, variant, *cudnn]
+        times = key.replace("_ms", "_times_ms")
+        body.append([", ".join(map(str, shape)), fmt(base[key]), fmt(variant[key]),
+                     ratio(variant, base, key=key, times=times),
+                     *(ratio(ours, peer, key="fwd_bwd_ms", times="fwd_bwd_times_ms")
+                       for ours, peer in zip((base, variant), cudnn, strict=True))])
+    default, other = names
+    what = key.removesuffix("_ms").replace("fwd_bwd", "fwd+bwd")
     return "\n".join([
         "bf16, causal; `do_bench` medians in ms; ratios with the 95 % bootstrap interval of the "
         "per-call times; cuDNN measured beside each pass.",
         "",
-        table(["B, H, S, d", "bwd, pointer loads", "bwd, TMA loads", "TMA / pointer (bwd)",
-               "fwd+bwd / cuDNN, pointer", "fwd+bwd / cuDNN, TMA"], body),
+        table(["B, H, S, d", f"{what}, {default}", f"{what}, {other}", f"{other} / {default} ({what})",
+               f"fwd+bwd / cuDNN, {default}", f"fwd+bwd / cuDNN, {other}"], body),
         "",
         f"Measured on {provenance(used)}.",
     ])
+
+
+@claim("attention-wide-d128")
+def attention_wide_d128(rows: Rows) -> str:
+    """Ours with the default config lists against LMSCOPE_FLASH_WIDE=1's at d 128 (one call:
+    wide_d128_default.jsonl, then wide_d128.jsonl)."""
+    return _variant_against_default(rows, f"{ATTENTION}/26-round-h100", ("wide_d128_default", "wide_d128"),
+                                    ((1, 16, 8192, 128), (1, 16, 32768, 128)), ("default", "wide"),
+                                    "fwd_bwd_ms")  # fmt: skip
+
+
+@claim("attention-tma-loads")
+def attention_tma_loads(rows: Rows) -> str:
+    """The backward with its per-step tiles through TMA against the pointer loads, one H100 call."""
+    return _variant_against_default(rows, f"{ATTENTION}/27-round-h100", ("tma_loads", "tma_loads_on"),
+                                    ((1, 16, 16384, 64), (1, 16, 8192, 128), (1, 16, 32768, 128)),
+                                    ("pointer loads", "TMA loads"), "bwd_ms")  # fmt: skip
 
 
 BEFORE_AFTER = ("after", "before", "after2")
@@ -270,14 +270,11 @@ def attention_host_before_after(rows: Rows) -> str:
     shape_body = []
     for shape in ((8, 16, 1024, 64), (4, 25, 512, 64), (4, 32, 512, 80)):
         for v in BEFORE_AFTER:
-            found = {i: rows.one(f"{folder}/small_{v}.jsonl", impl=i, **_at(shape))
-                     for i in ("flash-triton", "sdpa-flash", "sdpa-cudnn")}
-            ours = found["flash-triton"]
-            best = min(found["sdpa-flash"], found["sdpa-cudnn"], key=lambda r: r["fwd_bwd_ms"])
+            ours, best, found = _ours_and_fastest(rows, f"{folder}/small_{v}.jsonl", shape)
             shape_body.append([", ".join(map(str, shape)), v, fmt(ours["fwd_ms"]), fmt(ours["bwd_ms"]),
                                fmt(ours["fwd_bwd_ms"]), fmt(best["fwd_bwd_ms"]), best["impl"],
                                ratio(ours, best, key="fwd_bwd_ms", times="fwd_bwd_times_ms")])
-            used_by_pass[v] += found.values()
+            used_by_pass[v] += found
     return "\n".join([
         "Shape (4, 25, 512, 64), bf16, causal; host microseconds per eager forward+backward through "
         "the public API (`benchmarks/attention/host_public.py`: median of rounds of unsynchronized "
@@ -327,14 +324,9 @@ def attention_wide_small(rows: Rows) -> str:
     body, used = [], []
     for shape in ((8, 16, 1024, 64), (4, 25, 512, 64), (4, 32, 512, 80)):
         line = [", ".join(map(str, shape))]
-        picked = {}
         for name in ("small", "small_wide"):
-            found = {i: rows.one(f"{ROUND_27}/{name}.jsonl", impl=i, **_at(shape))
-                     for i in ("flash-triton", "sdpa-cudnn", "sdpa-flash")}
-            used += found.values()
-            picked[name] = found
-            ours = found["flash-triton"]
-            best = min(found["sdpa-cudnn"], found["sdpa-flash"], key=lambda r: r["fwd_bwd_ms"])
+            ours, best, found = _ours_and_fastest(rows, f"{ROUND_27}/{name}.jsonl", shape)
+            used += found
             line += [fmt(ours["fwd_ms"]), fmt(ours["bwd_ms"]), fmt(ours["fwd_bwd_ms"]),
                      ratio(ours, best, key="fwd_bwd_ms", times="fwd_bwd_times_ms")]
         body.append(line)

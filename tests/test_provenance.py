@@ -250,7 +250,7 @@ def test_kernel_env_names_the_flash_variant_set(monkeypatch):
     for name in [k for k in os.environ if k.startswith(prov.KERNEL_ENV_PREFIX)]:
         monkeypatch.delenv(name)
     assert prov.kernel_env() is None
-    monkeypatch.setenv("LMSCOPE_FLASH_DQ", "tma")
+    monkeypatch.setenv("LMSCOPE_FLASH_DQ", "atomic")
     monkeypatch.setenv("LMSCOPE_FLASH_WIDE", "1")
     monkeypatch.setenv("LMSCOPE_GIT_SHA", "abc")
-    assert prov.kernel_env() == {"LMSCOPE_FLASH_DQ": "tma", "LMSCOPE_FLASH_WIDE": "1"}
+    assert prov.kernel_env() == {"LMSCOPE_FLASH_DQ": "atomic", "LMSCOPE_FLASH_WIDE": "1"}

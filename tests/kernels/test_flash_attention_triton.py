@@ -310,6 +310,20 @@ def test_direct_backward_with_o_in_another_layout():
     theirs = fa.flash_attention_backward(do, q, k, v, dense, lse, True)
     for name, a, b in zip("QKV", ours, theirs, strict=True):
         assert torch.equal(a, b), name
+    plan = fa._plan_for(q, k, v, True)
+    assert list(plan.other_o) == [fa._as4d(dense).stride()[:3]]  # kept: the next call reuses it
+    fa.flash_attention_backward(do, q, k, v, dense, lse, True)
+    assert len(plan.other_o) == 1
+
+
+def test_plan_made_under_inference_mode_serves_training_calls(monkeypatch):
+    """The plan's dQ-accumulator argument is a normal tensor (the autotuner zeroes it)."""
+    monkeypatch.setattr(fa, "_PLANS", {})
+    q, k, v, _ = _inputs((1, 2), 11, 11, 16, torch.float32, seed=47)
+    with torch.inference_mode():
+        plan = fa._plan_for(q.detach(), k.detach(), v.detach(), True)
+    assert not plan.dq_acc.is_inference()
+    plan.dq_acc.zero_()
 
 
 def test_rejects_bad_inputs():

@@ -748,7 +748,7 @@ class _Launcher:
             "CAUSAL": causal,
         }
         if self.atomic_arg:
-            consts["ATOMIC_DQ"] = atomic
+            consts["ATOMIC_DQ"] = bool(atomic)
         if self.acc64_arg:
             consts["ACC64"] = dtype == torch.float32
         if big:
@@ -859,6 +859,7 @@ class _Plan(NamedTuple):
     key: tuple  # the launchers' key, atomic dQ off
     fwd: FixedArgs  # the forward launch's arguments after its tensors
     bwd: dict  # dO's strides -> (dQ launch's, dK/dV launch's FixedArgs), a few
+    other_o: dict  # O's (z, h, n) strides -> this plan for that O (direct backward calls), a few
     dq_acc: torch.Tensor  # separate mode's dK/dV dQ-accumulator argument (never read or written)
 
 
@@ -915,8 +916,27 @@ def _plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> _P
         l_size=_aligned(bh * n_q), strides=strides, o_strides=o_strides, scalars=scalars,
         key=(d, causal, q.dtype, nq_bucket, nk_bucket, False, bh > 65535),
         fwd=FixedArgs((*strides, *o_strides, h, n_q, n_k, sm_scale * LOG2E, nq_bucket, nk_bucket)),
-        bwd={}, dq_acc=torch.empty(4, dtype=torch.float32, device=q.device),
+        bwd={}, other_o={}, dq_acc=_dummy_accumulator(q.device),
     )  # fmt: skip
+
+
+def _dummy_accumulator(device: torch.device) -> torch.Tensor:
+    """The separate mode's dQ-accumulator argument, which the autotuner zeroes while it tunes:
+    a normal tensor even when the plan is made under ``torch.inference_mode`` (an inference
+    tensor cannot be zeroed by a later training call's tuning)."""
+    with torch.inference_mode(False):
+        return torch.empty(4, dtype=torch.float32, device=device)
+
+
+def _plan_for_o_layout(plan: _Plan, o_strides: tuple) -> _Plan:
+    """``plan`` for an O of other (z, h, n) strides than the forward's, kept on the plan (a few
+    layouts) so that its launch arguments, and with them the direct launch, are reused."""
+    other = plan.other_o.get(o_strides)
+    if other is None:
+        if len(plan.other_o) >= _MAX_DO_LAYOUTS:
+            plan.other_o.clear()
+        other = plan.other_o[o_strides] = plan._replace(o_strides=o_strides, bwd={}, other_o={})
+    return other
 
 
 def _bwd_args(plan: _Plan, do_strides: tuple) -> tuple[FixedArgs, FixedArgs]:
@@ -937,7 +957,7 @@ def _scratch(plan: _Plan, atomic: bool) -> int:
     atomic-mode dQ accumulator (separate mode passes ``plan.dq_acc``, which its dK/dV kernel
     never touches; only the autotuner zeroes it, reset_to_zero, while benchmarking)."""
     n_rows = plan.bh * plan.n_q
-    return _aligned(n_rows) + n_rows * plan.d_pad if atomic else n_rows
+    return (_aligned(n_rows) + n_rows * plan.d_pad) if atomic else n_rows
 
 
 def _forward(
@@ -1042,8 +1062,8 @@ def flash_attention_backward(
         raise ValueError(f"dO shape {tuple(do.shape)} != O shape {tuple(o.shape)}")
     plan = _plan_for(q, k, v, bool(causal))
     o4 = _as4d(o)
-    if o4.stride()[:3] != plan.o_strides:  # not the forward's layout: a plan of its own
-        plan = plan._replace(o_strides=o4.stride()[:3], bwd={})
+    if o4.stride()[:3] != plan.o_strides:  # not the forward's layout: a plan of its own, kept
+        plan = _plan_for_o_layout(plan, o4.stride()[:3])
     q4, k4, v4 = (q, k, v) if plan.as_is else (_as4d(q), _as4d(k), _as4d(v))
     if not lse.is_contiguous():  # read as (batch*heads, n_q) rows
         lse = lse.contiguous()

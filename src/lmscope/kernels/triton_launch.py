@@ -70,11 +70,19 @@ class FixedArgs:
     __slots__ = ("args", "plain")
 
     def __init__(self, args: tuple) -> None:
-        self.args = args
-        self.plain = _PLAIN.issuperset(map(type, args))
+        object.__setattr__(self, "args", tuple(args))
+        object.__setattr__(self, "plain", _PLAIN.issuperset(map(type, self.args)))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(
+            "FixedArgs is immutable: kept kernels are keyed on the object, so its "
+            "arguments must not change; make a new one"
+        )
 
     def __repr__(self) -> str:
         return f"FixedArgs{self.args!r}"
+
+
 def _supported() -> bool:
     """Whether this Triton's JITFunction.run launches a compiled kernel as DirectLaunch does."""
     try:

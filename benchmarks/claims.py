@@ -257,7 +257,8 @@ BEFORE_AFTER = ("after", "before", "after2")
 @claim("attention-host-before-after")
 def attention_host_before_after(rows: Rows) -> str:
     """Host us per eager fwd+bwd (ours, SDPA) and issue 19's short shapes, with the source tree of
-    the session's start (before) and the final one (after, twice), in one GPU session."""
+    the session's start (before) and the one with the new launch path (after, twice), in one GPU
+    session."""
     folder = f"{ATTENTION}/27-round-h100"
     host_body, used_by_pass = [], {}
     for v in BEFORE_AFTER:
@@ -295,8 +296,8 @@ def attention_host_before_after(rows: Rows) -> str:
 
 @claim("fast-step-before-after")
 def fast_step_before_after(rows: Rows) -> str:
-    """The fast training step (xl, 2.7B) with the session's first and final source trees, one
-    GPU session (benchmarks/attention/before_after.sh)."""
+    """The fast training step (xl, 2.7B) with the session's first source tree and the one with the
+    new launch path, one GPU session (benchmarks/attention/before_after.sh)."""
     folder = f"{ATTENTION}/27-round-h100"
     body, used = [], {}
     for size in ("xl", "2.7B"):

@@ -55,8 +55,11 @@ Kernels
     ``JITFunction.run``'s binder and cache lookup (lmscope.kernels.triton_launch, which falls
     back to ``JITFunction.run`` wherever it cannot be exact or launch hooks are installed). O is
     written through its strides, dQ, dK, dV are allocated contiguous and indexed without stride
-    arguments. The autograd Function computes the backward's strides, scalars and launch keys
-    in the forward (``_Plan``) and allocates the backward's float32 scratch with L. Host cost
+    arguments. What the launches need besides the tensors (checks, strides, scalars, launch
+    keys, fixed launch arguments) is a ``_Plan`` kept per signature of q, k, v and causal
+    (``_plan_for``; only plain tensors' plans are kept), so a repeated call skips the checks;
+    the autograd Function keeps it for the backward and allocates the backward's float32
+    scratch with L. Host cost
     per call, beside SDPA's: docs/kernels/flash_attention.md and
     docs/kernels/flash_attention_host_notes.md (rows in benchmarks/results/attention/).
 

@@ -25,6 +25,7 @@ from lmscope.report.claims import (
     Registry,
     Rows,
     check_files,
+    claim_block,
     fmt,
     provenance,
     ratio,
@@ -81,15 +82,13 @@ def attention_headline(rows: Rows) -> str:
                      else ratio(r, ours, key="fwd_bwd_ms", times="fwd_bwd_times_ms"))
             body.append([impl, fmt(r["fwd_ms"]), fmt(r["bwd_ms"]), fmt(r["fwd_bwd_ms"]),
                          fmt(r["fwd_bwd_p20_ms"]), fmt(r["fwd_bwd_p80_ms"]), speed])
-    return "\n".join([
+    return claim_block(
         "Batch 1, 16 heads, 16384 tokens, head dim 64, bf16, causal; `do_bench` medians in ms; "
         "speed = peer fwd+bwd / flash-triton fwd+bwd (above 1: flash-triton faster), with the 95 % "
         "bootstrap interval of the per-call times where the rows keep them.",
-        "",
         table(["impl", "fwd ms", "bwd ms", "fwd+bwd ms", "p20", "p80", "speed"], body),
-        "",
         f"Measured on {provenance(list(latest.values()))}.",
-    ])
+    )
 
 
 def newest_run(found: list[dict], newest: dict) -> list[dict]:
@@ -109,15 +108,13 @@ def attention_host_breakdown(rows: Rows) -> str:
     run = newest_run(found, newest)
     sdpa = next(r["host_us"] for r in run if r["part"] == "sdpa: forward+backward through autograd")
     body = [[r["part"], fmt(r["host_us"]), ratio_text(r["host_us"], sdpa)] for r in run]
-    return "\n".join([
+    return claim_block(
         f"Shape (B, H, S, d) = {tuple(newest['shape'])}, bf16, causal; host microseconds per call "
         "(median of rounds of unsynchronized calls, `benchmarks/attention/host_timing.py`); "
         "x SDPA = the part over SDPA's whole forward+backward in the same run.",
-        "",
         table(["part", "host us/call", "x SDPA fwd+bwd"], body),
-        "",
         f"Measured on {provenance(run)}.",
-    ])
+    )
 
 
 ISSUE19_SHAPES = ((1, 16, 16384, 64), (1, 16, 8192, 128), (1, 16, 32768, 128), (8, 16, 1024, 64),
@@ -150,16 +147,14 @@ def attention_issue19_shapes(rows: Rows) -> str:
                      fmt(cudnn["fwd_bwd_ms"]), best["impl"],
                      ratio(ours, best, key="fwd_bwd_ms", times="fwd_bwd_times_ms")])
     used = [point(run, shape, i) for shape in ISSUE19_SHAPES for i in impls]
-    return "\n".join([
+    return claim_block(
         "fwd+bwd, bf16, causal; `do_bench` medians in ms, every implementation in the same run; "
         "ours / fastest = flash-triton over the faster SDPA backend (above 1: ours slower), with "
         "the 95 % bootstrap interval of the per-call times. Target: at most 1.1x at every shape.",
-        "",
         table(["B, H, S, d", "ours ms", "SDPA flash ms", "SDPA cuDNN ms", "fastest SDPA", "ours / fastest"],
               body),
-        "",
         f"Measured on {provenance(used)}.",
-    ])
+    )
 
 
 ROUND_27 = f"{ATTENTION}/27-round-h200"
@@ -194,16 +189,14 @@ def attention_dq_tma(rows: Rows) -> str:
             line += [fmt(ours["bwd_ms"]), fmt(ours["fwd_bwd_ms"]),
                      ratio(ours, cudnn, key="fwd_bwd_ms", times="fwd_bwd_times_ms")]
         body.append(line)
-    return "\n".join([
+    return claim_block(
         "bf16, causal; `do_bench` medians in ms; ours / cuDNN = fwd+bwd over cuDNN's in the same "
         "run, with the 95 % bootstrap interval of the per-call times.",
-        "",
         table(["B, H, S, d", "separate bwd", "separate fwd+bwd", "separate / cuDNN",
                "tma bwd", "tma fwd+bwd", "tma / cuDNN"], body),
-        "",
         f"separate: {provenance(runs['separate'])}.",
         f"tma: {provenance(runs['tma'])}.",
-    ])
+    )
 
 
 def _variant_against_default(rows: Rows, folder: str, files: tuple[str, str], shapes: tuple,
@@ -222,15 +215,13 @@ def _variant_against_default(rows: Rows, folder: str, files: tuple[str, str], sh
                        for ours, peer in zip((base, variant), cudnn, strict=True))])
     default, other = names
     what = key.removesuffix("_ms").replace("fwd_bwd", "fwd+bwd")
-    return "\n".join([
+    return claim_block(
         "bf16, causal; `do_bench` medians in ms; ratios with the 95 % bootstrap interval of the "
         "per-call times; cuDNN measured beside each pass.",
-        "",
         table(["B, H, S, d", f"{what}, {default}", f"{what}, {other}", f"{other} / {default} ({what})",
                f"fwd+bwd / cuDNN, {default}", f"fwd+bwd / cuDNN, {other}"], body),
-        "",
         f"Measured on {provenance(used)}.",
-    ])
+    )
 
 
 @claim("attention-wide-d128")
@@ -276,22 +267,20 @@ def attention_host_before_after(rows: Rows) -> str:
                                fmt(ours["fwd_bwd_ms"]), fmt(best["fwd_bwd_ms"]), best["impl"],
                                ratio(ours, best, key="fwd_bwd_ms", times="fwd_bwd_times_ms")])
             used_by_pass[v] += found
-    return "\n".join([
+    return claim_block(
         "Shape (4, 25, 512, 64), bf16, causal; host microseconds per eager forward+backward through "
         "the public API (`benchmarks/attention/host_public.py`: median of rounds of unsynchronized "
         "calls while a sleep kernel holds the GPU); flash / SDPA within the pass.",
-        "",
         table(["pass", "flash us", "SDPA us", "flash / SDPA"], host_body),
-        "",
-        "`lmscope attention` at issue 19's short shapes, bf16, causal; `do_bench` medians in ms; "
-        "ours / fastest = our fwd+bwd over the faster SDPA backend's in the same pass, with the "
-        "95 % bootstrap interval of the per-call times.",
-        "",
-        table(["B, H, S, d", "pass", "ours fwd", "ours bwd", "ours fwd+bwd", "fastest SDPA fwd+bwd",
-               "fastest", "ours / fastest"], shape_body),
-        "",
-        *[f"{v}: {provenance(used)}." for v, used in used_by_pass.items()],
-    ])
+        claim_block(
+            "`lmscope attention` at issue 19's short shapes, bf16, causal; `do_bench` medians in ms; "
+            "ours / fastest = our fwd+bwd over the faster SDPA backend's in the same pass, with the "
+            "95 % bootstrap interval of the per-call times.",
+            table(["B, H, S, d", "pass", "ours fwd", "ours bwd", "ours fwd+bwd", "fastest SDPA fwd+bwd",
+                   "fastest", "ours / fastest"], shape_body),
+            *[f"{v}: {provenance(used)}." for v, used in used_by_pass.items()],
+        ),
+    )
 
 
 @claim("fast-step-before-after")
@@ -307,16 +296,14 @@ def fast_step_before_after(rows: Rows) -> str:
         body.append([size, *(fmt(found[v]["median_ms"], 4) for v in BEFORE_AFTER),
                      ratio_interval(found["after"]["times_ms"], found["before"]["times_ms"]).as_text(),
                      ratio_interval(found["after2"]["times_ms"], found["before"]["times_ms"]).as_text()])
-    return "\n".join([
+    return claim_block(
         "Train step, context 512, batch 4, bf16, flash attention, `--fast on` (CUDA graphs); median "
         "ms of 10 steps per pass; after / before with the 95 % bootstrap interval of the step times "
         "(two source trees, so two commits, measured in one session on one GPU).",
-        "",
         table(["size", "after ms", "before ms", "after, again ms", "after / before",
                "after again / before"], body),
-        "",
         *[f"{v}: {provenance(r)}." for v, r in used.items()],
-    ])
+    )
 
 
 @claim("attention-wide-small")
@@ -331,15 +318,13 @@ def attention_wide_small(rows: Rows) -> str:
             line += [fmt(ours["fwd_ms"]), fmt(ours["bwd_ms"]), fmt(ours["fwd_bwd_ms"]),
                      ratio(ours, best, key="fwd_bwd_ms", times="fwd_bwd_times_ms")]
         body.append(line)
-    return "\n".join([
+    return claim_block(
         "bf16, causal; `do_bench` medians in ms; ours / fastest = fwd+bwd over the faster SDPA "
         "backend in the same pass, with the 95 % bootstrap interval of the per-call times.",
-        "",
         table(["B, H, S, d", "default fwd", "default bwd", "default fwd+bwd", "default / fastest",
                "wide fwd", "wide bwd", "wide fwd+bwd", "wide / fastest"], body),
-        "",
         f"Measured on {provenance(used)}.",
-    ])
+    )
 
 
 @claim("attention-engine-thread")
@@ -361,17 +346,15 @@ def attention_engine_thread(rows: Rows) -> str:
                 continue
             body.append([label, fmt(sdpa), fmt(flash), ratio_text(flash, sdpa),
                          fmt(us.get(f"skeleton: {label}"))])
-    return "\n".join([
+    return claim_block(
         f"Shape (B, H, S, d) = {tuple(newest['shape'])}, bf16, causal; host microseconds per call "
         "(forward+backward: median of rounds of unsynchronized calls, `host_timing.py`; hand-off, "
         "work and hand-back: medians of stamped backwards, `STAMPED_CALLS` in engine_thread.py, "
         "the stamping hooks included); skeleton = a Function that saves and allocates what flash "
         "does and nothing else.",
-        "",
         table(["part", "SDPA us", "flash us", "flash / SDPA", "skeleton us"], body),
-        "",
         f"Measured on {provenance(run)}.",
-    ])
+    )
 
 
 def ratio_text(value: float, base: float) -> str:
@@ -407,15 +390,13 @@ def attention_classic_ratios(rows: Rows) -> str:
                     else:
                         cells.append(ratio(other, ours, key="fwd_bwd_ms", times=None))
                 body.append(cells)
-    return "\n".join([
+    return claim_block(
         "Batch 8, one head, causal; fwd+bwd ms of flash-triton and, per peer, peer / flash-triton "
         "(above 1: flash-triton faster; `-`: not measured or unavailable). A ratio is shown only "
         f"where both rows come from one commit; {mixed} cells are `other run`.",
-        "",
         table(["dtype", "d", "seq", "flash-triton ms", *CLASSIC_PEERS], body),
-        "",
         f"Rows: `{ATTENTION}/classic.jsonl`.",
-    ])
+    )
 
 
 XL_RUNS = ("5-all-sizes", "7-in-backward-peers", "14-xl-targets", "21-xl-targets-final")
@@ -433,15 +414,13 @@ def fast_xl_runs(rows: Rows) -> str:
         compiled = rows.one(pattern, compile=True, fast=False, **point)
         body.append([run.split("-")[0], fmt(fast["median_ms"], 4), fmt(hf["median_ms"], 4), ratio(hf, fast),
                      fmt(compiled["median_ms"], 4), ratio(compiled, fast), fast["git_sha"]])
-    return "\n".join([
+    return claim_block(
         "xl, bf16, batch 4, context 512, train step; median ms; ratio = peer / fast with its 95 % "
         "bootstrap interval over the steps (`~`: inside the noise). Targets: 2.5x against HF, 1.3x "
         "against torch.compile.",
-        "",
         table(["run", "fast ms", "HF ms", "vs HF", "compile ms", "vs compile", "git"], body),
-        "",
         f"Rows: `{FAST}/<run>/bench.jsonl`.",
-    ])
+    )
 
 
 FSDP_X2 = "benchmarks/results/distributed/fsdp-x2-h200"
@@ -457,22 +436,21 @@ def fsdp_x2(rows: Rows) -> str:
         ours, peer, single = by["fsdp"], by["torch-fsdp2"], by["single"]
         for name in ("fsdp", "torch-fsdp2", "coalesced:1000"):
             row = by[name]
-            memory = (f"{fmt(row['peak_after_optimizer_rank_max_gib'])} / {fmt(row['predicted_fsdp_peak_gib'])}"
+            peak_gib = fmt(row["peak_after_optimizer_rank_max_gib"])
+            memory = (f"{peak_gib} / {fmt(row['predicted_fsdp_peak_gib'])}"
                       if "predicted_fsdp_peak_gib" in row else fmt(row["peak_after_optimizer_gib"]))
             body.append([size, name, fmt(row["step_median_ms"], 4), ratio(row, single),
                          ratio(peer, ours) if name == "fsdp" else "", memory])
         body.append([size, "single (1 GPU)", fmt(single["step_median_ms"], 4), "", "",
                      fmt(single["peak_after_optimizer_gib"])])
-    return "\n".join([
+    return claim_block(
         "bf16, context 512, batch 4 per rank, 2x H200; median ms per step; `step/single` = the "
         "2-rank step over the single-GPU step of the same run, `FSDP2/ours` = PyTorch's FSDP2 step "
         "over ours, each with its 95 % bootstrap interval over the steps; peak GiB per rank, "
         "measured / predicted by `lmscope.accounting.fsdp`.",
-        "",
         table(["size", "strategy", "step ms", "step/single", "FSDP2/ours", "peak GiB"], body),
-        "",
         f"Rows: `{FSDP_X2}/fsdp-<size>-x2.jsonl`; {provenance(rows.load(f'{FSDP_X2}/fsdp-xl-x2.jsonl'))}.",
-    ])
+    )
 
 
 @claim("fsdp-8b-long")
@@ -497,18 +475,18 @@ def fsdp_8b_long(rows: Rows) -> str:
                      fmt(flops / (row["step_median_ms"] / 1e3) / peak),
                      fmt(row["peak_after_optimizer_rank_max_gib"])])
     body.append(["HF Llama, SDPA, full checkpointing, FSDP2 (peer)", fmt(peer["step_median_ms"], 4), "",
-                 fmt(flops / (peer["step_median_ms"] / 1e3) / peak), fmt(peer["peak_allocated_rank_max_gib"])])
-    return "\n".join([
+                 fmt(flops / (peer["step_median_ms"] / 1e3) / peak),
+                 fmt(peer["peak_allocated_rank_max_gib"])])
+    return claim_block(
         "d 4096, d_ff 11008, 34 layers, 32 heads, vocab 151,936; context 32,768, batch 1 per rank, "
         "2x H200, bf16, AdamW; median ms per step (warm-up 1, 3 steps); `peer/ours` with its 95 % "
         "bootstrap interval; MFU = model FLOPs without recompute (`lmscope.accounting.flops`, causal "
         "attention as half the square: "
-        f"{fmt(flops / 1e15)} PFLOP per step) over the datasheet's dense bf16 peak of both GPUs; peak GiB allocated per rank.",
-        "",
+        f"{fmt(flops / 1e15)} PFLOP per step) over the datasheet's dense bf16 peak of both GPUs; "
+        "peak GiB allocated per rank.",
         table(["step", "ms", "peer/ours", "MFU", "peak GiB"], body),
-        "",
         f"Rows: `{FSDP_X2}/fsdp-8b-<attention>.jsonl`, `llama-peer.jsonl`; {provenance([peer])}.",
-    ])
+    )
 
 
 ATTENTION_KERNELS = {
@@ -541,19 +519,17 @@ def fast_attention_kernels_xl(rows: Rows) -> str:
         totals[backend] = sum(float(r["avg_us"]) for r in kernels)
         backward[backend] = sum(float(r["avg_us"]) for r in kernels if r["phase"] == "backward")
         runs.append(f"{backend}: run {run}, git {point['git_sha']}, attention={point['attention']}")
-    return "\n".join([
+    return claim_block(
         "xl fast step (batch 4, context 512, bf16, optimizer in the backward), kernels that run once "
         "per layer (48 per step), mean us per call from the profiles:",
-        "",
         table(["backend", "phase", "kernel", "us per layer"], body),
-        "",
         f"Per layer: ours {fmt(totals['ours'])} us, SDPA {fmt(totals['sdpa'])} us; per step "
         f"(x 48): ours {fmt(totals['ours'] * 48 / 1000)} ms, SDPA {fmt(totals['sdpa'] * 48 / 1000)} ms. "
         "Backward alone: ours "
         f"{fmt(backward['ours'])} us, SDPA {fmt(backward['sdpa'])} us per layer. "
         "The two profiles come from two commits, so no ratio is drawn: "
         + "; ".join(runs) + f". Rows: `{FAST}/<run>/profile_kernels.csv`.",
-    ])
+    )
 
 
 @claim("fast-attention-backend-sizes")
@@ -567,14 +543,12 @@ def fast_attention_backend_sizes(rows: Rows) -> str:
         ours = rows.one(pattern, size=size, attention="flash", **point)
         sdpa = rows.one(pattern, size=size, attention="sdpa", **point)
         body.append([size, fmt(ours["median_ms"], 4), fmt(sdpa["median_ms"], 4), ratio(sdpa, ours)])
-    return "\n".join([
+    return claim_block(
         "Fast step, bf16, batch 4, context 512, optimizer in the backward; median ms; SDPA / ours "
         "with its 95 % bootstrap interval over the steps (`~`: inside the noise).",
-        "",
         table(["size", "our FlashAttention", "PyTorch SDPA", "SDPA / ours"], body),
-        "",
         f"Rows: `{pattern}`.",
-    ])
+    )
 
 
 @claim("fast-progression")

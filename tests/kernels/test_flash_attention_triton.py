@@ -287,7 +287,7 @@ def test_bad_inputs_raise_at_every_call():
 
 
 def test_backward_launch_arguments_are_kept_per_do_layout(monkeypatch):
-    monkeypatch.setattr(fa, "_MAX_DO_LAYOUTS", 2)
+    monkeypatch.setattr(fa, "_MAX_LAYOUTS", 2)
     q, k, v, _ = _inputs((2, 3), 17, 17, 16, torch.float32, seed=43)
     plan = fa._plan(q, k, v, True)
     first = fa._bwd_args(plan, (1, 2, 3, 1))

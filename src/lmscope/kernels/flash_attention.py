@@ -111,7 +111,7 @@ MAX_HEAD_DIM = 128
 # with per-element fp32 atomics. (A third mode, one TMA reduce-add per dQ tile, measured slower
 # and was removed: docs/kernels/flash_attention_backward_notes.md, variant 2.)
 DQ_MODE = os.environ.get("LMSCOPE_FLASH_DQ", "separate")
-_DQ_MODES = {"separate": 0, "atomic": 1}  # the launch key's and ATOMIC_DQ's value
+_DQ_MODES = ("separate", "atomic")
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0").strip().lower() not in ("", "0", "false")
 # Triton's CPU interpreter mis-computes bfloat16 dots (seen with Triton 3.9): there, dot operands
@@ -751,7 +751,7 @@ class _Launcher:
             "CAUSAL": causal,
         }
         if self.atomic_arg:
-            consts["ATOMIC_DQ"] = bool(atomic)
+            consts["ATOMIC_DQ"] = atomic
         if self.acc64_arg:
             consts["ACC64"] = dtype == torch.float32
         if big:
@@ -870,7 +870,7 @@ class _Plan(NamedTuple):
 # and arithmetic once per signature. Cleared when full (a few shapes per model in practice).
 _PLANS: dict[tuple, _Plan] = {}
 _MAX_PLANS = 64
-_MAX_DO_LAYOUTS = 4  # dO strides kept per plan (one per model in practice)
+_MAX_LAYOUTS = 4  # dO layouts, and other O layouts, kept per plan (one per model in practice)
 
 
 def _signature(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> tuple:
@@ -936,7 +936,7 @@ def _plan_for_o_layout(plan: _Plan, o_strides: tuple) -> _Plan:
     layouts) so that its launch arguments, and with them the direct launch, are reused."""
     other = plan.other_o.get(o_strides)
     if other is None:
-        if len(plan.other_o) >= _MAX_DO_LAYOUTS:
+        if len(plan.other_o) >= _MAX_LAYOUTS:
             plan.other_o.clear()
         other = plan.other_o[o_strides] = plan._replace(o_strides=o_strides, bwd={}, other_o={})
     return other
@@ -947,7 +947,7 @@ def _bwd_args(plan: _Plan, do_strides: tuple) -> tuple[FixedArgs, FixedArgs]:
     ``do_strides`` (its (z, h, n, d) strides): made once per plan and dO layout."""
     fixed = plan.bwd.get(do_strides)
     if fixed is None:
-        if len(plan.bwd) >= _MAX_DO_LAYOUTS:
+        if len(plan.bwd) >= _MAX_LAYOUTS:
             plan.bwd.clear()
         strides = (*plan.strides, *do_strides[:3])
         fixed = plan.bwd[do_strides] = (
@@ -1000,11 +1000,11 @@ def flash_attention_forward(
 
 
 def _backward(
-    do: torch.Tensor, q4, k4, v4, o4, lse: torch.Tensor, f32: torch.Tensor, plan: _Plan, atomic: int
+    do: torch.Tensor, q4, k4, v4, o4, lse: torch.Tensor, f32: torch.Tensor, plan: _Plan, atomic: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward launches. ``lse`` and ``f32`` are passed by pointer: L at the head of
     ``lse``, D at the head of ``f32``, which holds ``_scratch(plan, atomic)`` floats, 16-byte
-    aligned; ``atomic`` is the dQ mode's number (``_DQ_MODES``)."""
+    aligned; ``atomic`` says whether dQ is accumulated by the dK/dV kernel."""
     if do.dtype != plan.dtype:
         do = do.to(plan.dtype)
     do4 = _as4d(do)
@@ -1021,7 +1021,7 @@ def _backward(
     dv = torch.empty(plan.k_shape, dtype=plan.dtype, device=plan.device)
     key = plan.key
     if atomic:
-        key = (*key[:5], atomic, key[6])
+        key = (*key[:5], True, key[6])
         dq_acc = f32[_aligned(bh * n_q) :]
         dq_acc.zero_()
         pre_block = 16 if _INTERPRET else 128
@@ -1040,13 +1040,12 @@ def _backward(
     return dq, dk, dv
 
 
-def _dq_mode(dq_mode: str | None) -> int:
-    """``_DQ_MODES``' number for ``dq_mode`` (default ``DQ_MODE``); ValueError for an unknown mode."""
+def _is_atomic(dq_mode: str | None) -> bool:
+    """True for atomic dQ (``dq_mode``, default ``DQ_MODE``); ValueError for an unknown mode."""
     mode = dq_mode or DQ_MODE
-    number = _DQ_MODES.get(mode)
-    if number is None:
+    if mode not in _DQ_MODES:
         raise ValueError(f"dq_mode must be one of {', '.join(_DQ_MODES)}, got {mode!r}")
-    return number
+    return mode == "atomic"
 
 
 def flash_attention_backward(
@@ -1060,7 +1059,7 @@ def flash_attention_backward(
     dq_mode: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward kernels. Returns (dQ, dK, dV) with the shapes and dtype of q, k, v."""
-    atomic = _dq_mode(dq_mode)
+    atomic = _is_atomic(dq_mode)
     if do.shape != o.shape:
         raise ValueError(f"dO shape {tuple(do.shape)} != O shape {tuple(o.shape)}")
     plan = _plan_for(q, k, v, bool(causal))
@@ -1084,7 +1083,7 @@ class FlashAttentionTriton(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False):
-        atomic = _dq_mode(None)
+        atomic = _is_atomic(None)
         o, stats, (q4, k4, v4), plan = _forward(q, k, v, is_causal, not atomic)
         ctx.save_for_backward(q4, k4, v4, o, stats)
         ctx.plan = plan

@@ -166,6 +166,12 @@ def table(headers: Sequence[str], body: Iterable[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
+def claim_block(caption: str, table_text: str, *footer: str) -> str:
+    """A claim's text: its caption, a blank line, its table, a blank line, then the footer lines
+    (where the rows were measured)."""
+    return "\n".join([caption, "", table_text, "", *footer])
+
+
 def provenance(rows: Sequence[Row]) -> str:
     """'device, source, date(s)' of rows that share one code identity (the source label names the
     commit, a declared one with the source hash that checks it)."""

@@ -396,6 +396,13 @@ def warm_cache(timeout_s: float) -> None:
     log(f"warm-up: {n_ok}/{len(procs)} workers ok")
 
 
+def _forget_tuning() -> None:
+    """Clear the autotuners' choices and the C++ host path's plans, which hold the old choice."""
+    for kern in (fa._attn_fwd, fa._attn_bwd_dkdv, fa._attn_bwd_dq):
+        kern.cache.clear()
+    fa.flash_native.reset()
+
+
 def validate_configs() -> list[dict]:
     """Check every 16-bit config of every autotuned kernel (bf16, d 64 and 128, causal and not)
     one by one."""
@@ -403,8 +410,7 @@ def validate_configs() -> list[dict]:
     for d in (16,) if SMOKE else (64, 128):
         rows += _validate_group(d)
     fa._ONLY_CONFIG = None
-    for kern in (fa._attn_fwd, fa._attn_bwd_dkdv, fa._attn_bwd_dq):
-        kern.cache.clear()
+    _forget_tuning()
     log(f"validated configs one by one: {sum(r['ok'] for r in rows)}/{len(rows)} ok")
     return rows
 
@@ -415,8 +421,7 @@ def _validate_group(d: int) -> list[dict]:
     shape = (1, 2, 40, 40, 16) if SMOKE else (1, 4, 1000, 1000, d)
     for idx in range(n):
         fa._ONLY_CONFIG = idx
-        for kern in (fa._attn_fwd, fa._attn_bwd_dkdv, fa._attn_bwd_dq):
-            kern.cache.clear()
+        _forget_tuning()
         for causal in (True, False):
             r = check_case(*shape, torch.bfloat16, causal, "separate")
             r["config_index"] = idx

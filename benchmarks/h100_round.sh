@@ -10,6 +10,8 @@
 #   attention   115  the leaderboard preset (every peer in one run), issue 19's six shapes (ours,
 #                    SDPA flash, SDPA cuDNN; fwd+bwd), and the host-time breakdown at xl's layer
 #                    (ATTENTION_S seconds: all six shapes need about 240)
+#   native      420  the C++ host path (lmscope.kernels.flash_native): its build, its GPU tests,
+#                    host_native.py at xl's and 2.7B's layers, the short shapes with it on and off
 #   host         40  the host-time breakdown alone (also part of attention), whole output in
 #                    host_breakdown.txt
 #   engine       40  the autograd engine's device thread against the calling thread, at xl's layer
@@ -55,6 +57,22 @@ stage() {  # stage NAME LIMIT_S: whether NAME is asked for; prints a header
 }
 limit() { timeout -s INT -k 15 "$@"; }
 
+if stage native 420; then  # the C++ host path: build, its tests, host time and short shapes on/off
+  limit 150 python3 -c 'import time, torch; from lmscope.kernels import flash_native as n; t = time.time()
+print("C++ host path built:", n.extension() is not None, f"in {time.time() - t:.0f} s")'
+  limit 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_flash_native.py 2>&1 | tail -8
+  limit 60 python3 benchmarks/attention/host_native.py --shape 4,25,512,64 --out "$W/host_native.jsonl"
+  limit 40 python3 benchmarks/attention/host_native.py --shape 4,32,512,80 --out "$W/host_native.jsonl"
+  N=(--impl flash-triton,sdpa-flash,sdpa-cudnn --dtype bf16 --causal on --check-max-seq 2048
+     --reuse-worker --no-plot --timeout 120 --resume --passes fwd,bwd,fwd_bwd)
+  for native in 1 0; do
+    for shape in "8 16 1024 64" "4 25 512 64" "4 32 512 80"; do
+      set -- $shape
+      LMSCOPE_FLASH_NATIVE=$native limit 60 "${LM[@]}" attention "${N[@]}" --batch "$1" --heads "$2" \
+        --seq-len "$3" --head-dim "$4" --out "$W/small_native$native.jsonl" | tail -4
+    done
+  done
+fi
 if stage tests 75; then
   limit 30 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_triton_launch.py \
     tests/kernels/test_flash_attention_triton.py -k "direct or hook or 80 or 96" 2>&1 | tail -6

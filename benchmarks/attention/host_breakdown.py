@@ -9,7 +9,10 @@ backward ops for comparison. The rows name the part; the numbers are microsecond
 Rows marked "JITFunction.run" turn off the launchers' direct launch of the compiled kernel
 (lmscope.kernels.triton_launch.DirectLaunch), the same calls otherwise: its gain in one run.
 "launches skipped" replaces the three launches by no-ops: what the Python and autograd around
-them cost.
+them cost. "flash: forward+backward through autograd" is the public call, which takes the C++
+host path (lmscope.kernels.flash_native) once the plan has been handed over; "Python Function"
+rows, and the JITFunction.run and launches-skipped rows, run inside
+``flash_attention.python_path()``.
 
 Usage (GPU machine, repo root): PYTHONPATH=src python3 benchmarks/attention/host_breakdown.py
 [--shape B,H,S,D] [--out rows.jsonl]
@@ -91,13 +94,14 @@ LAUNCHERS = ("_FWD_LAUNCH", "_DQ_LAUNCH", "_DKDV_LAUNCH")
 
 @contextlib.contextmanager
 def jit_launches():
-    """Every launch through JITFunction.run, as before DirectLaunch."""
+    """Every launch through JITFunction.run, as before DirectLaunch (the Python Function)."""
     launchers = [getattr(fa, name).compiled for name in LAUNCHERS]
     saved = [launcher.supported for launcher in launchers]
     for launcher in launchers:
         launcher.supported = False
     try:
-        yield
+        with fa.python_path():
+            yield
     finally:
         for launcher, flag in zip(launchers, saved, strict=True):
             launcher.supported = flag
@@ -105,12 +109,14 @@ def jit_launches():
 
 @contextlib.contextmanager
 def no_launches():
-    """The three launchers replaced by no-ops (the host functions look them up per call)."""
+    """The three launchers replaced by no-ops (the host functions look them up per call; the
+    Python Function)."""
     saved = {name: getattr(fa, name) for name in LAUNCHERS}
     for name in LAUNCHERS:
         setattr(fa, name, lambda *args: None)
     try:
-        yield
+        with fa.python_path():
+            yield
     finally:
         for name, launcher in saved.items():
             setattr(fa, name, launcher)
@@ -130,12 +136,17 @@ def parts(shape: tuple[int, int, int, int]) -> dict[str, float]:
     o, lse = fa.flash_attention_forward(qd, kd, vd, True)
     fa.flash_attention_backward(d_out, qd, kd, vd, o, lse, True)  # tunes once
     fwd_bwd = lambda: fa.flash_attention(q, k, v, causal=True).backward(d_out)  # noqa: E731
+    for _ in range(fa._NATIVE_TRIES + 1):  # hands the plan to the C++ host path
+        fwd_bwd()
     out = {
         "flash: forward+backward through autograd": host_us(fwd_bwd),
+        "flash: forward+backward through autograd, Python Function": _under(fa.python_path, fwd_bwd),
         "flash: forward+backward through autograd, launches through JITFunction.run": _under(
             jit_launches, fwd_bwd),
         "flash: forward+backward through autograd, launches skipped": _under(no_launches, fwd_bwd),
         "flash: forward through autograd": host_us(lambda: fa.flash_attention(q, k, v, causal=True)),
+        "flash: forward through autograd, Python Function": _under(
+            fa.python_path, lambda: fa.flash_attention(q, k, v, causal=True)),
         "flash: flash_attention_forward direct": host_us(
             lambda: fa.flash_attention_forward(qd, kd, vd, True)),
         "flash: flash_attention_backward direct": host_us(

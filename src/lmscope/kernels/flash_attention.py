@@ -83,15 +83,18 @@ Caveats
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import os
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
+from lmscope.kernels import flash_native
 from lmscope.kernels.attention_reference import check_attention_inputs
 from lmscope.kernels.triton_launch import DirectLaunch, FixedArgs
 
@@ -743,6 +746,7 @@ class _Launcher:
             cache = {}
         elif len(cache) != self.n_tuned:  # cleared or filled by someone else: learn again
             self.known.clear()
+            flash_native.reset()
         d, causal, dtype, _, _, atomic, big = key
         consts = {
             "HEAD_DIM": d,
@@ -774,6 +778,22 @@ class _Launcher:
             tail = tuple(kwargs[a] for a in names) if set(names) <= kwargs.keys() else None
             head_major = bool(config.kwargs["HEAD_MAJOR"])
             self.known[key] = (config, config.kwargs[block], head_major, kwargs, tail, {})
+
+    def kept_kernel(self, key: tuple, fixed: FixedArgs) -> tuple | None:
+        """(CompiledKernel, tile, head_major, constexpr tail) of the direct launch at ``key``
+        with ``fixed`` and 16-byte aligned tensors on the current device, once one has run; None
+        before that, or where launches go through the autotuner or ``JITFunction.run``."""
+        hit = self.known.get(key)
+        if self.compiled is None or hit is None or hit[4] is None or len(self.kernel.cache) != self.n_tuned:
+            return None
+        state = self.compiled._state()
+        if state is None:
+            return None
+        head = (fixed, *state)
+        for kept_key, kernel in hit[5].items():
+            if kept_key[: len(head)] == head and all(kept_key[len(head) + 1 :: 2]):
+                return kernel, hit[1], hit[2], hit[4]
+        return None
 
 
 _FWD_LAUNCH = _Launcher(_attn_fwd, "BLOCK_M")
@@ -864,6 +884,7 @@ class _Plan(NamedTuple):
     bwd: dict  # dO's strides -> (dQ launch's, dK/dV launch's FixedArgs), a few
     other_o: dict  # O's (z, h, n) strides -> this plan for that O (direct backward calls), a few
     dq_acc: torch.Tensor  # separate mode's dK/dV dQ-accumulator argument (never read or written)
+    native: dict  # flash_native.generation() -> attempts to hand this plan to the C++ path; -1 done
 
 
 # Plans by (shapes, strides, dtypes, devices of q, k, v; causal): the forward's checks, views
@@ -919,7 +940,7 @@ def _plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> _P
         l_size=_aligned(bh * n_q), strides=strides, o_strides=o_strides, scalars=scalars,
         key=(d, causal, q.dtype, nq_bucket, nk_bucket, False, bh > 65535),
         fwd=FixedArgs((*strides, *o_strides, h, n_q, n_k, sm_scale * LOG2E, nq_bucket, nk_bucket)),
-        bwd={}, other_o={}, dq_acc=_dummy_accumulator(q.device),
+        bwd={}, other_o={}, dq_acc=_dummy_accumulator(q.device), native={},
     )  # fmt: skip
 
 
@@ -938,7 +959,7 @@ def _plan_for_o_layout(plan: _Plan, o_strides: tuple) -> _Plan:
     if other is None:
         if len(plan.other_o) >= _MAX_LAYOUTS:
             plan.other_o.clear()
-        other = plan.other_o[o_strides] = plan._replace(o_strides=o_strides, bwd={}, other_o={})
+        other = plan.other_o[o_strides] = plan._replace(o_strides=o_strides, bwd={}, other_o={}, native={})
     return other
 
 
@@ -999,19 +1020,24 @@ def flash_attention_forward(
     return o, lse
 
 
-def _backward(
-    do: torch.Tensor, q4, k4, v4, o4, lse: torch.Tensor, f32: torch.Tensor, plan: _Plan, atomic: bool
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The backward launches. ``lse`` and ``f32`` are passed by pointer: L at the head of
-    ``lse``, D at the head of ``f32``, which holds ``_scratch(plan, atomic)`` floats, 16-byte
-    aligned; ``atomic`` says whether dQ is accumulated by the dK/dV kernel."""
+def _prepared_do(do: torch.Tensor, plan: _Plan) -> torch.Tensor:
+    """dO as the backward kernels read it: the plan's dtype, 4-d, no zero strides."""
     if do.dtype != plan.dtype:
         do = do.to(plan.dtype)
     do4 = _as4d(do)
-    do_strides = do4.stride()
-    if 0 in do_strides:  # e.g. the expanded gradient of o.sum()
+    if 0 in do4.stride():  # e.g. the expanded gradient of o.sum()
         do4 = do4.contiguous()
-        do_strides = do4.stride()
+    return do4
+
+
+def _backward(
+    do4: torch.Tensor, q4, k4, v4, o4, lse: torch.Tensor, f32: torch.Tensor, plan: _Plan, atomic: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward launches for ``do4`` (``_prepared_do``). ``lse`` and ``f32`` are passed by
+    pointer: L at the head of ``lse``, D at the head of ``f32``, which holds
+    ``_scratch(plan, atomic)`` floats, 16-byte aligned; ``atomic`` says whether dQ is
+    accumulated by the dK/dV kernel."""
+    do_strides = do4.stride()
     dq_args, dkdv_args = _bwd_args(plan, do_strides)
     bh, n_q = plan.bh, plan.n_q
     # Contiguous, as the kernels assume (they index dQ, dK, dV without strides). Three tensors of
@@ -1070,7 +1096,7 @@ def flash_attention_backward(
     if not lse.is_contiguous():  # read as (batch*heads, n_q) rows
         lse = lse.contiguous()
     f32 = torch.empty(_scratch(plan, atomic), dtype=torch.float32, device=plan.device)
-    return _backward(do, q4, k4, v4, o4, lse, f32, plan, atomic)
+    return _backward(_prepared_do(do, plan), q4, k4, v4, o4, lse, f32, plan, atomic)
 
 
 class FlashAttentionTriton(torch.autograd.Function):
@@ -1098,12 +1124,102 @@ class FlashAttentionTriton(torch.autograd.Function):
             f32 = torch.empty(_scratch(plan, True), dtype=torch.float32, device=plan.device)
         else:
             f32 = stats[plan.l_size :]
+        do4 = _prepared_do(do, plan)
         # the kernels take O and L by pointer: the saved tensors serve as they are
-        return (*_backward(do, q4, k4, v4, o, stats, f32, plan, atomic), None)
+        grads = _backward(do4, q4, k4, v4, o, stats, f32, plan, atomic)
+        if not atomic and plan.as_is and flash_native.ENABLED:
+            _hand_to_native(plan, q4, k4, v4, do4.stride())
+        return (*grads, None)
+
+
+# The C++ host path (flash_native): the extension once a plan has been handed over, and how
+# many ``python_path()`` blocks are open (the FLOP counter patches the Python Function).
+_NATIVE = None
+_PYTHON_ONLY = [0]
+_NATIVE_TRIES = 4  # Python backwards per plan that may try the hand-over (kernels kept by the 2nd)
+# Tensor table indices of csrc/flash_native.cpp (Q K V O L D DO DQ DK DV DQ_ACC), per launch in
+# the kernels' argument order.
+_FWD_SLOTS = (0, 1, 2, 3, 4)  # Q K V O LSE
+_DQ_SLOTS = (0, 1, 2, 6, 3, 4, 5, 7)  # Q K V DO O LSE DELTA DQ
+_DKDV_SLOTS = (0, 1, 2, 6, 4, 5, 8, 9, 10)  # Q K V DO LSE DELTA DK DV DQ_ACC
+
+
+def _hand_to_native(
+    plan: _Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do_strides: tuple
+) -> None:
+    """Give ``plan`` to the C++ host path once all three of its kernels have been launched
+    directly (kept), for dO of ``do_strides``; a few tries per plan and ``flash_native``
+    generation, then no more."""
+    global _NATIVE
+    generation = flash_native.generation()
+    tries = plan.native.get(generation, 0)
+    if tries < 0 or tries >= _NATIVE_TRIES or type(q) is not torch.Tensor or not q.is_cuda:
+        return
+    plan.native.clear()
+    plan.native[generation] = tries + 1
+    dq_args, dkdv_args = _bwd_args(plan, do_strides)
+    launches = []
+    for launcher, fixed, n, slots in (
+        (_FWD_LAUNCH, plan.fwd, plan.n_q, _FWD_SLOTS),
+        (_DQ_LAUNCH, dq_args, plan.n_q, _DQ_SLOTS),
+        (_DKDV_LAUNCH, dkdv_args, plan.scalars[2], _DKDV_SLOTS),
+    ):
+        kept = launcher.kept_kernel(plan.key, fixed)
+        if kept is None:
+            return
+        compiled, block, head_major, tail = kept
+        params = flash_native.param_slots(compiled, slots, (*fixed.args, *tail))
+        if params is None:
+            plan.native[generation] = _NATIVE_TRIES
+            return
+        tiles = -(-n // block)
+        grid = (plan.bh, tiles) if head_major else (tiles, plan.bh)
+        meta = compiled.metadata
+        launches.append((compiled.function, *grid, 32 * meta.num_warps, meta.shared, *params))
+    ext = flash_native.extension()
+    if ext is None:
+        plan.native[generation] = _NATIVE_TRIES
+        return
+    ext.add_plan(q, k, v, plan.key[1], list(plan.o_strides_nd or ()), plan.l_size + _scratch(plan, False),
+                 plan.l_size, list(do_strides), plan.dq_acc, *launches)  # fmt: skip
+    plan.native[generation] = -1
+    _NATIVE = ext
+
+
+@contextlib.contextmanager
+def python_path() -> Iterator[None]:
+    """Inside, every ``flash_attention`` call goes through ``FlashAttentionTriton`` (Python), not
+    the C++ host path: for code that patches or observes the Python Function (FLOP counting)."""
+    _PYTHON_ONLY[0] += 1
+    try:
+        yield
+    finally:
+        _PYTHON_ONLY[0] -= 1
+
+
+def _native_allowed() -> bool:
+    """Whether the C++ path may launch now: nobody asked for the Python path, no compiler is
+    tracing, and Triton would launch the kept kernels as they are (no launch or pre-run hooks,
+    default debug and instrumentation knobs)."""
+    return (
+        not _PYTHON_ONLY[0]
+        and not torch.compiler.is_compiling()
+        and _FWD_LAUNCH.compiled.unhooked()
+        and not getattr(_DQ_LAUNCH.kernel.fn, "pre_run_hooks", None)
+        and not getattr(_DKDV_LAUNCH.kernel.fn, "pre_run_hooks", None)
+    )
 
 
 def flash_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False
 ) -> torch.Tensor:
-    """softmax(q k^T / sqrt(d)) v with the Triton FlashAttention-2 kernels; differentiable."""
+    """softmax(q k^T / sqrt(d)) v with the Triton FlashAttention-2 kernels; differentiable.
+
+    Once a signature of q, k, v has run forward and backward a few times through the Python
+    Function, later calls take the C++ host path (lmscope.kernels.flash_native): the same
+    kernels and arguments, less host time per call."""
+    if _NATIVE is not None and _native_allowed():
+        o = _NATIVE.apply(q, k, v, bool(causal))
+        if o is not None:
+            return o
     return FlashAttentionTriton.apply(q, k, v, causal)

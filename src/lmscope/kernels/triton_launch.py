@@ -152,6 +152,12 @@ class DirectLaunch:
         fpsan = comp.fpsan_homomorphic_casts if has_fpsan else None
         return (self._device(), rt.debug, comp.instrumentation_mode, fpsan)
 
+    def unhooked(self) -> bool:
+        """Whether a kept kernel launched outside Triton (lmscope's C++ host path) is what
+        ``JITFunction.run`` would launch now: no hooks, debug and instrumentation knobs off."""
+        state = self._state() if self.supported else None
+        return state is not None and not any(state[1:])
+
     def launch(
         self, kept: dict, grid: tuple[int, int], tensors: tuple, fixed: FixedArgs, tail: tuple, kwargs: dict
     ) -> None:

@@ -175,8 +175,9 @@ class AttentionAwareCounter(FlopCounterMode):
 
 @contextlib.contextmanager
 def _flash_functions_counted(counter: AttentionAwareCounter) -> Iterator[None]:
-    """While inside, lmscope's FlashAttention Functions report to `counter` by formula."""
-    from lmscope.kernels.flash_attention import FlashAttentionTriton
+    """While inside, lmscope's FlashAttention Functions report to `counter` by formula (the
+    Triton one through its Python Function: the C++ host path is off meanwhile)."""
+    from lmscope.kernels.flash_attention import FlashAttentionTriton, python_path
     from lmscope.kernels.flash_attention_torch import FlashAttentionTorch
 
     saved = []
@@ -196,7 +197,8 @@ def _flash_functions_counted(counter: AttentionAwareCounter) -> Iterator[None]:
         saved.append((cls, forward, backward))
         cls.forward, cls.backward = staticmethod(counted_forward), staticmethod(counted_backward)
     try:
-        yield
+        with python_path():
+            yield
     finally:
         for cls, forward, backward in saved:
             cls.forward, cls.backward = staticmethod(forward), staticmethod(backward)

@@ -172,6 +172,11 @@ def test_bf16_row_has_bf16_sized_error_and_only_the_passes_asked_for():
     assert "fwd_ms" in metrics and "bwd_ms" not in metrics and "fwd_bwd_ms" not in metrics
 
 
+def test_rows_name_the_autograd_node_the_timed_calls_made():
+    assert run_point(_point("flash-torch"))["autograd_node"] == "FlashAttentionTorchBackward"
+    assert "Backward" in run_point(_point("naive"))["autograd_node"]
+
+
 def test_error_check_is_skipped_above_its_size_and_says_so():
     metrics = run_point(_point("naive", seq_len=40, check_max_seq=32, passes="fwd"))
     assert metrics["max_error"] is None and metrics["max_grad_error"] is None

@@ -22,7 +22,10 @@ What a point runs, in order:
    keeps the calls' times (at most `KEPT_TIMES`, evenly spaced over the run), from which
    `--compare` draws the confidence interval of a ratio. Gradients accumulate
    into q.grad, k.grad, v.grad across calls as in training (no `grad_to_none`), so bwd and
-   fwd_bwd include the accumulation adds.
+   fwd_bwd include the accumulation adds;
+4. one more forward, whose autograd node's name is `autograd_node`: which path the timed calls
+   took (flash-triton: "lmscope::FlashAttentionTritonNative" for its C++ host path,
+   "FlashAttentionTritonBackward" for its Python Function; SDPA: the backend's node).
 
 FLOPs (`attention_flops`): forward 4 * batch * heads * seq_q * seq_k * d (two matmuls),
 halved when causal (the convention of the FlashAttention papers' benchmarks, not the exact
@@ -331,6 +334,9 @@ def _measure(spec: Spec, device: torch.device) -> dict[str, Any]:
         del out
         metrics.update(_memory(attend, q, k, v, d_out, device))
         metrics.update(_timings(attend, q, k, v, d_out, spec, device))
+        probe = attend(q, k, v)  # which autograd node the timed calls made (flash: C++ or Python)
+        metrics["autograd_node"] = probe.grad_fn.name() if probe.grad_fn is not None else None
+        del probe
     return metrics
 
 

@@ -126,6 +126,11 @@ void* current_stream(const c10::Device& device) {
   return c10::impl::getDeviceGuardImpl(device.type())->getStream(device).native_handle();
 }
 
+}  // namespace
+
+namespace lmscope {
+
+// Named outside the anonymous namespace: its autograd node is "lmscope::FlashAttentionTritonNative".
 struct FlashAttentionTritonNative : public torch::autograd::Function<FlashAttentionTritonNative> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
                             const at::Tensor& k, const at::Tensor& v,
@@ -185,6 +190,10 @@ struct FlashAttentionTritonNative : public torch::autograd::Function<FlashAttent
   }
 };
 
+}  // namespace lmscope
+
+namespace {
+
 std::vector<int64_t> vec(at::IntArrayRef a) { return a.vec(); }
 
 int64_t add_plan(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
@@ -229,7 +238,7 @@ std::optional<at::Tensor> apply(const at::Tensor& q, const at::Tensor& k, const 
   for (const auto& plan : plans()) {
     if (plan->matches(q, k, v, causal)) {
       if (!aligned(q) || !aligned(k) || !aligned(v)) return std::nullopt;  // another binary
-      return FlashAttentionTritonNative::apply(q, k, v, plan);
+      return lmscope::FlashAttentionTritonNative::apply(q, k, v, plan);
     }
   }
   return std::nullopt;

@@ -87,8 +87,9 @@ CPU_CASES = [  # (leading dims, n_queries, n_keys, head dim, causal, dtype)
     ((3,), 29, 33, 16, False, "fp16"),
     ((), 33, 17, 32, False, "fp32"),
     ((2,), 21, 21, 24, True, "bf16"),  # head dim padded to 32 inside the kernel
-    ((2,), 19, 19, 80, True, "bf16"),  # 2.7B's head dim, padded to 128
-    ((), 17, 22, 96, False, "fp32"),  # padded to 128
+    ((2,), 19, 19, 80, True, "bf16"),  # 2.7B's head dim: column tiles 64 + 16 (split_head_dim)
+    ((), 17, 22, 96, False, "fp32"),  # 64 + 32
+    ((2,), 13, 29, 40, True, "bf16"),  # 32 + 16, the tail tile half masked
 ]
 
 
@@ -488,3 +489,20 @@ def test_gpu_launch_hooks_see_every_kernel():
     seen = [n for n in names if "_attn_" in n]
     assert len(seen) == len(expected), names
     assert all(e in n for e, n in zip(expected, seen, strict=True)), names
+
+
+def test_split_head_dim_tiles():
+    """Powers of two stay one tile; others split where two tiles are narrower than the padding."""
+    assert [fa.split_head_dim(d) for d in (16, 24, 40, 64, 80, 96, 112, 128)] == [
+        (16, 0), (32, 0), (32, 16), (64, 0), (64, 16), (64, 32), (128, 0), (128, 0)]  # fmt: skip
+
+
+@pytest.mark.parametrize("d", [40, 80])
+def test_split_head_dim_atomic_dq_matches_separate(d):
+    """The dK/dV kernel's atomic dQ adds both column tiles into the padded accumulator."""
+    q, k, v, do = _inputs((2,), 21, 26, d, torch.float32, seed=d)
+    o, lse = fa.flash_attention_forward(q.detach(), k.detach(), v.detach(), True)
+    separate = fa.flash_attention_backward(do, q, k, v, o, lse, True, dq_mode="separate")
+    atomic = fa.flash_attention_backward(do, q, k, v, o, lse, True, dq_mode="atomic")
+    for name, a, b in zip(("dQ", "dK", "dV"), separate, atomic, strict=True):
+        assert relative_error(a, b) < 1e-5, name

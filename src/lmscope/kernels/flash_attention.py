@@ -114,6 +114,9 @@ MAX_HEAD_DIM = 128
 # with per-element fp32 atomics. (A third mode, one TMA reduce-add per dQ tile, measured slower
 # and was removed: docs/kernels/flash_attention_backward_notes.md, variant 2.)
 DQ_MODE = os.environ.get("LMSCOPE_FLASH_DQ", "separate")
+# Head dims that are not powers of two (80, 96, ...) as two column tiles, not one padded tile
+# (split_head_dim); LMSCOPE_FLASH_SPLIT=0: one padded tile, the kernels' earlier layout.
+SPLIT_HEAD_DIM = os.environ.get("LMSCOPE_FLASH_SPLIT", "1").strip().lower() not in ("0", "false", "no", "")
 _DQ_MODES = ("separate", "atomic")
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0").strip().lower() not in ("", "0", "false")
@@ -304,21 +307,26 @@ def _dot_acc(a, b, acc, DOT_PREC: tl.constexpr):
 
 @triton.jit
 def _fwd_inner(
-    acc, l_i, m_i, q,
+    acc, acc_t, l_i, m_i, q, q_t,
     k_base, v_base, stride_kn, stride_vn,
-    offs_m, offs_d, lo, hi, n_k, qk_scale,
-    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, EVEN_D: tl.constexpr,
+    offs_m, offs_d, offs_t, lo, hi, n_k, qk_scale,
+    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, D_MAIN: tl.constexpr, D_TAIL: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr,
 ):  # fmt: skip
     offs_nb = tl.arange(0, BLOCK_N)
     d_ok = offs_d[None, :] < HEAD_DIM
+    t_ok = offs_t[None, :] < HEAD_DIM
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + offs_nb
         n_ok = offs_n[:, None] < n_k
         k = _load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], n_ok, d_ok,
-                  MASKED, not EVEN_D)  # fmt: skip
+                  MASKED, D_MAIN > HEAD_DIM)  # fmt: skip
         qk = _dot(q, tl.trans(k), DOT_PREC)
+        if D_TAIL > 0:  # the head dim's tail columns (split head dim, module docstring)
+            k_t = _load(k_base + offs_n[:, None] * stride_kn + offs_t[None, :], n_ok, t_ok,
+                        MASKED, D_MAIN + D_TAIL > HEAD_DIM)  # fmt: skip
+            qk = _dot_acc(q_t, tl.trans(k_t), qk, DOT_PREC)
         if MASKED:
             keep = offs_n[None, :] < n_k
             if CAUSAL:
@@ -334,10 +342,16 @@ def _fwd_inner(
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         v = _load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], n_ok, d_ok,
-                  MASKED, not EVEN_D)  # fmt: skip
-        acc = _dot_acc(_cast(p, v.dtype), v, acc, DOT_PREC)
+                  MASKED, D_MAIN > HEAD_DIM)  # fmt: skip
+        p = _cast(p, v.dtype)
+        acc = _dot_acc(p, v, acc, DOT_PREC)
+        if D_TAIL > 0:
+            acc_t = acc_t * alpha[:, None]
+            v_t = _load(v_base + offs_n[:, None] * stride_vn + offs_t[None, :], n_ok, t_ok,
+                        MASKED, D_MAIN + D_TAIL > HEAD_DIM)  # fmt: skip
+            acc_t = _dot_acc(p, v_t, acc_t, DOT_PREC)
         m_i = m_new
-    return acc, l_i, m_i
+    return acc, acc_t, l_i, m_i
 
 
 @triton.autotune(
@@ -354,10 +368,10 @@ def _attn_fwd(
     stride_vz, stride_vh, stride_vn,
     stride_oz, stride_oh, stride_om,
     H, n_q, n_k, qk_scale, NQ_BUCKET, NK_BUCKET,
-    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr,
+    HEAD_DIM: tl.constexpr, D_MAIN: tl.constexpr, D_TAIL: tl.constexpr,
+    CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_MAJOR: tl.constexpr,
 ):  # fmt: skip
-    EVEN_D: tl.constexpr = HEAD_DIM == D_PAD
     # Reverse the query-tile order: under causal masking the last tiles do the most work.
     # HEAD_MAJOR puts batch*heads on grid axis 0 (launched first): the heavy tiles of every
     # head then start before any light one.
@@ -376,14 +390,22 @@ def _attn_fwd(
 
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, D_PAD)
+    offs_d = tl.arange(0, D_MAIN)
     m_ok = offs_m[:, None] < n_q
     d_ok = offs_d[None, :] < HEAD_DIM
-    q = _load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], m_ok, d_ok, True, not EVEN_D)
+    q = _load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], m_ok, d_ok, True, D_MAIN > HEAD_DIM)
+    acc = tl.zeros([BLOCK_M, D_MAIN], dtype=tl.float32)
+    if D_TAIL > 0:
+        offs_t = D_MAIN + tl.arange(0, D_TAIL)
+        t_ok = offs_t[None, :] < HEAD_DIM
+        q_t = _load(q_base + offs_m[:, None] * stride_qm + offs_t[None, :], m_ok, t_ok, True,
+                    D_MAIN + D_TAIL > HEAD_DIM)  # fmt: skip
+        acc_t = tl.zeros([BLOCK_M, D_TAIL], dtype=tl.float32)
+    else:  # stand-ins, never used
+        offs_t, q_t, acc_t = offs_d, q, acc
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
 
     # Keys [0, full_hi) are visible to every row of this tile and inside the sequence: no mask.
     # Keys [full_hi, hi) cross the diagonal and/or the end of the sequence: masked.
@@ -394,16 +416,20 @@ def _attn_fwd(
         full_hi = n_k
         hi = n_k
     full_hi = (full_hi // BLOCK_N) * BLOCK_N
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
-                               offs_m, offs_d, 0, full_hi, n_k, qk_scale,
-                               BLOCK_N, HEAD_DIM, EVEN_D, False, CAUSAL, DOT_PREC)  # fmt: skip
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
-                               offs_m, offs_d, full_hi, hi, n_k, qk_scale,
-                               BLOCK_N, HEAD_DIM, EVEN_D, True, CAUSAL, DOT_PREC)  # fmt: skip
+    acc, acc_t, l_i, m_i = _fwd_inner(acc, acc_t, l_i, m_i, q, q_t, k_base, v_base, stride_kn, stride_vn,
+                                      offs_m, offs_d, offs_t, 0, full_hi, n_k, qk_scale,
+                                      BLOCK_N, HEAD_DIM, D_MAIN, D_TAIL, False, CAUSAL, DOT_PREC)  # fmt: skip
+    acc, acc_t, l_i, m_i = _fwd_inner(acc, acc_t, l_i, m_i, q, q_t, k_base, v_base, stride_kn, stride_vn,
+                                      offs_m, offs_d, offs_t, full_hi, hi, n_k, qk_scale,
+                                      BLOCK_N, HEAD_DIM, D_MAIN, D_TAIL, True, CAUSAL, DOT_PREC)  # fmt: skip
 
     acc = acc / l_i[:, None]
     tl.store(o_base + offs_m[:, None] * stride_om + offs_d[None, :],
              _cast(acc, O.dtype.element_ty), mask=m_ok & d_ok)  # fmt: skip
+    if D_TAIL > 0:
+        acc_t = acc_t / l_i[:, None]
+        tl.store(o_base + offs_m[:, None] * stride_om + offs_t[None, :],
+                 _cast(acc_t, O.dtype.element_ty), mask=m_ok & t_ok)  # fmt: skip
     # m_i is in log2 units of the scaled scores: L = ln(2) * (m + log2(l)).
     lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
     tl.store(LSE + off_bh.to(tl.int64) * n_q + offs_m, lse, mask=offs_m < n_q)
@@ -448,27 +474,36 @@ def _bwd_preprocess(
 
 @triton.jit
 def _dkdv_inner(
-    dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
-    stride_qm, stride_dom, offs_n, offs_d, start_m, n_steps, n_q, qk_scale,
+    dk, dv, dk_t, dv_t, k, v, k_t, v_t, q_base, do_base, lse_base, delta_base, dq_base,
+    stride_qm, stride_dom, offs_n, offs_d, offs_t, start_m, n_steps, n_q, qk_scale,
     BLOCK_M1: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    D_MAIN: tl.constexpr, D_TAIL: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr,
     ATOMIC_DQ: tl.constexpr,
 ):  # fmt: skip
     """dK, dV over ``n_steps`` query tiles from ``start_m``; with ATOMIC_DQ also adds each tile's
     dQ into the float32 accumulator, per element."""
-    EVEN_D: tl.constexpr = HEAD_DIM == D_PAD
     offs_mb = tl.arange(0, BLOCK_M1)
     d_row = offs_d[:, None] < HEAD_DIM
     d_col = offs_d[None, :] < HEAD_DIM
+    t_row = offs_t[:, None] < HEAD_DIM
+    t_col = offs_t[None, :] < HEAD_DIM
+    MASK_D: tl.constexpr = D_MAIN > HEAD_DIM
+    MASK_T: tl.constexpr = D_MAIN + D_TAIL > HEAD_DIM
     curr_m = start_m
     for _ in range(n_steps):
         offs_m = curr_m + offs_mb
         m_ok = offs_m < n_q
         # Q^T tile (D, BLOCK_M1) and dO tile (BLOCK_M1, D).
         qT = _load(q_base + offs_m[None, :] * stride_qm + offs_d[:, None], m_ok[None, :], d_row,
-                   MASKED, not EVEN_D)  # fmt: skip
+                   MASKED, MASK_D)  # fmt: skip
         do = _load(do_base + offs_m[:, None] * stride_dom + offs_d[None, :], m_ok[:, None],
-                   d_col, MASKED, not EVEN_D)  # fmt: skip
+                   d_col, MASKED, MASK_D)  # fmt: skip
+        if D_TAIL > 0:
+            qT_t = _load(q_base + offs_m[None, :] * stride_qm + offs_t[:, None], m_ok[None, :], t_row,
+                         MASKED, MASK_T)  # fmt: skip
+            do_t = _load(do_base + offs_m[:, None] * stride_dom + offs_t[None, :], m_ok[:, None],
+                         t_col, MASKED, MASK_T)  # fmt: skip
         if MASKED:
             lse2 = tl.load(lse_base + offs_m, mask=m_ok, other=0.0) * 1.4426950408889634
             delta = tl.load(delta_base + offs_m, mask=m_ok, other=0.0)
@@ -476,22 +511,34 @@ def _dkdv_inner(
             lse2 = tl.load(lse_base + offs_m) * 1.4426950408889634
             delta = tl.load(delta_base + offs_m)
         kqT = _dot(k, qT, DOT_PREC)  # (BLOCK_N1, BLOCK_M1)
+        if D_TAIL > 0:
+            kqT = _dot_acc(k_t, qT_t, kqT, DOT_PREC)
         pT = tl.math.exp2(kqT * qk_scale - lse2[None, :])
         if MASKED:
             keep = m_ok[None, :]
             if CAUSAL:
                 keep = keep & (offs_m[None, :] >= offs_n[:, None])
             pT = tl.where(keep, pT, 0.0)
-        dv = _dot_acc(_cast(pT, do.dtype), do, dv, DOT_PREC)
+        pT_lo = _cast(pT, do.dtype)
+        dv = _dot_acc(pT_lo, do, dv, DOT_PREC)
         dpT = _dot(v, tl.trans(do), DOT_PREC)
+        if D_TAIL > 0:
+            dv_t = _dot_acc(pT_lo, do_t, dv_t, DOT_PREC)
+            dpT = _dot_acc(v_t, tl.trans(do_t), dpT, DOT_PREC)
         dsT = _cast(pT * (dpT - delta[None, :]), qT.dtype)
         dk = _dot_acc(dsT, tl.trans(qT), dk, DOT_PREC)
+        if D_TAIL > 0:
+            dk_t = _dot_acc(dsT, tl.trans(qT_t), dk_t, DOT_PREC)
         if ATOMIC_DQ:
             dq = _dot(tl.trans(dsT), k, DOT_PREC)  # (BLOCK_M1, D), unscaled
             dq_ptrs = dq_base + offs_m[:, None] * D_PAD + offs_d[None, :]
             tl.atomic_add(dq_ptrs, dq, mask=m_ok[:, None], sem="relaxed")
+            if D_TAIL > 0:
+                dq_t = _dot(tl.trans(dsT), k_t, DOT_PREC)
+                tl.atomic_add(dq_base + offs_m[:, None] * D_PAD + offs_t[None, :], dq_t,
+                              mask=m_ok[:, None], sem="relaxed")  # fmt: skip
         curr_m += BLOCK_M1
-    return dk, dv
+    return dk, dv, dk_t, dv_t
 
 
 @triton.autotune(
@@ -509,12 +556,12 @@ def _attn_bwd_dkdv(
     stride_vz, stride_vh, stride_vn,
     stride_doz, stride_doh, stride_dom,
     H, n_q, n_k, qk_scale, sm_scale, NQ_BUCKET, NK_BUCKET,
-    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, D_MAIN: tl.constexpr, D_TAIL: tl.constexpr,
+    CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr,
     ATOMIC_DQ: tl.constexpr, BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
     HEAD_MAJOR: tl.constexpr,
 ):  # fmt: skip
     tl.static_assert(BLOCK_N1 % BLOCK_M1 == 0)
-    EVEN_D: tl.constexpr = HEAD_DIM == D_PAD
     # Natural order: under causal masking the first key tiles see the most queries.
     if HEAD_MAJOR:
         pid_n = tl.program_id(1)
@@ -532,15 +579,24 @@ def _attn_bwd_dkdv(
 
     start_n = pid_n * BLOCK_N1
     offs_n = start_n + tl.arange(0, BLOCK_N1)
-    offs_d = tl.arange(0, D_PAD)
+    offs_d = tl.arange(0, D_MAIN)
     n_ok = offs_n[:, None] < n_k
     d_ok = offs_d[None, :] < HEAD_DIM
-    k = _load(K + off_z * stride_kz + off_h * stride_kh + offs_n[:, None] * stride_kn
-              + offs_d[None, :], n_ok, d_ok, True, not EVEN_D)  # fmt: skip
-    v = _load(V + off_z * stride_vz + off_h * stride_vh + offs_n[:, None] * stride_vn
-              + offs_d[None, :], n_ok, d_ok, True, not EVEN_D)  # fmt: skip
-    dk = tl.zeros([BLOCK_N1, D_PAD], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N1, D_PAD], dtype=tl.float32)
+    k_rows = K + off_z * stride_kz + off_h * stride_kh + offs_n[:, None] * stride_kn
+    v_rows = V + off_z * stride_vz + off_h * stride_vh + offs_n[:, None] * stride_vn
+    k = _load(k_rows + offs_d[None, :], n_ok, d_ok, True, D_MAIN > HEAD_DIM)
+    v = _load(v_rows + offs_d[None, :], n_ok, d_ok, True, D_MAIN > HEAD_DIM)
+    dk = tl.zeros([BLOCK_N1, D_MAIN], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N1, D_MAIN], dtype=tl.float32)
+    if D_TAIL > 0:
+        offs_t = D_MAIN + tl.arange(0, D_TAIL)
+        t_ok = offs_t[None, :] < HEAD_DIM
+        k_t = _load(k_rows + offs_t[None, :], n_ok, t_ok, True, D_MAIN + D_TAIL > HEAD_DIM)
+        v_t = _load(v_rows + offs_t[None, :], n_ok, t_ok, True, D_MAIN + D_TAIL > HEAD_DIM)
+        dk_t = tl.zeros([BLOCK_N1, D_TAIL], dtype=tl.float32)
+        dv_t = tl.zeros([BLOCK_N1, D_TAIL], dtype=tl.float32)
+    else:  # stand-ins, never used
+        offs_t, k_t, v_t, dk_t, dv_t = offs_d, k, v, dk, dv
 
     # Query blocks: [start_n, start_n + BLOCK_N1) crosses the diagonal (causal, masked);
     # [full_lo, full_hi) is fully visible and inside the sequence (unmasked);
@@ -549,62 +605,74 @@ def _attn_bwd_dkdv(
         diag_hi = tl.minimum(start_n + BLOCK_N1, n_q)
         n_diag = tl.maximum(diag_hi - start_n, 0)
         n_diag = (n_diag + BLOCK_M1 - 1) // BLOCK_M1
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
-                             stride_qm, stride_dom, offs_n, offs_d, start_n, n_diag, n_q,
-                             qk_scale, BLOCK_M1, HEAD_DIM, D_PAD, True, CAUSAL, DOT_PREC,
-                             ATOMIC_DQ)  # fmt: skip
+        dk, dv, dk_t, dv_t = _dkdv_inner(
+            dk, dv, dk_t, dv_t, k, v, k_t, v_t, q_base, do_base, lse_base, delta_base, dq_base,
+            stride_qm, stride_dom, offs_n, offs_d, offs_t, start_n, n_diag, n_q, qk_scale,
+            BLOCK_M1, HEAD_DIM, D_PAD, D_MAIN, D_TAIL, True, CAUSAL, DOT_PREC, ATOMIC_DQ)
         full_lo = start_n + BLOCK_N1
     else:
         full_lo = 0
     full_hi = (n_q // BLOCK_M1) * BLOCK_M1
     n_full = tl.maximum(full_hi - full_lo, 0) // BLOCK_M1
-    dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
-                         stride_qm, stride_dom, offs_n, offs_d, full_lo, n_full, n_q,
-                         qk_scale, BLOCK_M1, HEAD_DIM, D_PAD, False, CAUSAL, DOT_PREC,
-                         ATOMIC_DQ)  # fmt: skip
+    dk, dv, dk_t, dv_t = _dkdv_inner(
+        dk, dv, dk_t, dv_t, k, v, k_t, v_t, q_base, do_base, lse_base, delta_base, dq_base,
+        stride_qm, stride_dom, offs_n, offs_d, offs_t, full_lo, n_full, n_q, qk_scale,
+        BLOCK_M1, HEAD_DIM, D_PAD, D_MAIN, D_TAIL, False, CAUSAL, DOT_PREC, ATOMIC_DQ)
     tail_lo = tl.maximum(full_lo, full_hi)
     n_tail = (tl.maximum(n_q - tail_lo, 0) + BLOCK_M1 - 1) // BLOCK_M1
-    dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
-                         stride_qm, stride_dom, offs_n, offs_d, tail_lo, n_tail, n_q,
-                         qk_scale, BLOCK_M1, HEAD_DIM, D_PAD, True, CAUSAL, DOT_PREC,
-                         ATOMIC_DQ)  # fmt: skip
+    dk, dv, dk_t, dv_t = _dkdv_inner(
+        dk, dv, dk_t, dv_t, k, v, k_t, v_t, q_base, do_base, lse_base, delta_base, dq_base,
+        stride_qm, stride_dom, offs_n, offs_d, offs_t, tail_lo, n_tail, n_q, qk_scale,
+        BLOCK_M1, HEAD_DIM, D_PAD, D_MAIN, D_TAIL, True, CAUSAL, DOT_PREC, ATOMIC_DQ)
 
-    dk = dk * sm_scale
-    out_ok = n_ok & d_ok
     # dK and dV are contiguous (allocated by the host function): one offset serves both.
-    out_offs = off_bh.to(tl.int64) * n_k * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
-    tl.store(DK + out_offs, _cast(dk, DK.dtype.element_ty), mask=out_ok)
-    tl.store(DV + out_offs, _cast(dv, DV.dtype.element_ty), mask=out_ok)
+    out_rows = off_bh.to(tl.int64) * n_k * HEAD_DIM + offs_n[:, None] * HEAD_DIM
+    tl.store(DK + out_rows + offs_d[None, :], _cast(dk * sm_scale, DK.dtype.element_ty), mask=n_ok & d_ok)
+    tl.store(DV + out_rows + offs_d[None, :], _cast(dv, DV.dtype.element_ty), mask=n_ok & d_ok)
+    if D_TAIL > 0:
+        tl.store(DK + out_rows + offs_t[None, :], _cast(dk_t * sm_scale, DK.dtype.element_ty),
+                 mask=n_ok & t_ok)  # fmt: skip
+        tl.store(DV + out_rows + offs_t[None, :], _cast(dv_t, DV.dtype.element_ty), mask=n_ok & t_ok)
 
 
 @triton.jit
 def _dq_inner(
-    dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
-    offs_m, offs_d, lo, hi, n_k, qk_scale,
-    BLOCK_N2: tl.constexpr, HEAD_DIM: tl.constexpr, EVEN_D: tl.constexpr,
+    dq, dq_t, q, q_t, do, do_t, lse2, delta, k_base, v_base, stride_kn, stride_vn,
+    offs_m, offs_d, offs_t, lo, hi, n_k, qk_scale,
+    BLOCK_N2: tl.constexpr, HEAD_DIM: tl.constexpr, D_MAIN: tl.constexpr, D_TAIL: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr,
 ):  # fmt: skip
     offs_nb = tl.arange(0, BLOCK_N2)
     d_ok = offs_d[None, :] < HEAD_DIM
+    t_ok = offs_t[None, :] < HEAD_DIM
     for start_n in range(lo, hi, BLOCK_N2):
         start_n = tl.multiple_of(start_n, BLOCK_N2)
         offs_n = start_n + offs_nb
         n_ok = offs_n[:, None] < n_k
         k = _load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], n_ok, d_ok,
-                  MASKED, not EVEN_D)  # fmt: skip
+                  MASKED, D_MAIN > HEAD_DIM)  # fmt: skip
         v = _load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], n_ok, d_ok,
-                  MASKED, not EVEN_D)  # fmt: skip
+                  MASKED, D_MAIN > HEAD_DIM)  # fmt: skip
         qk = _dot(q, tl.trans(k), DOT_PREC)  # (BLOCK_M2, BLOCK_N2)
+        dp = _dot(do, tl.trans(v), DOT_PREC)
+        if D_TAIL > 0:
+            k_t = _load(k_base + offs_n[:, None] * stride_kn + offs_t[None, :], n_ok, t_ok,
+                        MASKED, D_MAIN + D_TAIL > HEAD_DIM)  # fmt: skip
+            v_t = _load(v_base + offs_n[:, None] * stride_vn + offs_t[None, :], n_ok, t_ok,
+                        MASKED, D_MAIN + D_TAIL > HEAD_DIM)  # fmt: skip
+            qk = _dot_acc(q_t, tl.trans(k_t), qk, DOT_PREC)
+            dp = _dot_acc(do_t, tl.trans(v_t), dp, DOT_PREC)
         p = tl.math.exp2(qk * qk_scale - lse2[:, None])
         if MASKED:
             keep = offs_n[None, :] < n_k
             if CAUSAL:
                 keep = keep & (offs_n[None, :] <= offs_m[:, None])
             p = tl.where(keep, p, 0.0)
-        dp = _dot(do, tl.trans(v), DOT_PREC)
         ds = _cast(p * (dp - delta[:, None]), k.dtype)
         dq = _dot_acc(ds, k, dq, DOT_PREC)
-    return dq
+        if D_TAIL > 0:
+            dq_t = _dot_acc(ds, k_t, dq_t, DOT_PREC)
+    return dq, dq_t
 
 
 @triton.autotune(
@@ -622,10 +690,10 @@ def _attn_bwd_dq(
     stride_doz, stride_doh, stride_dom,
     stride_oz, stride_oh, stride_om,
     H, n_q, n_k, qk_scale, sm_scale, NQ_BUCKET, NK_BUCKET,
-    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr,
+    HEAD_DIM: tl.constexpr, D_MAIN: tl.constexpr, D_TAIL: tl.constexpr,
+    CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr,
     ACC64: tl.constexpr, BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr, HEAD_MAJOR: tl.constexpr,
 ):  # fmt: skip
-    EVEN_D: tl.constexpr = HEAD_DIM == D_PAD
     # heaviest causal tiles first (see _attn_fwd)
     if HEAD_MAJOR:
         pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
@@ -640,21 +708,32 @@ def _attn_bwd_dq(
 
     start_m = pid_m * BLOCK_M2
     offs_m = start_m + tl.arange(0, BLOCK_M2)
-    offs_d = tl.arange(0, D_PAD)
+    offs_d = tl.arange(0, D_MAIN)
     m_ok = offs_m < n_q
     d_ok = offs_d[None, :] < HEAD_DIM
-    q = _load(Q + off_z * stride_qz + off_h * stride_qh + offs_m[:, None] * stride_qm
-              + offs_d[None, :], m_ok[:, None], d_ok, True, not EVEN_D)  # fmt: skip
-    do = _load(DO + off_z * stride_doz + off_h * stride_doh + offs_m[:, None] * stride_dom
-               + offs_d[None, :], m_ok[:, None], d_ok, True, not EVEN_D)  # fmt: skip
-    o = _load(O + off_z * stride_oz + off_h * stride_oh + offs_m[:, None] * stride_om
-              + offs_d[None, :], m_ok[:, None], d_ok, True, not EVEN_D)  # fmt: skip
-    row = off_bh.to(tl.int64) * n_q + offs_m
-    lse2 = tl.load(LSE + row, mask=m_ok, other=0.0) * 1.4426950408889634
+    q_rows = Q + off_z * stride_qz + off_h * stride_qh + offs_m[:, None] * stride_qm
+    do_rows = DO + off_z * stride_doz + off_h * stride_doh + offs_m[:, None] * stride_dom
+    o_rows = O + off_z * stride_oz + off_h * stride_oh + offs_m[:, None] * stride_om
+    q = _load(q_rows + offs_d[None, :], m_ok[:, None], d_ok, True, D_MAIN > HEAD_DIM)
+    do = _load(do_rows + offs_d[None, :], m_ok[:, None], d_ok, True, D_MAIN > HEAD_DIM)
+    o = _load(o_rows + offs_d[None, :], m_ok[:, None], d_ok, True, D_MAIN > HEAD_DIM)
     # D = rowsum(dO * O) for this tile's rows, stored for the dK/dV kernel that runs next
     delta = _row_dot(o, do, ACC64)
+    dq = tl.zeros([BLOCK_M2, D_MAIN], dtype=tl.float32)
+    if D_TAIL > 0:
+        offs_t = D_MAIN + tl.arange(0, D_TAIL)
+        t_ok = offs_t[None, :] < HEAD_DIM
+        tail_mask: tl.constexpr = D_MAIN + D_TAIL > HEAD_DIM
+        q_t = _load(q_rows + offs_t[None, :], m_ok[:, None], t_ok, True, tail_mask)
+        do_t = _load(do_rows + offs_t[None, :], m_ok[:, None], t_ok, True, tail_mask)
+        o_t = _load(o_rows + offs_t[None, :], m_ok[:, None], t_ok, True, tail_mask)
+        delta += _row_dot(o_t, do_t, ACC64)
+        dq_t = tl.zeros([BLOCK_M2, D_TAIL], dtype=tl.float32)
+    else:  # stand-ins, never used
+        offs_t, q_t, do_t, dq_t = offs_d, q, do, dq
+    row = off_bh.to(tl.int64) * n_q + offs_m
+    lse2 = tl.load(LSE + row, mask=m_ok, other=0.0) * 1.4426950408889634
     tl.store(DELTA + row, delta, mask=m_ok)
-    dq = tl.zeros([BLOCK_M2, D_PAD], dtype=tl.float32)
 
     if CAUSAL:
         full_hi = tl.minimum(start_m, n_k)
@@ -663,15 +742,17 @@ def _attn_bwd_dq(
         full_hi = n_k
         hi = n_k
     full_hi = (full_hi // BLOCK_N2) * BLOCK_N2
-    dq = _dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
-                   offs_m, offs_d, 0, full_hi, n_k, qk_scale,
-                   BLOCK_N2, HEAD_DIM, EVEN_D, False, CAUSAL, DOT_PREC)  # fmt: skip
-    dq = _dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
-                   offs_m, offs_d, full_hi, hi, n_k, qk_scale,
-                   BLOCK_N2, HEAD_DIM, EVEN_D, True, CAUSAL, DOT_PREC)  # fmt: skip
-    dq = dq * sm_scale
-    tl.store(DQ + off_bh.to(tl.int64) * n_q * HEAD_DIM + offs_m[:, None] * HEAD_DIM  # contiguous
-             + offs_d[None, :], _cast(dq, DQ.dtype.element_ty), mask=m_ok[:, None] & d_ok)  # fmt: skip
+    dq, dq_t = _dq_inner(dq, dq_t, q, q_t, do, do_t, lse2, delta, k_base, v_base, stride_kn, stride_vn,
+                         offs_m, offs_d, offs_t, 0, full_hi, n_k, qk_scale,
+                         BLOCK_N2, HEAD_DIM, D_MAIN, D_TAIL, False, CAUSAL, DOT_PREC)  # fmt: skip
+    dq, dq_t = _dq_inner(dq, dq_t, q, q_t, do, do_t, lse2, delta, k_base, v_base, stride_kn, stride_vn,
+                         offs_m, offs_d, offs_t, full_hi, hi, n_k, qk_scale,
+                         BLOCK_N2, HEAD_DIM, D_MAIN, D_TAIL, True, CAUSAL, DOT_PREC)  # fmt: skip
+    dq_rows = DQ + off_bh.to(tl.int64) * n_q * HEAD_DIM + offs_m[:, None] * HEAD_DIM  # contiguous
+    tl.store(dq_rows + offs_d[None, :], _cast(dq * sm_scale, DQ.dtype.element_ty), mask=m_ok[:, None] & d_ok)
+    if D_TAIL > 0:
+        tl.store(dq_rows + offs_t[None, :], _cast(dq_t * sm_scale, DQ.dtype.element_ty),
+                 mask=m_ok[:, None] & t_ok)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
@@ -695,7 +776,8 @@ class _Launcher:
     ``key`` is (head dim, causal, dtype, n_queries bucket, n_keys bucket, atomic dQ,
     batch*heads > 65535). It decides everything Triton's tuning key holds (its dtypes are q's
     dtype and float32, fixed by q's dtype) and everything the pruner reads from the arguments;
-    the constexpr arguments (HEAD_DIM, D_PAD, DOT_PREC, CAUSAL, ATOMIC_DQ, ACC64) follow from it.
+    the constexpr arguments (HEAD_DIM, D_MAIN, D_TAIL, D_PAD, DOT_PREC, CAUSAL, ATOMIC_DQ, ACC64)
+    follow from it.
     The kept choices are dropped whenever the autotuner's cache changed size behind our back
     (benchmarks/flash_tune.py clears it to re-tune), and ``kernel.best_config`` is set on every
     launch as the autotuner does. Where this Triton lacks what the direct launch needs (the
@@ -707,6 +789,7 @@ class _Launcher:
         self.kernel = kernel
         self.block = block  # the tile size along the sequence axis of the grid
         self.atomic_arg = "ATOMIC_DQ" in kernel.arg_names
+        self.d_pad_arg = "D_PAD" in kernel.arg_names
         self.acc64_arg = "ACC64" in kernel.arg_names
         run = getattr(getattr(kernel, "fn", None), "run", None)
         try:
@@ -748,12 +831,16 @@ class _Launcher:
             self.known.clear()
             flash_native.reset()
         d, causal, dtype, _, _, atomic, big = key
+        d_main, d_tail = split_head_dim(d)
         consts = {
             "HEAD_DIM": d,
-            "D_PAD": max(16, triton.next_power_of_2(d)),
+            "D_MAIN": d_main,
+            "D_TAIL": d_tail,
             "DOT_PREC": "ieee" if dtype == torch.float32 else "tf32",
             "CAUSAL": causal,
         }
+        if self.d_pad_arg:
+            consts["D_PAD"] = _bucket(d)
         if self.atomic_arg:
             consts["ATOMIC_DQ"] = atomic
         if self.acc64_arg:
@@ -846,6 +933,21 @@ def _out_strides(shape: torch.Size) -> tuple[int, ...] | None:
         strides.insert(0, size)
         size *= dim
     return tuple(strides)
+
+
+def split_head_dim(d: int) -> tuple[int, int]:
+    """(D_MAIN, D_TAIL): the kernels' column tiles for head dim ``d``. A power of two (at least
+    16) is one tile, (max(16, d), 0). Otherwise the tiles are the largest power of two below d
+    and the power of two (at least 16) that covers the rest, where those two are narrower than
+    one padded tile (80 = 64 + 16, 96 = 64 + 32, 48 = 32 + 16): the dots then do no work on
+    padding columns. ``SPLIT_HEAD_DIM`` off: one padded tile, as before."""
+    padded = _bucket(d)
+    if SPLIT_HEAD_DIM and padded > 16 and d != padded:
+        main = padded // 2
+        tail = _bucket(d - main)
+        if main + tail < padded:
+            return main, tail
+    return padded, 0
 
 
 def _bucket(n: int) -> int:

@@ -7,8 +7,10 @@
 #   host   host microseconds per eager fwd+bwd, ours and SDPA's (host_public.py), at xl's layer
 #   small  `lmscope attention` fwd+bwd at the short shapes of issue 19 (8x1024 d64, xl, 2.7B),
 #          ours with SDPA flash and cuDNN
-# Rows declare LMSCOPE_GIT_SHA (after) or BEFORE_SHA (before). Usage (repo root, GPU machine):
-#   OUT=/dir LMSCOPE_GIT_SHA=<after> BEFORE_SHA=<before> [BEFORE=runs/before/src] bash benchmarks/attention/before_after.sh
+# Rows declare LMSCOPE_GIT_SHA (after) or BEFORE_SHA (before). PARTS picks some of the three
+# (default "fast host small"). Usage (repo root, GPU machine):
+#   OUT=/dir LMSCOPE_GIT_SHA=<after> BEFORE_SHA=<before> [BEFORE=runs/before/src] [PARTS=fast]
+#   bash benchmarks/attention/before_after.sh
 set -u
 W=${OUT:?}/w
 BEFORE=${BEFORE:-runs/before/src}
@@ -21,11 +23,12 @@ for v in after before after2; do
   if [[ $v == before ]]; then P=$BEFORE; export LMSCOPE_GIT_SHA=${BEFORE_SHA:?}; fi
   export PYTHONPATH=$P:gpu_deps
   echo "== $v ($LMSCOPE_GIT_SHA, $SECONDS s elapsed)"
-  timeout -s INT 130 python3 -m lmscope bench --size xl,2.7B --context-length 512 --batch-size 4 \
+  part() { [[ " ${PARTS:-fast host small} " == *" $1 "* ]]; }
+  part fast && timeout -s INT 130 python3 -m lmscope bench --size xl,2.7B --context-length 512 --batch-size 4 \
     --precision bf16 --mode train-step --attention flash --fast on --reuse-worker --warmup 3 --steps 10 \
     --device cuda --out "$W/fast_$v.jsonl" | tail -4
-  timeout -s INT 60 python3 benchmarks/attention/host_public.py --shape 4,25,512,64 --out "$W/host_$v.jsonl"
-  for shape in "8 16 1024 64" "4 25 512 64" "4 32 512 80"; do
+  part host && timeout -s INT 60 python3 benchmarks/attention/host_public.py --shape 4,25,512,64 --out "$W/host_$v.jsonl"
+  part small && for shape in "8 16 1024 64" "4 25 512 64" "4 32 512 80"; do
     set -- $shape
     timeout -s INT 60 python3 -m lmscope attention --impl flash-triton,sdpa-flash,sdpa-cudnn --dtype bf16 \
       --causal on --check-max-seq 2048 --reuse-worker --no-plot --timeout 60 --passes fwd,bwd,fwd_bwd \

@@ -19,8 +19,10 @@ Shapes
     (no head dim) get a contiguous O, as before. The backward reads O and dO through their
     strides (dO usually arrives as the same kind of view of a contiguous (B, T, H*d) gradient),
     so neither is copied.
-    Head dims 1..128; powers of two >= 16 (16, 32, 64, 128) are the fast path, other sizes are
-    zero-padded to the next power of two inside the kernel (masked loads).
+    Head dims 1..128; powers of two >= 16 (16, 32, 64, 128) are one column tile. Other sizes
+    are two tiles where those are narrower than the next power of two (``split_head_dim``: 80 =
+    64 + 16, 96 = 64 + 32, the tail tile's extra columns masked), else one zero-padded tile
+    (masked loads); ``LMSCOPE_FLASH_SPLIT=0`` pads every size to one tile.
 
 Dtypes
     float16 and bfloat16 (tensor-core dots, fp32 accumulators and softmax statistics) and
@@ -59,9 +61,12 @@ Kernels
     keys, fixed launch arguments) is a ``_Plan`` kept per signature of q, k, v and causal
     (``_plan_for``; only plain tensors' plans are kept), so a repeated call skips the checks;
     the autograd Function keeps it for the backward and allocates the backward's float32
-    scratch with L. Host cost
-    per call, beside SDPA's: docs/kernels/flash_attention.md and
-    docs/kernels/flash_attention_host_notes.md (rows in benchmarks/results/attention/).
+    scratch with L. Once a plan's three kernels have been launched directly, ``flash_attention``
+    hands the plan to a C++ autograd Function (lmscope.kernels.flash_native: the same binaries,
+    arguments and grids, launched with cuLaunchKernel; ``LMSCOPE_FLASH_NATIVE=0`` turns it off;
+    ``python_path()`` keeps the Python Function for a block). Host cost per call, beside
+    SDPA's: docs/kernels/flash_attention.md and docs/kernels/flash_attention_host_notes.md
+    (rows in benchmarks/results/attention/).
 
 Hardware
     Tuned on an NVIDIA H100 80GB HBM3 (sm_90) with Triton 3.6 and PyTorch 2.11 at batch 1, 16

@@ -24,8 +24,8 @@ What a point runs, in order:
    into q.grad, k.grad, v.grad across calls as in training (no `grad_to_none`), so bwd and
    fwd_bwd include the accumulation adds;
 4. one more forward, whose autograd node's name is `autograd_node`: which path the timed calls
-   took (flash-triton: "lmscope::FlashAttentionTritonNative" for its C++ host path,
-   "FlashAttentionTritonBackward" for its Python Function; SDPA: the backend's node).
+   took (flash-triton: "torch::autograd::CppNode<lmscope::FlashAttentionTritonNative>" for its
+   C++ host path, "FlashAttentionTritonBackward" for its Python Function; SDPA: the backend's).
 
 FLOPs (`attention_flops`): forward 4 * batch * heads * seq_q * seq_k * d (two matmuls),
 halved when causal (the convention of the FlashAttention papers' benchmarks, not the exact

@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import io
 import os
+import statistics
 import sys
 from pathlib import Path
 
@@ -158,6 +159,7 @@ def attention_issue19_shapes(rows: Rows) -> str:
 
 
 ROUND_27 = f"{ATTENTION}/27-round-h200"
+ROUND_28 = f"{ATTENTION}/28-round-h100"
 DQ_SHAPES = ((1, 16, 16384, 64), (1, 16, 8192, 128), (8, 16, 1024, 64), (1, 16, 32768, 128))
 """The shapes of h100_round.sh's dq-modes stage (B, H, S, d)."""
 
@@ -250,7 +252,17 @@ def attention_host_before_after(rows: Rows) -> str:
     """Host us per eager fwd+bwd (ours, SDPA) and issue 19's short shapes, with the source tree of
     the session's start (before) and the one with the new launch path (after, twice), in one GPU
     session."""
-    folder = f"{ATTENTION}/27-round-h100"
+    return _host_before_after(rows, f"{ATTENTION}/27-round-h100")
+
+
+@claim("attention-native-before-after")
+def attention_native_before_after(rows: Rows) -> str:
+    """The same with the Python host path (before) and the C++ host path (after, twice)."""
+    return _host_before_after(rows, f"{ROUND_28}/first")
+
+
+def _host_before_after(rows: Rows, folder: str) -> str:
+    """The before_after.sh host and short-shape passes of ``folder`` as two tables."""
     host_body, used_by_pass = [], {}
     for v in BEFORE_AFTER:
         found = {r["part"]: r for r in rows.select(f"{folder}/host_{v}.jsonl", status=None)}
@@ -287,7 +299,17 @@ def attention_host_before_after(rows: Rows) -> str:
 def fast_step_before_after(rows: Rows) -> str:
     """The fast training step (xl, 2.7B) with the session's first source tree and the one with the
     new launch path, one GPU session (benchmarks/attention/before_after.sh)."""
-    folder = f"{ATTENTION}/27-round-h100"
+    return _fast_before_after(rows, f"{ATTENTION}/27-round-h100")
+
+
+@claim("fast-step-native-split")
+def fast_step_native_split(rows: Rows) -> str:
+    """The same with the third round's final code (C++ host path, split head dims) as after."""
+    return _fast_before_after(rows, ROUND_28)
+
+
+def _fast_before_after(rows: Rows, folder: str) -> str:
+    """The before_after.sh fast-step passes of ``folder`` as a table."""
     body, used = [], {}
     for size in ("xl", "2.7B"):
         found = {v: rows.one(f"{folder}/fast_{v}.jsonl", size=size) for v in BEFORE_AFTER}
@@ -323,6 +345,55 @@ def attention_wide_small(rows: Rows) -> str:
         "backend in the same pass, with the 95 % bootstrap interval of the per-call times.",
         table(["B, H, S, d", "default fwd", "default bwd", "default fwd+bwd", "default / fastest",
                "wide fwd", "wide bwd", "wide fwd+bwd", "wide / fastest"], body),
+        f"Measured on {provenance(used)}.",
+    )
+
+
+@claim("attention-host-native")
+def attention_host_native(rows: Rows) -> str:
+    """Host us per eager fwd+bwd: the C++ host path, the Python Function and SDPA in interleaved
+    repeats of one process (benchmarks/attention/host_native.py), per shape."""
+    body, footers = [], []
+    for name in ("host_native_xl", "host_native_27B"):
+        found = rows.select(f"{ROUND_28}/first/{name}.jsonl", status=None)
+        footers.append(f"{tuple(found[0]['shape'])}: {provenance(found)}.")
+        by_part: dict[str, list[float]] = {}
+        for r in found:
+            by_part.setdefault(r["part"].rsplit(" (repeat", 1)[0], []).append(r["host_us"])
+        sdpa = by_part["sdpa: forward+backward through autograd"]
+        for part, values in by_part.items():
+            ratios = [a / b for a, b in zip(values, sdpa, strict=True)]
+            body.append([", ".join(map(str, found[0]["shape"])), part, str(len(values)),
+                         fmt(statistics.median(values)), f"{statistics.median(ratios):.2f}x",
+                         f"{min(ratios):.2f}x - {max(ratios):.2f}x"])
+    return claim_block(
+        "bf16, causal; host microseconds per eager forward+backward (`host_timing.host_us` each: "
+        "median of rounds of unsynchronized calls while a sleep kernel holds the GPU), the three "
+        "interleaved in each repeat; x SDPA = the part over SDPA in the same repeat (median and "
+        "range over the repeats).",
+        table(["B, H, S, d", "part", "repeats", "median us", "x SDPA median", "x SDPA range"], body),
+        *footers,
+    )
+
+
+@claim("attention-split-head-dim")
+def attention_split_head_dim(rows: Rows) -> str:
+    """Head dim 80 as one padded tile (LMSCOPE_FLASH_SPLIT=0) and as 64 + 16 (the default), cuDNN
+    and SDPA flash beside each, one GPU session."""
+    body, used = [], []
+    for shape in ((4, 32, 512, 80), (1, 16, 8192, 80)):
+        line = [", ".join(map(str, shape))]
+        for name in ("split_off", "split_on"):
+            ours, best, found = _ours_and_fastest(rows, f"{ROUND_28}/{name}.jsonl", shape)
+            used += found
+            line += [fmt(ours["fwd_ms"]), fmt(ours["bwd_ms"]), fmt(ours["fwd_bwd_ms"]),
+                     ratio(ours, best, key="fwd_bwd_ms", times="fwd_bwd_times_ms")]
+        body.append(line)
+    return claim_block(
+        "bf16, causal; `do_bench` medians in ms; ours / fastest = fwd+bwd over the faster SDPA "
+        "backend in the same pass (cuDNN here), with the 95 % bootstrap interval of the per-call times.",
+        table(["B, H, S, d", "padded fwd", "padded bwd", "padded fwd+bwd", "padded / fastest",
+               "split fwd", "split bwd", "split fwd+bwd", "split / fastest"], body),
         f"Measured on {provenance(used)}.",
     )
 

@@ -331,20 +331,29 @@ def _fast_before_after(rows: Rows, folder: str) -> str:
 @claim("attention-wide-small")
 def attention_wide_small(rows: Rows) -> str:
     """Ours with the default and the wide config lists at the short shapes, SDPA beside each."""
+    return _passes_against_fastest(rows, ROUND_27, ("small", "small_wide"),
+                                   ((8, 16, 1024, 64), (4, 25, 512, 64), (4, 32, 512, 80)),
+                                   ("default", "wide"), "in the same pass")  # fmt: skip
+
+
+def _passes_against_fastest(rows: Rows, folder: str, files: tuple[str, str], shapes: tuple,
+                            labels: tuple[str, str], fastest_note: str) -> str:
+    """Ours in two passes (``files``) at ``shapes``: fwd, bwd, fwd+bwd of each and its fwd+bwd
+    over the faster SDPA backend measured beside it."""
     body, used = [], []
-    for shape in ((8, 16, 1024, 64), (4, 25, 512, 64), (4, 32, 512, 80)):
+    for shape in shapes:
         line = [", ".join(map(str, shape))]
-        for name in ("small", "small_wide"):
-            ours, best, found = _ours_and_fastest(rows, f"{ROUND_27}/{name}.jsonl", shape)
+        for name in files:
+            ours, best, found = _ours_and_fastest(rows, f"{folder}/{name}.jsonl", shape)
             used += found
             line += [fmt(ours["fwd_ms"]), fmt(ours["bwd_ms"]), fmt(ours["fwd_bwd_ms"]),
                      ratio(ours, best, key="fwd_bwd_ms", times="fwd_bwd_times_ms")]
         body.append(line)
     return claim_block(
         "bf16, causal; `do_bench` medians in ms; ours / fastest = fwd+bwd over the faster SDPA "
-        "backend in the same pass, with the 95 % bootstrap interval of the per-call times.",
-        table(["B, H, S, d", "default fwd", "default bwd", "default fwd+bwd", "default / fastest",
-               "wide fwd", "wide bwd", "wide fwd+bwd", "wide / fastest"], body),
+        f"backend {fastest_note}, with the 95 % bootstrap interval of the per-call times.",
+        table(["B, H, S, d", *(f"{label} {col}" for label in labels
+                               for col in ("fwd", "bwd", "fwd+bwd", "/ fastest"))], body),
         f"Measured on {provenance(used)}.",
     )
 
@@ -380,22 +389,9 @@ def attention_host_native(rows: Rows) -> str:
 def attention_split_head_dim(rows: Rows) -> str:
     """Head dim 80 as one padded tile (LMSCOPE_FLASH_SPLIT=0) and as 64 + 16 (the default), cuDNN
     and SDPA flash beside each, one GPU session."""
-    body, used = [], []
-    for shape in ((4, 32, 512, 80), (1, 16, 8192, 80)):
-        line = [", ".join(map(str, shape))]
-        for name in ("split_off", "split_on"):
-            ours, best, found = _ours_and_fastest(rows, f"{ROUND_28}/{name}.jsonl", shape)
-            used += found
-            line += [fmt(ours["fwd_ms"]), fmt(ours["bwd_ms"]), fmt(ours["fwd_bwd_ms"]),
-                     ratio(ours, best, key="fwd_bwd_ms", times="fwd_bwd_times_ms")]
-        body.append(line)
-    return claim_block(
-        "bf16, causal; `do_bench` medians in ms; ours / fastest = fwd+bwd over the faster SDPA "
-        "backend in the same pass (cuDNN here), with the 95 % bootstrap interval of the per-call times.",
-        table(["B, H, S, d", "padded fwd", "padded bwd", "padded fwd+bwd", "padded / fastest",
-               "split fwd", "split bwd", "split fwd+bwd", "split / fastest"], body),
-        f"Measured on {provenance(used)}.",
-    )
+    return _passes_against_fastest(rows, ROUND_28, ("split_off", "split_on"),
+                                   ((4, 32, 512, 80), (1, 16, 8192, 80)), ("padded", "split"),
+                                   "in the same pass (cuDNN here)")  # fmt: skip
 
 
 @claim("attention-engine-thread")

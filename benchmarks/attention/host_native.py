@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import statistics
 
-import torch
 import torch.nn.functional as F
-from host_timing import append_parts, host_us, shape_and_out
+from host_timing import append_parts, attention_inputs, host_us, shape_and_out
 
 from lmscope.kernels import flash_attention as fa
 
@@ -26,10 +25,7 @@ REPEATS = 7
 
 def main() -> None:
     shape, out = shape_and_out(__doc__.splitlines()[0])
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v, do = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4))
-    for t in (q, k, v):
-        t.requires_grad_(True)
+    q, k, v, do = attention_inputs(shape)
 
     def flash() -> None:
         fa.flash_attention(q, k, v, causal=True).backward(do)

@@ -11,9 +11,8 @@ Usage (GPU machine): PYTHONPATH=<src tree> python3 benchmarks/attention/host_pub
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
-from host_timing import append_parts, host_us, print_parts, shape_and_out
+from host_timing import append_parts, attention_inputs, host_us, print_parts, shape_and_out
 
 from lmscope.kernels.flash_attention import flash_attention
 
@@ -27,10 +26,7 @@ def _fwd_bwd(attend, q, k, v, do):
 
 def main() -> None:
     shape, out = shape_and_out(__doc__.splitlines()[0])
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v, do = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4))
-    for t in (q, k, v):
-        t.requires_grad_(True)
+    q, k, v, do = attention_inputs(shape)
     measured = {
         "flash: forward+backward through autograd": host_us(
             _fwd_bwd(lambda a, b, c: flash_attention(a, b, c, causal=True), q, k, v, do)),

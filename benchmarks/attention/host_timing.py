@@ -58,6 +58,15 @@ def host_us(fn: Callable[[], Any], calls: int = CALLS, rounds: int = ROUNDS) -> 
     return statistics.median(per_call)
 
 
+def attention_inputs(shape: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
+    """q, k, v (requiring grad) and dO: random bf16 CUDA tensors of ``shape``, seed 0."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4))
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    return q, k, v, do
+
+
 def print_parts(shape: tuple[int, ...], measured: dict[str, float]) -> None:
     """The parts' host microseconds per call as a markdown table."""
     print(f"shape (B, H, S, d) = {shape}, bf16, causal; host us per call")

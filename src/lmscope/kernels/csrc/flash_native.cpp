@@ -121,6 +121,18 @@ std::vector<c10::intrusive_ptr<NativePlan>>& plans() {
 }
 constexpr size_t kMaxPlans = 64;  // as many as Python keeps (_MAX_PLANS); cleared when full
 
+// The tensor table's entries that the forward fills (the backward adds D, dO, dQ, dK, dV, DQ_ACC).
+std::array<uint64_t, N_TENSORS> forward_table(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                              const at::Tensor& o, const at::Tensor& buffer) {
+  std::array<uint64_t, N_TENSORS> ptrs{};
+  ptrs[Q] = ptr(q);
+  ptrs[K] = ptr(k);
+  ptrs[V] = ptr(v);
+  ptrs[O] = ptr(o);
+  ptrs[L] = ptr(buffer);
+  return ptrs;
+}
+
 // The current CUDA stream through c10's device-generic interface (no CUDA headers needed).
 void* current_stream(const c10::Device& device) {
   return c10::impl::getDeviceGuardImpl(device.type())->getStream(device).native_handle();
@@ -140,12 +152,7 @@ struct FlashAttentionTritonNative : public torch::autograd::Function<FlashAttent
     at::Tensor o = plan->o_strides.empty() ? at::empty(q.sizes(), options)
                                            : at::empty_strided(q.sizes(), plan->o_strides, options);
     at::Tensor buffer = at::empty({plan->buffer_numel}, options.dtype(at::kFloat));
-    std::array<uint64_t, N_TENSORS> ptrs{};
-    ptrs[Q] = ptr(q);
-    ptrs[K] = ptr(k);
-    ptrs[V] = ptr(v);
-    ptrs[O] = ptr(o);
-    ptrs[L] = ptr(buffer);
+    const auto ptrs = forward_table(q, k, v, o, buffer);
     launch(plan->fwd, ptrs, current_stream(plan->device));
     ctx->save_for_backward({q, k, v, o, buffer});
     ctx->saved_data["plan"] = c10::IValue::make_capsule(plan);
@@ -171,12 +178,7 @@ struct FlashAttentionTritonNative : public torch::autograd::Function<FlashAttent
     at::Tensor dq = at::empty(q.sizes(), options);
     at::Tensor dk = at::empty(k.sizes(), options);
     at::Tensor dv = at::empty(k.sizes(), options);
-    std::array<uint64_t, N_TENSORS> ptrs{};
-    ptrs[Q] = ptr(q);
-    ptrs[K] = ptr(k);
-    ptrs[V] = ptr(v);
-    ptrs[O] = ptr(o);
-    ptrs[L] = ptr(buffer);
+    auto ptrs = forward_table(q, k, v, o, buffer);
     ptrs[D] = ptr(buffer) + static_cast<uint64_t>(plan->d_offset) * sizeof(float);
     ptrs[DO] = ptr(d_o);
     ptrs[DQ] = ptr(dq);

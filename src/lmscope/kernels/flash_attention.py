@@ -1244,6 +1244,9 @@ class FlashAttentionTriton(torch.autograd.Function):
 _NATIVE = None
 _PYTHON_ONLY = [0]
 _NATIVE_TRIES = 4  # Python backwards per plan that may try the hand-over (kernels kept by the 2nd)
+# The CompiledKernels whose CUfunctions C++ plans launch: kept alive here for good (newer Tritons
+# unload a kernel's module when its CompiledKernel is collected; Triton's own caches hold them too).
+_NATIVE_KERNELS: set = set()
 # Tensor table indices of csrc/flash_native.cpp (Q K V O L D DO DQ DK DV DQ_ACC), per launch in
 # the kernels' argument order.
 _FWD_SLOTS = (0, 1, 2, 3, 4)  # Q K V O LSE
@@ -1265,7 +1268,7 @@ def _hand_to_native(
     plan.native.clear()
     plan.native[generation] = tries + 1
     dq_args, dkdv_args = _bwd_args(plan, do_strides)
-    launches = []
+    launches, kernels = [], []
     for launcher, fixed, n, slots in (
         (_FWD_LAUNCH, plan.fwd, plan.n_q, _FWD_SLOTS),
         (_DQ_LAUNCH, dq_args, plan.n_q, _DQ_SLOTS),
@@ -1283,10 +1286,12 @@ def _hand_to_native(
         grid = (plan.bh, tiles) if head_major else (tiles, plan.bh)
         meta = compiled.metadata
         launches.append((compiled.function, *grid, 32 * meta.num_warps, meta.shared, *params))
+        kernels.append(compiled)
     ext = flash_native.extension()
     if ext is None:
         plan.native[generation] = _NATIVE_TRIES
         return
+    _NATIVE_KERNELS.update(kernels)
     ext.add_plan(q, k, v, plan.key[1], list(plan.o_strides_nd or ()), plan.l_size + _scratch(plan, False),
                  plan.l_size, list(do_strides), plan.dq_acc, *launches)  # fmt: skip
     plan.native[generation] = -1

@@ -1,5 +1,6 @@
 """Provenance that cannot lie: lmscope's own sha, -dirty, a declared override, hosts, GPU facts."""
 
+import hashlib
 import json
 import os
 import shutil
@@ -254,3 +255,17 @@ def test_kernel_env_names_the_flash_variant_set(monkeypatch):
     monkeypatch.setenv("LMSCOPE_FLASH_WIDE", "1")
     monkeypatch.setenv("LMSCOPE_GIT_SHA", "abc")
     assert prov.kernel_env() == {"LMSCOPE_FLASH_DQ": "atomic", "LMSCOPE_FLASH_WIDE": "1"}
+
+
+def test_source_hash_covers_the_cpp_the_package_builds(tmp_path):
+    """A change to a .cpp file (FlashAttention's C++ host path) changes the hash; a package with
+    no .cpp hashes its .py files as before the .cpp counted."""
+    (tmp_path / "pkg" / "csrc").mkdir(parents=True)
+    (tmp_path / "pkg" / "a.py").write_text("x = 1\n")
+    before = prov.source_hash(tmp_path / "pkg")
+    digest = hashlib.sha256(b"a.py\0" + b"x = 1\n\0").hexdigest()[:12]
+    assert before == digest
+    (tmp_path / "pkg" / "csrc" / "k.cpp").write_text("int f() { return 1; }\n")
+    with_cpp = prov.source_hash(tmp_path / "pkg")
+    (tmp_path / "pkg" / "csrc" / "k.cpp").write_text("int f() { return 2; }\n")
+    assert len({before, with_cpp, prov.source_hash(tmp_path / "pkg")}) == 3

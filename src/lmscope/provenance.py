@@ -5,8 +5,10 @@
   a copy of the source inside another repository records no sha of that repository. It ends in
   `-dirty` when tracked files differ from the commit or untracked files sit under `src/` (they
   change what runs). `source` says which case it was (`git`, `installed`, `copy`);
-  `lmscope_version` is the package's version; `source_hash` hashes the package's .py files, so a
-  copy without .git can still be checked against a commit. `LMSCOPE_GIT_SHA` is recorded as
+  `lmscope_version` is the package's version; `source_hash` hashes the package's source files
+  (`SOURCE_GLOBS`: .py, and the .cpp that FlashAttention's C++ host path builds from; rows
+  written before that commit of 2026-11-26 hashed the .py files only), so a copy without .git can
+  still be checked against a commit. `LMSCOPE_GIT_SHA` is recorded as
   `git_sha_declared`, beside the detected value, never instead of it.
 - **Host.** `host` (the hostname) and `host_id`, a short hash of the hostname and the machine id
   (the boot id where there is none), so two machines with one hostname are told apart; `boot_id`
@@ -89,10 +91,15 @@ def git_state(package_dir: Path = PACKAGE_DIR) -> str | None:
     return f"{sha}-dirty" if tracked or untracked else sha
 
 
+SOURCE_GLOBS = ("*.py", "*.cpp")
+"""The package's files that decide what runs: its Python, and the C++ it builds at run time."""
+
+
 def source_hash(package_dir: Path = PACKAGE_DIR) -> str:
-    """sha256 (12 hex) of the package's .py files, by path and content: the code that runs."""
+    """sha256 (12 hex) of the package's source files (``SOURCE_GLOBS``), by path and content:
+    the code that runs. A package with no .cpp file hashes as it did before they counted."""
     digest = hashlib.sha256()
-    for path in sorted(package_dir.rglob("*.py")):
+    for path in sorted(p for glob in SOURCE_GLOBS for p in package_dir.rglob(glob)):
         digest.update(path.relative_to(package_dir).as_posix().encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")
     return digest.hexdigest()[:12]

@@ -84,6 +84,16 @@ def test_python_path_turns_the_cpp_path_off_while_open():
     assert fa._PYTHON_ONLY[0] == 0
 
 
+def test_plans_signature_check_refuses_saved_tensors_in_another_layout():
+    """The hand-over keys the C++ plan on the plan's own shapes and strides: tensors that a
+    saved-tensor hook handed back in another layout are refused."""
+    q, k, v = (torch.randn(2, 7, 3, 16).transpose(1, 2) for _ in range(3))  # (B, H, T, d) views
+    plan = fa._plan(q, k, v, True)
+    assert fa._is_plans_signature(plan, q, k, v)
+    assert not fa._is_plans_signature(plan, q.contiguous(), k, v)
+    assert not fa._is_plans_signature(plan, q, k[:, :, :5], v)
+
+
 def test_reset_starts_a_new_generation():
     before = flash_native.generation()
     flash_native.reset()
@@ -159,7 +169,7 @@ def test_cpp_path_gives_the_python_paths_bits(shape_q, shape_k, dtype, causal, m
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cpp_path_hands_back_to_python_where_it_must():
+def test_cpp_path_hands_back_to_python_where_it_must(monkeypatch):
     q, k, v, do = _tensors((2, 2, 64, 64), (2, 2, 64, 64), torch.bfloat16, seed=3)
     _register(q, k, v, do, True)
     # misaligned inputs (another binary's specialisation): the Python path, same values
@@ -177,9 +187,35 @@ def test_cpp_path_hands_back_to_python_where_it_must():
     assert not _is_native(o_new)
     with torch.no_grad():
         assert torch.equal(fa.flash_attention(q, k, v, True), o)
+    # atomic dQ mode (its plans are never handed over): Python
+    monkeypatch.setattr(fa, "DQ_MODE", "atomic")
+    assert not _is_native(_fwd_bwd(q, k, v, do, True)[0])
+    monkeypatch.setattr(fa, "DQ_MODE", "separate")
+    # a cleared autotuner cache (re-tuning): Python, which learns again and resets the C++ plans
+    fa._attn_fwd.cache.clear()
+    assert not _is_native(_fwd_bwd(q, k, v, do, True)[0])
+    _register(q, k, v, do, True)
     # after a reset: Python again until handed over anew
     flash_native.reset()
     o_reset, *_ = _fwd_bwd(q, k, v, do, True)
     assert not _is_native(o_reset)
     _register(q, k, v, do, True)
     assert _is_native(_fwd_bwd(q, k, v, do, True)[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cpp_path_on_another_thread():
+    """A new Python thread, which may have no current CUDA context, gets the same bits from the
+    C++ path (it binds the device's primary context as Triton's launcher does)."""
+    import threading
+
+    q, k, v, do = _tensors((2, 2, 64, 64), (2, 2, 64, 64), torch.bfloat16, seed=2)
+    _register(q, k, v, do, True)
+    expected, got = _fwd_bwd(q, k, v, do, True), []
+    thread = threading.Thread(target=lambda: got.append(_fwd_bwd(q, k, v, do, True)))
+    thread.start()
+    thread.join()
+    assert _is_native(got[0][0])
+    for a, b in zip(got[0], expected, strict=True):
+        assert torch.equal(a, b)

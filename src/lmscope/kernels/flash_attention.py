@@ -92,6 +92,7 @@ import contextlib
 import inspect
 import math
 import os
+import warnings
 from collections.abc import Iterator
 from typing import NamedTuple
 
@@ -891,6 +892,7 @@ class _Launcher:
 _FWD_LAUNCH = _Launcher(_attn_fwd, "BLOCK_M")
 _DKDV_LAUNCH = _Launcher(_attn_bwd_dkdv, "BLOCK_N1")
 _DQ_LAUNCH = _Launcher(_attn_bwd_dq, "BLOCK_M2")
+_LAUNCHERS = (_FWD_LAUNCH, _DQ_LAUNCH, _DKDV_LAUNCH)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1265,6 +1267,8 @@ def _hand_to_native(
     tries = plan.native.get(generation, 0)
     if tries < 0 or tries >= _NATIVE_TRIES or type(q) is not torch.Tensor or not q.is_cuda:
         return
+    if not _is_plans_signature(plan, q, k, v) or not (plan.bh and plan.n_q and plan.scalars[2]):
+        return  # saved tensors unpacked in another layout (saved-tensor hooks), or nothing to launch
     plan.native.clear()
     plan.native[generation] = tries + 1
     dq_args, dkdv_args = _bwd_args(plan, do_strides)
@@ -1292,10 +1296,24 @@ def _hand_to_native(
         plan.native[generation] = _NATIVE_TRIES
         return
     _NATIVE_KERNELS.update(kernels)
-    ext.add_plan(q, k, v, plan.key[1], list(plan.o_strides_nd or ()), plan.l_size + _scratch(plan, False),
-                 plan.l_size, list(do_strides), plan.dq_acc, *launches)  # fmt: skip
+    try:
+        ext.add_plan(q, k, v, plan.key[1], list(plan.o_strides_nd or ()), plan.l_size + _scratch(plan, False),
+                     plan.l_size, list(do_strides), plan.dq_acc, *launches)  # fmt: skip
+    except RuntimeError as error:  # e.g. the CUDA driver's entry points not found: stay on Python
+        plan.native[generation] = _NATIVE_TRIES
+        warnings.warn(f"lmscope flash attention: the C++ host path refused a plan ({error}); "
+                      "this shape stays on the Python path", stacklevel=2)  # fmt: skip
+        return
     plan.native[generation] = -1
     _NATIVE = ext
+
+
+def _is_plans_signature(plan: _Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether q, k, v (as the backward got them back) have the shapes and strides ``plan`` was
+    made for: the C++ plan is keyed on them."""
+    return (q.shape == plan.q_shape and k.shape == plan.k_shape and v.shape == plan.k_shape
+            and (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3]) == plan.strides
+            and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1)  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -1311,11 +1329,15 @@ def python_path() -> Iterator[None]:
 
 def _native_allowed() -> bool:
     """Whether the C++ path may launch now: nobody asked for the Python path, no compiler is
-    tracing, and Triton would launch the kept kernels as they are (no launch or pre-run hooks,
-    default debug and instrumentation knobs)."""
+    tracing, the dQ mode is the separate one its plans were made in, no autotuner's cache was
+    cleared since (re-tuning: the Python path learns again and resets the C++ plans), and Triton
+    would launch the kept kernels as they are (no launch or pre-run hooks, default debug and
+    instrumentation knobs)."""
     return (
         not _PYTHON_ONLY[0]
+        and DQ_MODE == "separate"
         and not torch.compiler.is_compiling()
+        and all(len(launcher.kernel.cache) == launcher.n_tuned for launcher in _LAUNCHERS)
         and _FWD_LAUNCH.compiled.unhooked()
         and not getattr(_DQ_LAUNCH.kernel.fn, "pre_run_hooks", None)
         and not getattr(_DKDV_LAUNCH.kernel.fn, "pre_run_hooks", None)

@@ -31,19 +31,48 @@ namespace {
 
 // The driver API, resolved from libcuda at first use (no link-time dependency on it).
 using CuResult = int;
-using CuLaunchKernel = CuResult (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned,
-                                    unsigned, unsigned, void*, void**, void**);
+struct Driver {
+  CuResult (*launch_kernel)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                            unsigned, void*, void**, void**);
+  CuResult (*ctx_get_current)(void**);
+  CuResult (*ctx_set_current)(void*);
+  CuResult (*device_get)(int*, int);
+  CuResult (*primary_ctx_retain)(void**, int);
+};
 
-CuLaunchKernel launch_kernel_fn() {
-  static CuLaunchKernel fn = [] {
+template <typename F>
+void resolve(void* lib, const char* name, F& fn) {
+  fn = reinterpret_cast<F>(dlsym(lib, name));
+  TORCH_CHECK(fn != nullptr, "lmscope flash native: no ", name, " in libcuda.so.1");
+}
+
+const Driver& driver() {
+  static const Driver d = [] {
     void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD);
     if (lib == nullptr) lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
     TORCH_CHECK(lib != nullptr, "lmscope flash native: cannot open libcuda.so.1");
-    auto f = reinterpret_cast<CuLaunchKernel>(dlsym(lib, "cuLaunchKernel"));
-    TORCH_CHECK(f != nullptr, "lmscope flash native: no cuLaunchKernel in libcuda.so.1");
-    return f;
+    Driver found{};
+    resolve(lib, "cuLaunchKernel", found.launch_kernel);
+    resolve(lib, "cuCtxGetCurrent", found.ctx_get_current);
+    resolve(lib, "cuCtxSetCurrent", found.ctx_set_current);
+    resolve(lib, "cuDeviceGet", found.device_get);
+    resolve(lib, "cuDevicePrimaryCtxRetain", found.primary_ctx_retain);
+    return found;
   }();
-  return fn;
+  return d;
+}
+
+// A thread that has run no CUDA runtime call may have no current context (the caching allocator
+// can serve it without one): bind the device's primary context, as Triton's launcher does.
+void ensure_context(const c10::Device& device) {
+  const Driver& d = driver();
+  void* ctx = nullptr;
+  TORCH_CHECK(d.ctx_get_current(&ctx) == 0, "lmscope flash native: cuCtxGetCurrent failed");
+  if (ctx != nullptr) return;
+  int handle = 0;
+  TORCH_CHECK(d.device_get(&handle, device.index()) == 0, "lmscope flash native: cuDeviceGet failed");
+  TORCH_CHECK(d.primary_ctx_retain(&ctx, handle) == 0 && d.ctx_set_current(ctx) == 0,
+              "lmscope flash native: cannot make the device's primary context current");
 }
 
 // Tensor table: the slots of every launch point into it.
@@ -78,6 +107,7 @@ LaunchSpec to_spec(const LaunchTuple& t) {
 }
 
 void launch(const LaunchSpec& s, const std::array<uint64_t, N_TENSORS>& ptrs, void* stream) {
+  if (s.grid_x == 0 || s.grid_y == 0) return;  // nothing to do; Triton skips such launches too
   std::array<uint64_t, kMaxParams> storage;
   std::array<void*, kMaxParams> params;
   const size_t n = s.slot_tensor.size();
@@ -86,7 +116,7 @@ void launch(const LaunchSpec& s, const std::array<uint64_t, N_TENSORS>& ptrs, vo
     storage[i] = t >= 0 ? ptrs[t] : s.slot_value[i];
     params[i] = &storage[i];
   }
-  const CuResult r = launch_kernel_fn()(s.function, s.grid_x, s.grid_y, 1, s.threads, 1, 1,
+  const CuResult r = driver().launch_kernel(s.function, s.grid_x, s.grid_y, 1, s.threads, 1, 1,
                                         s.shared, stream, params.data(), nullptr);
   TORCH_CHECK(r == 0, "lmscope flash native: cuLaunchKernel failed with CUresult ", r);
 }
@@ -148,6 +178,7 @@ struct FlashAttentionTritonNative : public torch::autograd::Function<FlashAttent
                             const at::Tensor& k, const at::Tensor& v,
                             const c10::intrusive_ptr<NativePlan>& plan) {
     c10::DeviceGuard guard(plan->device);
+    ensure_context(plan->device);
     const auto options = q.options();
     at::Tensor o = plan->o_strides.empty() ? at::empty(q.sizes(), options)
                                            : at::empty_strided(q.sizes(), plan->o_strides, options);
@@ -165,6 +196,7 @@ struct FlashAttentionTritonNative : public torch::autograd::Function<FlashAttent
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &o = saved[3], &buffer = saved[4];
     c10::DeviceGuard guard(plan->device);
+    ensure_context(plan->device);
     at::Tensor d_o = grads[0];
     if (d_o.scalar_type() != plan->dtype) d_o = d_o.to(plan->dtype);
     if (d_o.strides() != plan->do_strides || !aligned(d_o)) {
@@ -203,6 +235,7 @@ int64_t add_plan(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
                  std::vector<int64_t> do_strides, const at::Tensor& dq_acc,
                  const LaunchTuple& fwd, const LaunchTuple& dq, const LaunchTuple& dkdv) {
   TORCH_CHECK(q.is_cuda(), "lmscope flash native: CUDA tensors only");
+  driver();  // a missing driver entry point fails here, where Python falls back, not in a call
   TORCH_CHECK(do_strides.size() == static_cast<size_t>(q.dim()),
               "lmscope flash native: dO strides must have q's rank");
   auto plan = c10::make_intrusive<NativePlan>();

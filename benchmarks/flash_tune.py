@@ -397,10 +397,10 @@ def warm_cache(timeout_s: float) -> None:
 
 
 def _forget_tuning() -> None:
-    """Clear the autotuners' choices and the C++ host path's plans, which hold the old choice."""
+    """Clear the autotuners' choices (the launchers, and the C++ host path's plans with them,
+    learn again on the next call)."""
     for kern in (fa._attn_fwd, fa._attn_bwd_dkdv, fa._attn_bwd_dq):
         kern.cache.clear()
-    fa.flash_native.reset()
 
 
 def validate_configs() -> list[dict]:

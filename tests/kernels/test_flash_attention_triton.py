@@ -506,3 +506,19 @@ def test_split_head_dim_atomic_dq_matches_separate(d):
     atomic = fa.flash_attention_backward(do, q, k, v, o, lse, True, dq_mode="atomic")
     for name, a, b in zip(("dQ", "dK", "dV"), separate, atomic, strict=True):
         assert relative_error(a, b) < 1e-5, name
+
+
+@pytest.mark.parametrize("lead", [(2, 3), (2, 2, 3)], ids=["4d", "5d"])
+def test_saved_tensors_unpacked_in_another_layout(lead):
+    """A saved-tensor hook may give Q, K, V, O back in another layout (save_on_cpu does): the
+    backward plans for the tensors it got, and the gradients keep the inputs' shapes."""
+    q, k, v, do = (t.detach() for t in _inputs(lead, 21, 21, 16, torch.float32, seed=len(lead)))
+    q, k, v = (t.transpose(-3, -2).contiguous().transpose(-3, -2).requires_grad_(True) for t in (q, k, v))
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t.contiguous()):
+        o = fa.flash_attention(q, k, v, causal=True)
+    o.backward(do)
+    q2, k2, v2 = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    attention_reference(q2, k2, v2, True)[0].backward(do)
+    for a, b in ((q, q2), (k, k2), (v, v2)):
+        assert a.grad.shape == a.shape
+        assert relative_error(a.grad, b.grad) < 1e-5

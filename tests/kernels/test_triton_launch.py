@@ -156,6 +156,24 @@ def test_a_new_specialisation_is_not_given_another_kernel(change):
     assert launch.direct == 1 and len(jit.runs) == 2
 
 
+def test_kept_aligned_finds_the_kernel_of_aligned_tensors_for_these_arguments():
+    """What lmscope's C++ host path launches: the kept kernel for ``fixed`` with every tensor
+    16-byte aligned on the current device; nothing for a misaligned launch or another device."""
+    jit, launch = _direct()
+    kept: dict = {}
+    x, misaligned = _aligned_and_not()
+    fixed = FixedArgs((48, 7))
+    assert launch.kept_aligned(kept, fixed) is None
+    launch.launch(kept, (1, 1), (misaligned,), fixed, TAIL, KW)
+    assert launch.kept_aligned(kept, fixed) is None  # only a misaligned one kept
+    launch.launch(kept, (1, 1), (x,), fixed, TAIL, KW)
+    aligned = launch.kept_aligned(kept, fixed)
+    assert aligned is not None and aligned is not launch.kept_aligned(kept, FixedArgs((48, 7)))
+    assert launch.kept_aligned({k: v for k, v in kept.items() if v is not aligned}, fixed) is None
+    launch._device = lambda: 1
+    assert launch.kept_aligned(kept, fixed) is None
+
+
 def test_launch_hooks_send_every_launch_through_the_jit_function():
     from triton import knobs
 

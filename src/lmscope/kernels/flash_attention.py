@@ -100,6 +100,7 @@ import torch
 import triton
 import triton.language as tl
 
+from lmscope.envflags import env_flag
 from lmscope.kernels import flash_native
 from lmscope.kernels.attention_reference import check_attention_inputs
 from lmscope.kernels.triton_launch import DirectLaunch, FixedArgs
@@ -122,10 +123,10 @@ MAX_HEAD_DIM = 128
 DQ_MODE = os.environ.get("LMSCOPE_FLASH_DQ", "separate")
 # Head dims that are not powers of two (80, 96, ...) as two column tiles, not one padded tile
 # (split_head_dim); LMSCOPE_FLASH_SPLIT=0: one padded tile, the kernels' earlier layout.
-SPLIT_HEAD_DIM = os.environ.get("LMSCOPE_FLASH_SPLIT", "1").strip().lower() not in ("0", "false", "no", "")
+SPLIT_HEAD_DIM = env_flag("LMSCOPE_FLASH_SPLIT", default=True)
 _DQ_MODES = ("separate", "atomic")
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0").strip().lower() not in ("", "0", "false")
+_INTERPRET = env_flag("TRITON_INTERPRET")
 # Triton's CPU interpreter mis-computes bfloat16 dots (seen with Triton 3.9): there, dot operands
 # are upcast to float32 after the same roundings the GPU path does, so results stay comparable.
 _UPCAST_DOTS = tl.constexpr(_INTERPRET)
@@ -184,7 +185,7 @@ _DQ = {  # (BLOCK_M2 resident queries, BLOCK_N2 keys per step)
 # (benchmarks/flash_tune.py run with it; numbers in docs/kernels/flash_attention.md), and longer
 # head-dim > 64 backward lists with larger query and key tiles, measured at d 128 where the
 # backward trails cuDNN (docs/kernels/flash_attention_backward_notes.md).
-if os.environ.get("LMSCOPE_FLASH_WIDE"):
+if env_flag("LMSCOPE_FLASH_WIDE"):
     _DKDV["large"] = [*_DKDV["large"], (64, 64, 4, 3), (64, 64, 4, 2), (32, 128, 4, 3),
                       (64, 64, 8, 3), (32, 128, 8, 4)]  # fmt: skip
     _DQ["large"] = [*_DQ["large"], (64, 64, 4, 3), (64, 64, 4, 2), (64, 128, 8, 2), (128, 128, 8, 2),
@@ -879,14 +880,8 @@ class _Launcher:
         hit = self.known.get(key)
         if self.compiled is None or hit is None or hit[4] is None or len(self.kernel.cache) != self.n_tuned:
             return None
-        state = self.compiled._state()
-        if state is None:
-            return None
-        head = (fixed, *state)
-        for kept_key, kernel in hit[5].items():
-            if kept_key[: len(head)] == head and all(kept_key[len(head) + 1 :: 2]):
-                return kernel, hit[1], hit[2], hit[4]
-        return None
+        kernel = self.compiled.kept_aligned(hit[5], fixed)
+        return None if kernel is None else (kernel, hit[1], hit[2], hit[4])
 
 
 _FWD_LAUNCH = _Launcher(_attn_fwd, "BLOCK_M")
@@ -1228,7 +1223,7 @@ class FlashAttentionTriton(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do: torch.Tensor):
         q4, k4, v4, o, stats = ctx.saved_tensors
-        plan, atomic = ctx.plan, ctx.atomic
+        plan, atomic = _plan_of_saved(ctx.plan, q4, k4, v4, o), ctx.atomic
         if atomic:  # its dQ accumulator is not kept from forward to backward
             f32 = torch.empty(_scratch(plan, True), dtype=torch.float32, device=plan.device)
         else:
@@ -1236,9 +1231,27 @@ class FlashAttentionTriton(torch.autograd.Function):
         do4 = _prepared_do(do, plan)
         # the kernels take O and L by pointer: the saved tensors serve as they are
         grads = _backward(do4, q4, k4, v4, o, stats, f32, plan, atomic)
-        if not atomic and plan.as_is and flash_native.ENABLED:
+        if plan is not ctx.plan:  # planned for the 4-d views: the inputs' own shapes back
+            shapes = (ctx.plan.q_shape, ctx.plan.k_shape, ctx.plan.k_shape)
+            grads = tuple(g.view(shape) for g, shape in zip(grads, shapes, strict=True))
+        elif not atomic and plan.as_is and flash_native.ENABLED:
             _hand_to_native(plan, q4, k4, v4, do4.stride())
         return (*grads, None)
+
+
+def _plan_of_saved(
+    plan: _Plan, q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, o: torch.Tensor
+) -> _Plan:
+    """The plan for the saved tensors as the backward got them back: the forward's, unless a
+    saved-tensor hook (``torch.autograd.graph.save_on_cpu``, say) unpacked them in another layout,
+    whose strides the kernels must be given instead."""
+    strides = (*q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3])
+    o_strides = _as4d(o).stride()
+    if strides == plan.strides and o_strides[:3] == plan.o_strides and o_strides[3] == 1 and (
+            q4.stride(-1) == k4.stride(-1) == v4.stride(-1) == 1):  # fmt: skip
+        return plan
+    saved = _plan_for(q4, k4, v4, plan.key[1])
+    return saved if o_strides[:3] == saved.o_strides else _plan_for_o_layout(saved, o_strides[:3])
 
 
 # The C++ host path (flash_native): the extension once a plan has been handed over, and how
@@ -1267,8 +1280,8 @@ def _hand_to_native(
     tries = plan.native.get(generation, 0)
     if tries < 0 or tries >= _NATIVE_TRIES or type(q) is not torch.Tensor or not q.is_cuda:
         return
-    if not _is_plans_signature(plan, q, k, v) or not (plan.bh and plan.n_q and plan.scalars[2]):
-        return  # saved tensors unpacked in another layout (saved-tensor hooks), or nothing to launch
+    if not (plan.bh and plan.n_q and plan.scalars[2]):
+        return  # nothing to launch
     plan.native.clear()
     plan.native[generation] = tries + 1
     dq_args, dkdv_args = _bwd_args(plan, do_strides)
@@ -1306,14 +1319,6 @@ def _hand_to_native(
         return
     plan.native[generation] = -1
     _NATIVE = ext
-
-
-def _is_plans_signature(plan: _Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether q, k, v (as the backward got them back) have the shapes and strides ``plan`` was
-    made for: the C++ plan is keyed on them."""
-    return (q.shape == plan.q_shape and k.shape == plan.k_shape and v.shape == plan.k_shape
-            and (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3]) == plan.strides
-            and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1)  # fmt: skip
 
 
 @contextlib.contextmanager

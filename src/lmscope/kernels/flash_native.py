@@ -21,16 +21,17 @@ cluster, cooperative or PDL launches, tensor descriptors or instrumentation are 
 
 from __future__ import annotations
 
-import os
 import struct
 import warnings
 from pathlib import Path
 
 import torch
 
+from lmscope.envflags import env_flag
+
 __all__ = ["ENABLED", "extension", "generation", "param_slots", "reset"]
 
-ENABLED = os.environ.get("LMSCOPE_FLASH_NATIVE", "1").strip().lower() not in ("0", "false", "no", "")
+ENABLED = env_flag("LMSCOPE_FLASH_NATIVE", default=True)
 _SOURCE = Path(__file__).with_name("csrc") / "flash_native.cpp"
 _INTS = frozenset(("i1", "i8", "i16", "i32", "i64", "u1", "u8", "u16", "u32", "u64"))
 _FLOATS = {"fp32": "<f", "f32": "<f", "fp64": "<d"}

@@ -158,6 +158,19 @@ class DirectLaunch:
         state = self._state() if self.supported else None
         return state is not None and not any(state[1:])
 
+    def kept_aligned(self, kept: dict, fixed: FixedArgs):
+        """The CompiledKernel in ``kept`` that a launch with ``fixed`` and 16-byte aligned tensors
+        would use now (this device and knobs), once one has run; None before, or where launches
+        go through ``JITFunction.run``."""
+        state = self._state() if self.supported else None
+        if state is None:
+            return None
+        head = (fixed, *state)  # tensor_key's head; then each tensor's (dtype, aligned)
+        for key, kernel in kept.items():
+            if key[: len(head)] == head and all(key[len(head) + 1 :: 2]):
+                return kernel
+        return None
+
     def launch(
         self, kept: dict, grid: tuple[int, int], tensors: tuple, fixed: FixedArgs, tail: tuple, kwargs: dict
     ) -> None:

@@ -20,12 +20,13 @@ backend once with `sdpa_kernel`) keeps that cost out of the timed calls.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import warnings
 from collections.abc import Callable, Iterator
 
 import torch
+
+from lmscope.envflags import env_flag
 
 AttentionCall = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 Calls = Iterator[AttentionCall]
@@ -138,7 +139,7 @@ def _flash_torch(device: torch.device, dtype: torch.dtype, head_dim: int, causal
 
 def triton_interpreter_on() -> bool:
     """Whether TRITON_INTERPRET asks Triton to run kernels on the CPU interpreter."""
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() not in ("", "0", "false")
+    return env_flag("TRITON_INTERPRET")
 
 
 @contextlib.contextmanager

@@ -151,7 +151,8 @@ def test_cpu_rows_match_float64_and_carry_timings(impl, causal):
         ms = metrics[f"{which}_ms"]
         assert 0 < metrics[f"{which}_p20_ms"] <= ms <= metrics[f"{which}_p80_ms"]
         times = metrics[f"{which}_times_ms"]
-        assert len(times) == spec.cpu_steps and ms == pytest.approx(statistics.median(times), rel=1e-4)
+        assert len(times) == spec.cpu_steps  # kept to 5 decimals: the median within half a step
+        assert ms == pytest.approx(statistics.median(times), abs=5e-6)
         flops = attention_flops(spec.batch, spec.heads, spec.seq_len, spec.seq_len, 16, causal, which)
         assert metrics[f"{which}_tflops"] == pytest.approx(flops / ms / 1e9)
     assert metrics["peak_mib"] is None  # no allocator statistics on CPU

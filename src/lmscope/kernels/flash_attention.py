@@ -101,10 +101,9 @@ import triton
 import triton.language as tl
 
 from lmscope.envflags import env_flag
-from lmscope.kernels import flash_hopper, flash_native
+from lmscope.kernels import flash_native
 from lmscope.kernels.attention_reference import check_attention_inputs
 from lmscope.kernels.triton_launch import DirectLaunch, FixedArgs
-from lmscope.kernels.tuning import short_bench_kwargs
 
 __all__ = [
     "DQ_MODE",
@@ -238,6 +237,19 @@ def _pruner(table: dict, names: tuple[str, str]):
     return prune
 
 
+def _autotune_kwargs() -> dict:
+    # Shorter benchmarking than Triton's default (25 ms warm-up, 100 ms repeats) so a first call
+    # at a new shape tunes in seconds; medians of ~20 launches separate these configs well.
+    params = inspect.signature(triton.autotune).parameters
+    if "do_bench" in params:
+
+        def bench(fn, quantiles=None):
+            return triton.testing.do_bench(fn, warmup=5, rep=25, quantiles=quantiles)
+
+        return {"do_bench": bench}
+    return {}
+
+
 _TUNE_KEY = ["HEAD_DIM", "CAUSAL", "NQ_BUCKET", "NK_BUCKET"]  # dtypes are added by Triton
 # Sequence lengths and head counts are not specialised on (divisibility by 16, == 1): one binary
 # per (head dim, dtype, causal, config) serves every length, so tuning compiles each config once.
@@ -353,7 +365,7 @@ def _fwd_inner(
     configs=_configs(_FWD, ("BLOCK_M", "BLOCK_N")),
     key=_TUNE_KEY,
     prune_configs_by={"early_config_prune": _pruner(_FWD, ("BLOCK_M", "BLOCK_N"))},
-    **short_bench_kwargs(),
+    **_autotune_kwargs(),
 )
 @triton.jit(do_not_specialize=_NO_SPEC)
 def _attn_fwd(
@@ -541,7 +553,7 @@ def _dkdv_inner(
     key=_TUNE_KEY + ["ATOMIC_DQ"],
     prune_configs_by={"early_config_prune": _pruner(_DKDV, ("BLOCK_M1", "BLOCK_N1"))},
     reset_to_zero=["DQ_ACC"],
-    **short_bench_kwargs(),
+    **_autotune_kwargs(),
 )
 @triton.jit(do_not_specialize=_NO_SPEC)
 def _attn_bwd_dkdv(
@@ -674,7 +686,7 @@ def _dq_inner(
     configs=_configs(_DQ, ("BLOCK_M2", "BLOCK_N2")),
     key=_TUNE_KEY,
     prune_configs_by={"early_config_prune": _pruner(_DQ, ("BLOCK_M2", "BLOCK_N2"))},
-    **short_bench_kwargs(),
+    **_autotune_kwargs(),
 )
 @triton.jit(do_not_specialize=_NO_SPEC)
 def _attn_bwd_dq(
@@ -977,8 +989,6 @@ class _Plan(NamedTuple):
     other_o: dict  # O's (z, h, n) strides -> this plan for that O (direct backward calls), a few
     dq_acc: torch.Tensor  # separate mode's dK/dV dQ-accumulator argument (never read or written)
     native: dict  # flash_native.generation() -> attempts to hand this plan to the C++ path; -1 done
-    hopper_fwd: bool  # the forward runs lmscope.kernels.flash_hopper's kernel (aligned inputs)
-    hopper_bwd: bool  # the separate-mode dK/dV does (aligned inputs and dO)
 
 
 # Plans by (shapes, strides, dtypes, devices of q, k, v; causal): the forward's checks, views
@@ -1027,7 +1037,6 @@ def _plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> _P
     strides = (*q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3])
     o_strides = _as4d(o_meta).stride()[:3]
     scalars = (h, n_q, n_k, sm_scale * LOG2E, sm_scale, nq_bucket, nk_bucket)
-    hopper = flash_hopper.serves(q4, k4, v4)
     return _Plan(
         dtype=q.dtype, device=q.device, q_shape=q.shape, k_shape=k.shape, l_shape=q.shape[:-1],
         o_strides_nd=o_strides_nd, as_is=q4 is q and k4 is k and v4 is v, bh=bh, n_q=n_q, d=d,
@@ -1036,8 +1045,6 @@ def _plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> _P
         key=(d, causal, q.dtype, nq_bucket, nk_bucket, False, bh > 65535),
         fwd=FixedArgs((*strides, *o_strides, h, n_q, n_k, sm_scale * LOG2E, nq_bucket, nk_bucket)),
         bwd={}, other_o={}, dq_acc=_dummy_accumulator(q.device), native={},
-        hopper_fwd=flash_hopper.FORWARD and hopper,
-        hopper_bwd=flash_hopper.BACKWARD and hopper,
     )  # fmt: skip
 
 
@@ -1103,11 +1110,7 @@ def _forward(
         stats = torch.empty(plan.l_size + _scratch(plan, False), dtype=torch.float32, device=plan.device)
     else:
         stats = torch.empty(plan.l_shape, dtype=torch.float32, device=plan.device)
-    if plan.hopper_fwd and flash_hopper.aligned(q4, k4, v4):
-        flash_hopper.forward(q4, k4, v4, o4, stats, plan.key[1], plan.scalars[3], plan.o_strides,
-                             plan.scalars[5:7])  # fmt: skip
-    else:
-        _FWD_LAUNCH(plan.key, plan.n_q, plan.bh, (q4, k4, v4, o4, stats), plan.fwd)
+    _FWD_LAUNCH(plan.key, plan.n_q, plan.bh, (q4, k4, v4, o4, stats), plan.fwd)
     return o, stats, (q4, k4, v4), plan
 
 
@@ -1159,9 +1162,6 @@ def _backward(
     else:  # the dQ kernel computes D for its rows and stores it: it runs first
         dq_acc = plan.dq_acc
         _DQ_LAUNCH(key, n_q, bh, (q4, k4, v4, do4, o4, lse, f32, dq), dq_args)
-        if plan.hopper_bwd and flash_hopper.aligned(q4, k4, v4, do4):
-            flash_hopper.dkdv(q4, k4, v4, do4, lse, f32, dk, dv, key[1], plan.scalars)
-            return dq, dk, dv
     dkdv_tensors = (q4, k4, v4, do4, lse, f32, dk, dv, dq_acc)
     _DKDV_LAUNCH(key, plan.scalars[2], bh, dkdv_tensors, dkdv_args)
     if atomic:
@@ -1280,8 +1280,6 @@ def _hand_to_native(
     tries = plan.native.get(generation, 0)
     if tries < 0 or tries >= _NATIVE_TRIES or type(q) is not torch.Tensor or not q.is_cuda:
         return
-    if plan.hopper_fwd or plan.hopper_bwd:  # the C++ path launches the default kernels only
-        return
     if not (plan.bh and plan.n_q and plan.scalars[2]):
         return  # nothing to launch
     plan.native.clear()
@@ -1321,17 +1319,6 @@ def _hand_to_native(
         return
     plan.native[generation] = -1
     _NATIVE = ext
-
-
-def kernel_variants(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> list[str]:
-    """Which forward and dK/dV kernels a separate-mode call with these inputs runs: "hopper" for
-    lmscope.kernels.flash_hopper's (dO assumed in q's layout), "default" otherwise. For rows."""
-    plan = _plan_for(q, k, v, bool(causal))
-    views = (q, k, v) if plan.as_is else (_as4d(q), _as4d(k), _as4d(v))
-    ok = flash_hopper.aligned(*views)
-    fwd = "hopper" if plan.hopper_fwd and ok else "default"
-    dkdv = "hopper" if plan.hopper_bwd and ok and DQ_MODE == "separate" else "default"
-    return [f"forward:{fwd}", f"dkdv:{dkdv}"]
 
 
 @contextlib.contextmanager

@@ -429,6 +429,7 @@ def ratio_text(value: float, base: float) -> str:
     return f"{value / base:.2f}x"
 
 
+CLASSIC_GRID = f"{ATTENTION}/29-round-h100/classic.jsonl"  # the newest complete grid
 CLASSIC_PEERS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "naive", "naive-compiled",
                  "flash-torch")
 
@@ -436,7 +437,7 @@ CLASSIC_PEERS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "nai
 @claim("attention-classic-ratios")
 def attention_classic_ratios(rows: Rows) -> str:
     """Classic grid: fwd+bwd of each peer over flash-triton, only where both rows share a commit."""
-    grid = rows.select(f"{ATTENTION}/classic.jsonl")
+    grid = rows.select(CLASSIC_GRID)
     index = {(r["impl"], r["dtype"], r["head_dim"], r["seq_len"]): r for r in grid}
     body = []
     mixed = 0
@@ -462,7 +463,7 @@ def attention_classic_ratios(rows: Rows) -> str:
         "(above 1: flash-triton faster; `-`: not measured or unavailable). A ratio is shown only "
         f"where both rows come from one commit; {mixed} cells are `other run`.",
         table(["dtype", "d", "seq", "flash-triton ms", *CLASSIC_PEERS], body),
-        f"Rows: `{ATTENTION}/classic.jsonl`.",
+        f"Rows: `{CLASSIC_GRID}`.",
     )
 
 

@@ -34,10 +34,6 @@
 #                    it measured first is gone since), cuDNN beside each, fwd, bwd and fwd+bwd
 #                    (DQ_MODES_S seconds); first the GPU tests of the atomic mode and of head
 #                    dims 80, 96, 128
-#   tma-fwd     300  lmscope.kernels.flash_forward_tma (the forward with TMA tiles): its GPU tests, then
-#                    the long-context shapes (8k and 32k d128, 16k d64) with it on and off
-#                    (LMSCOPE_FLASH_TMA_FWD), cuDNN beside each, fwd, bwd, fwd+bwd, the float64
-#                    check up to 8k (TMA_FWD_S seconds)
 #   wide-small  200  the short shapes of issue 19 (8x1024 d64, xl, 2.7B): ours with the default and
 #                    the wide config lists (LMSCOPE_FLASH_WIDE=1), cuDNN and SDPA flash beside each,
 #                    fwd, bwd and fwd+bwd
@@ -117,20 +113,6 @@ if stage dq-modes "${DQ_MODES_S:-300}"; then
       left=$((deadline - SECONDS))
       ((left > 10)) && LMSCOPE_FLASH_DQ=$mode limit "$left" "${LM[@]}" attention "${D[@]}" --batch "$1" \
         --heads "$2" --seq-len "$3" --head-dim "$4" --out "$W/dq_$mode.jsonl" | tail -4
-    done
-  done
-fi
-if stage tma-fwd "${TMA_FWD_S:-300}"; then
-  deadline=$((SECONDS + ${TMA_FWD_S:-300}))
-  limit 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_flash_forward_tma.py 2>&1 | tail -12
-  D=(--impl flash-triton,sdpa-cudnn --dtype bf16 --causal on --check-max-seq 8192 --reuse-worker
-     --no-plot --timeout 90 --resume --passes fwd,bwd,fwd_bwd)
-  for shape in "1 16 8192 128" "1 16 32768 128" "1 16 16384 64"; do
-    set -- $shape
-    for on in 1 0; do
-      left=$((deadline - SECONDS))
-      ((left > 10)) && LMSCOPE_FLASH_TMA_FWD=$on limit "$left" "${LM[@]}" attention "${D[@]}" --batch "$1" \
-        --heads "$2" --seq-len "$3" --head-dim "$4" --out "$W/tma_fwd_$on.jsonl" | tail -4
     done
   done
 fi

@@ -25,9 +25,7 @@ What a point runs, in order:
    fwd_bwd include the accumulation adds;
 4. one more forward, whose autograd node's name is `autograd_node`: which path the timed calls
    took (flash-triton: "torch::autograd::CppNode<lmscope::FlashAttentionTritonNative>" for its
-   C++ host path, "FlashAttentionTritonBackward" for its Python Function; SDPA: the backend's);
-   for flash-triton also `flash_forward`, which forward kernel ran ("default", or "tma":
-   lmscope.kernels.flash_forward_tma).
+   C++ host path, "FlashAttentionTritonBackward" for its Python Function; SDPA: the backend's).
 
 FLOPs (`attention_flops`): forward 4 * batch * heads * seq_q * seq_k * d (two matmuls),
 halved when causal (the convention of the FlashAttention papers' benchmarks, not the exact
@@ -339,10 +337,6 @@ def _measure(spec: Spec, device: torch.device) -> dict[str, Any]:
         probe = attend(q, k, v)  # which autograd node the timed calls made (flash: C++ or Python)
         metrics["autograd_node"] = probe.grad_fn.name() if probe.grad_fn is not None else None
         del probe
-        if spec.impl == "flash-triton":  # the default forward or lmscope.kernels.flash_forward_tma
-            from lmscope.kernels.flash_attention import forward_kernel
-
-            metrics["flash_forward"] = forward_kernel(q, k, v, spec.causal)
     return metrics
 
 

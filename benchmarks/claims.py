@@ -243,6 +243,14 @@ def attention_tma_loads(rows: Rows) -> str:
                                     ("pointer loads", "TMA loads"), "bwd_ms")  # fmt: skip
 
 
+@claim("attention-tma-forward")
+def attention_tma_forward(rows: Rows) -> str:
+    """The forward with TMA tiles against the pointer-load forward, one H100 call (variant 7)."""
+    return _variant_against_default(rows, f"{ATTENTION}/29-round-h100", ("tma_fwd_0", "tma_fwd_1"),
+                                    ((1, 16, 8192, 128), (1, 16, 32768, 128), (1, 16, 16384, 64)),
+                                    ("pointer loads", "TMA tiles"), "fwd_ms")  # fmt: skip
+
+
 BEFORE_AFTER = ("after", "before", "after2")
 """The passes of benchmarks/attention/before_after.sh, in the order they ran in one session."""
 

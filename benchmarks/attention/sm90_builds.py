@@ -1,0 +1,106 @@
+"""Registers, spills and shared memory of FlashAttention's kernels built for sm_90, without a GPU.
+
+Triton compiles for a target it is told (``triton.compile`` with ``GPUTarget("cuda", 90, 32)``)
+and ships ``ptxas``; ``ptxas -v`` on the PTX reports registers per thread and spill bytes. The
+pointer arguments and strides get the 16-byte divisibility the real launches specialise on
+(without it Triton does not pipeline the loads and the report is of another kernel). Run from
+the repository root (any machine; the Triton installed decides what is built):
+
+    PYTHONPATH=src python3 benchmarks/attention/sm90_builds.py [--kernel fwd|dkdv|dq] [--head-dim 128]
+
+Prints one line per config of the kernel's autotune list: tile sizes, warps, stages, registers,
+spill stores and loads, shared memory bytes, and whether the loads became async copies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+try:  # run from the repo root without installing
+    import lmscope  # noqa: F401
+except ImportError:  # pragma: no cover
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from lmscope.kernels import flash_attention as fa  # noqa: E402
+
+KERNELS = {"fwd": (fa._attn_fwd, ("BLOCK_M", "BLOCK_N")),
+           "dkdv": (fa._attn_bwd_dkdv, ("BLOCK_M1", "BLOCK_N1")),
+           "dq": (fa._attn_bwd_dq, ("BLOCK_M2", "BLOCK_N2"))}  # fmt: skip
+_FP32_ARGS = ("LSE", "DELTA", "DQ_ACC")
+_SCALARS = ("qk_scale", "sm_scale")
+
+
+def _ptxas() -> str:
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+
+
+def build(kernel, constexprs: dict, num_warps: int, num_stages: int) -> dict:
+    """One sm_90 build of ``kernel`` (a JITFunction): ptxas's report and Triton's metadata."""
+    sig = {}
+    for name in kernel.arg_names:
+        if name in constexprs:
+            sig[name] = "constexpr"
+        elif name in _SCALARS:
+            sig[name] = "fp32"
+        elif name.isupper() and name != "H" and not name.endswith("BUCKET"):
+            sig[name] = "*fp32" if name in _FP32_ARGS else "*bf16"
+        else:
+            sig[name] = "i32"
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
+             if sig[n].startswith("*") or n.startswith("stride")}  # fmt: skip
+    compiled = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=constexprs, attrs=attrs),
+                              target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": num_warps, "num_stages": num_stages})  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = os.path.join(tmp, "k.ptx")
+        with open(ptx, "w") as f:
+            f.write(compiled.asm["ptx"])
+        report = subprocess.run([_ptxas(), "-arch=sm_90a", "-v", ptx, "-o", os.path.join(tmp, "k.cubin")],
+                                capture_output=True, text=True, check=True).stderr  # fmt: skip
+    regs = re.search(r"Used (\d+) registers", report)
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
+    ttgir = compiled.asm["ttgir"]
+    return {"registers": int(regs.group(1)) if regs else None,
+            "spill_stores": int(spills.group(1)) if spills else None,
+            "spill_loads": int(spills.group(2)) if spills else None,
+            "shared_bytes": compiled.metadata.shared,
+            "async_copies": "async_copy" in ttgir or "async_tma" in ttgir}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kernel", choices=sorted(KERNELS), default="fwd")
+    parser.add_argument("--head-dim", type=int, default=128, choices=(16, 32, 64, 128))
+    parser.add_argument("--causal", choices=("on", "off"), default="on")
+    args = parser.parse_args()
+    autotuned, names = KERNELS[args.kernel]
+    kernel = autotuned.fn
+    d = args.head_dim
+    print(f"triton {triton.__version__}, sm_90, {args.kernel}, head dim {d}, causal {args.causal}, bf16")
+    for config in autotuned.configs:
+        constexprs = {"HEAD_DIM": d, "D_MAIN": d, "D_TAIL": 0, "D_PAD": d, "CAUSAL": args.causal == "on",
+                      "DOT_PREC": "tf32", "ATOMIC_DQ": False, "ACC64": False, **config.kwargs}  # fmt: skip
+        constexprs = {k: v for k, v in constexprs.items() if k in kernel.arg_names}
+        tiles = " x ".join(str(config.kwargs[n]) for n in names)
+        try:
+            found = build(kernel, constexprs, config.num_warps, config.num_stages)
+        except Exception as error:  # a config this Triton cannot build for sm_90: say so, go on
+            print(f"{tiles:>10}  warps {config.num_warps}  stages {config.num_stages}  build failed: "
+                  f"{str(error).splitlines()[0][:120]}")  # fmt: skip
+            continue
+        facts = "  ".join(f"{k} {v}" for k, v in found.items())
+        print(f"{tiles:>10}  warps {config.num_warps}  stages {config.num_stages}  head-major "
+              f"{int(config.kwargs['HEAD_MAJOR'])}  {facts}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

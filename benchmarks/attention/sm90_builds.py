@@ -40,7 +40,10 @@ _SCALARS = ("qk_scale", "sm_scale")
 
 
 def _ptxas() -> str:
-    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    """The ptxas Triton itself uses for sm_90 (newer Tritons pick another of their binaries)."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    return get_ptxas(90).path
 
 
 def build(kernel, constexprs: dict, num_warps: int, num_stages: int) -> dict:

@@ -1,0 +1,31 @@
+"""benchmarks/attention/sm90_builds.py: an sm_90 build of a FlashAttention kernel without a GPU."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "attention" / "sm90_builds.py"
+
+
+@pytest.fixture(scope="module")
+def builds():
+    spec = importlib.util.spec_from_file_location("sm90_builds", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_small_forward_config_builds_with_pipelined_loads(builds) -> None:
+    """The smallest config of the forward at head dim 32: ptxas reports registers and spills, and
+    the loads are async copies (the divisibility hints reached the compiler)."""
+    autotuned, _ = builds.KERNELS["fwd"]
+    config = min(autotuned.configs, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"])
+    constexprs = {"HEAD_DIM": 32, "D_MAIN": 32, "D_TAIL": 0, "CAUSAL": True, "DOT_PREC": "tf32",
+                  **config.kwargs}  # fmt: skip
+    found = builds.build(autotuned.fn, constexprs, config.num_warps, config.num_stages)
+    assert 0 < found["registers"] <= 255
+    assert found["spill_stores"] is not None and found["shared_bytes"] > 0
+    assert found["async_copies"]

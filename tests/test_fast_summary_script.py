@@ -1,20 +1,14 @@
 """benchmarks/fast/summarize.py: which row a bench record is, and the long-context table's ratios."""
 
-import importlib.util
 import random
-from pathlib import Path
 
 import pytest
-
-SUMMARIZE = Path(__file__).resolve().parents[1] / "benchmarks" / "fast" / "summarize.py"
+from scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def summarize():
-    spec = importlib.util.spec_from_file_location("fast_summarize", SUMMARIZE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/fast/summarize.py", "fast_summarize")
 
 
 def record(context: int, ms: float, **fields) -> dict:

@@ -1,20 +1,16 @@
 """benchmarks/own_model/fidelity.py end to end on a CPU with a tiny GPT-2 config."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from scripts import load_script
 
 from lmscope.results import read_records
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "own_model" / "fidelity.py"
 
 
 def test_fidelity_rows_alternate_and_end_with_the_ratio(tmp_path: Path, capsys) -> None:
     pytest.importorskip("transformers")
-    spec = importlib.util.spec_from_file_location("own_model_fidelity", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("benchmarks/own_model/fidelity.py", "own_model_fidelity")
     out = tmp_path / "fidelity.jsonl"
     assert module.main(["--out", str(out), "--device", "cpu", "--precision", "fp32", "--batch-size", "2",
                         "--context-length", "17", "--n-embd", "24", "--n-layer", "1", "--n-head", "2",

@@ -1,21 +1,14 @@
 """benchmarks/attention/sm90_builds.py: an sm_90 build of a FlashAttention kernel without a GPU."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from scripts import load_script
 
 pytest.importorskip("triton")
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "attention" / "sm90_builds.py"
 
 
 @pytest.fixture(scope="module")
 def builds():
-    spec = importlib.util.spec_from_file_location("sm90_builds", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/attention/sm90_builds.py", "sm90_builds")
 
 
 def test_a_small_forward_config_builds_with_pipelined_loads(builds) -> None:

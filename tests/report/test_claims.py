@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from scripts import load_script
 
 from lmscope.report.claims import ClaimError, Registry, Rows, check_files, fmt, ratio, table
 
@@ -119,7 +119,5 @@ def test_a_pointer_covers_its_list_item_only(tmp_path: Path) -> None:
 
 def test_the_committed_docs_pass_the_check() -> None:
     """Every generated block in README, docs and the results READMEs is what the committed rows give."""
-    spec = importlib.util.spec_from_file_location("claims_script", REPO / "benchmarks" / "claims.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("benchmarks/claims.py", "claims_script")
     assert script.main(["--check"]) == 0

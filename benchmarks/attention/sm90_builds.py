@@ -8,8 +8,9 @@ the repository root (any machine; the Triton installed decides what is built):
 
     PYTHONPATH=src python3 benchmarks/attention/sm90_builds.py [--kernel fwd|dkdv|dq] [--head-dim 128]
 
-Prints one line per config of the kernel's autotune list: tile sizes, warps, stages, registers,
-spill stores and loads, shared memory bytes, and whether the loads became async copies.
+Prints one line per bf16 config the kernel's autotuner would try at that head dim (its "small"
+list up to 64, its "large" list above): tile sizes, warps, stages, registers, spill stores and
+loads, shared memory bytes, and whether the loads became async copies.
 """
 
 from __future__ import annotations
@@ -32,9 +33,10 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from lmscope.kernels import flash_attention as fa  # noqa: E402
 
-KERNELS = {"fwd": (fa._attn_fwd, ("BLOCK_M", "BLOCK_N")),
-           "dkdv": (fa._attn_bwd_dkdv, ("BLOCK_M1", "BLOCK_N1")),
-           "dq": (fa._attn_bwd_dq, ("BLOCK_M2", "BLOCK_N2"))}  # fmt: skip
+# kernel, its tile names, its config table (flash_attention's lists per head-dim group)
+KERNELS = {"fwd": (fa._attn_fwd, ("BLOCK_M", "BLOCK_N"), fa._FWD),
+           "dkdv": (fa._attn_bwd_dkdv, ("BLOCK_M1", "BLOCK_N1"), fa._DKDV),
+           "dq": (fa._attn_bwd_dq, ("BLOCK_M2", "BLOCK_N2"), fa._DQ)}  # fmt: skip
 _FP32_ARGS = ("LSE", "DELTA", "DQ_ACC")
 _SCALARS = ("qk_scale", "sm_scale")
 
@@ -85,11 +87,11 @@ def main() -> None:
     parser.add_argument("--head-dim", type=int, default=128, choices=(16, 32, 64, 128))
     parser.add_argument("--causal", choices=("on", "off"), default="on")
     args = parser.parse_args()
-    autotuned, names = KERNELS[args.kernel]
+    autotuned, names, table = KERNELS[args.kernel]
     kernel = autotuned.fn
     d = args.head_dim
     print(f"triton {triton.__version__}, sm_90, {args.kernel}, head dim {d}, causal {args.causal}, bf16")
-    for config in autotuned.configs:
+    for config in (fa._cfg(names, t) for t in table["small" if d <= 64 else "large"]):
         constexprs = {"HEAD_DIM": d, "D_MAIN": d, "D_TAIL": 0, "D_PAD": d, "CAUSAL": args.causal == "on",
                       "DOT_PREC": "tf32", "ATOMIC_DQ": False, "ACC64": False, **config.kwargs}  # fmt: skip
         constexprs = {k: v for k, v in constexprs.items() if k in kernel.arg_names}

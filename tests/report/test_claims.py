@@ -10,8 +10,6 @@ from scripts import load_script
 
 from lmscope.report.claims import ClaimError, Registry, Rows, check_files, fmt, ratio, table
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 def _rows(path: Path, rows: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -222,22 +222,29 @@ def ranks(request: pytest.FixtureRequest) -> list[dict[str, object]]:
 FP32_CASES = ["transformer/fp32", "tied/fp32", "frozen/fp32", "checkpointed/fp32", "transformer/accumulate"]
 
 
+FP32_TOLERANCE = 1e-6  # relative error of FSDP against one process, both in fp32
+
+
 @pytest.mark.parametrize("case", FP32_CASES)
 def test_fp32_matches_single_process(ranks, case):
     result = ranks[0][case]
     assert result["keys_match"]
     assert result["frozen_unchanged"]
-    assert result["error"] < 1e-6, result
+    assert result["error"] < FP32_TOLERANCE, result
 
 
 @pytest.mark.parametrize("case", ["transformer/bf16", "tied/bf16"])
 def test_bf16_matches_single_process_with_the_same_casts(ranks, case):
-    """Within bf16's rounding (2**-8) of a single process making FSDP's casts (at 3 ranks the bf16
-    sums of three gradients may round in another order), and nearer to it than to plain fp32
-    training (so the casts did happen)."""
+    """Within bf16's rounding (2**-8) of a single process making FSDP's casts, and the casts did
+    happen: the result is farther from plain fp32 training than fp32 FSDP ever is. At 2 ranks
+    the reductions add in the reference's order, so the result is also nearer to the reference
+    than to fp32 training; at 3 the bf16 sums of three gradients may round in another order,
+    which can move it by as much as the casts do (seen once in CI), so that check is 2 ranks'."""
     result = ranks[0][case]
     assert result["error"] < 2**-8, result
-    assert result["cast_effect"] > result["error"], result
+    assert result["cast_effect"] > 10 * FP32_TOLERANCE, result
+    if len(ranks) == 2:
+        assert result["cast_effect"] > result["error"], result
 
 
 @pytest.mark.parametrize("case", FP32_CASES + ["transformer/bf16"])

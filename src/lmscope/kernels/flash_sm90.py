@@ -1,0 +1,252 @@
+"""FlashAttention forward for Hopper (sm_90) in Gluon: TMA tiles, asynchronous wgmma, and the
+softmax of one key tile overlapped with the P V product of the one before it.
+
+Why a second forward kernel: the Triton forward (``flash_attention._attn_fwd``) leaves the
+tensor cores idle while each tile's softmax runs, because Triton waits for a dot's result as
+soon as the next operation reads it. Here the loop is written out the FlashAttention-3 way
+(Shah et al., 2024, "intra-warpgroup overlap"): the score tile ``S_{j+1} = Q K_{j+1}^T`` and the
+product ``O += P_j V_j`` are issued together, the warps then wait only for ``S_{j+1}`` and run
+its softmax while ``P_j V_j`` is still on the tensor cores. K and V tiles arrive by TMA into a
+ring of ``STAGES`` shared-memory buffers, each with an mbarrier, refilled as soon as both
+warpgroups are done with a tile.
+
+What it computes is the Triton forward's contract: O in the output's layout and L (natural
+log-sum-exp per query row, float32, indexed by (batch*head, row)) for the backward kernels,
+causal masking aligned at the top left (key j visible to query i when j <= i).
+
+Chosen at run time (``flash_attention._plan``) for bf16/fp16 inputs with head dim 64 or 128 on
+a compute-capability 9.0 GPU whose tensors TMA can describe; everything else keeps the Triton
+forward. ``LMSCOPE_FLASH_SM90=0`` turns it off. Gluon has no CPU interpreter, so its tests are
+GPU tests (``tests/kernels/test_flash_sm90.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:  # Triton >= 3.5 ships Gluon; older ones keep the Triton forward everywhere
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    HAVE_GLUON = True
+except ImportError:  # pragma: no cover - depends on the installed Triton
+    HAVE_GLUON = False
+
+HEAD_DIMS = (64, 128)
+BLOCK_M = 128  # query rows per program: two warpgroups of 64 rows
+BLOCK_N = 128  # keys per step
+NUM_WARPS = 8
+STAGES = {64: 3, 128: 2}  # K/V ring depth per head dim (shared memory: Q + 2 * STAGES tiles)
+
+
+if HAVE_GLUON:
+
+    @gluon.jit
+    def _tile(desc, z, h, row, TOKEN_MAJOR: gl.constexpr):
+        """Coordinates of a (rows, d) tile of head (z, h) in a 4-d descriptor in memory order."""
+        if TOKEN_MAJOR:
+            return [z, row, h, 0]
+        else:
+            return [z, h, row, 0]
+
+    @gluon.jit
+    def _load_kv(k_desc, v_desc, k_buf, v_buf, bar, z, h, row, pred, TOKEN_MAJOR: gl.constexpr):
+        mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes, pred=pred)
+        tma.async_copy_global_to_shared(k_desc, _tile(k_desc, z, h, row, TOKEN_MAJOR), bar, k_buf, pred=pred)
+        tma.async_copy_global_to_shared(v_desc, _tile(v_desc, z, h, row, TOKEN_MAJOR), bar, v_buf, pred=pred)
+
+    @gluon.jit
+    def _softmax_step(s, m_i, l_i, start_n, offs_m, n_k, qk_scale, MASKED, CAUSAL: gl.constexpr,
+                      BLOCK_N: gl.constexpr, s_layout: gl.constexpr):  # fmt: skip
+        """One key tile's online-softmax update: (P unnormalised, alpha, m, l)."""
+        if MASKED:
+            offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            keep = gl.expand_dims(offs_n, 0) < n_k
+            if CAUSAL:
+                keep = keep & (gl.expand_dims(offs_n, 0) <= gl.expand_dims(offs_m, 1))
+            s = gl.where(keep, s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+        p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
+        alpha = gl.exp2(m_i - m_new)
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        return p, alpha, m_new, l_i
+
+    @gluon.jit
+    def _attn_fwd_sm90(
+        q_desc, k_desc, v_desc, o_desc, LSE,
+        H, n_q, n_k, qk_scale,
+        HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, TOKEN_MAJOR: gl.constexpr,
+        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    ):  # fmt: skip
+        # Heaviest causal tiles first; every head's before any head's lighter ones.
+        pid_m = gl.num_programs(1) - 1 - gl.program_id(1)
+        off_bh = gl.program_id(0)
+        z = off_bh // H
+        h = off_bh % H
+        start_m = pid_m * BLOCK_M
+        dtype: gl.constexpr = q_desc.dtype
+        num_warps: gl.constexpr = gl.num_warps()
+
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16]
+        )
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_DIM, 16]
+        )
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+        q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
+        for s in gl.static_range(STAGES):
+            mbarrier.init(ready.index(s), count=1)
+
+        if CAUSAL:
+            hi = gl.minimum(start_m + BLOCK_M, n_k)
+            full_hi = gl.minimum(start_m, n_k)
+        else:
+            hi = n_k
+            full_hi = n_k
+        n_tiles = gl.cdiv(hi, BLOCK_N)
+        full_hi = (full_hi // BLOCK_N) * BLOCK_N  # tiles from here on need the mask
+
+        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, _tile(q_desc, z, h, start_m, TOKEN_MAJOR), q_bar, q_smem)
+        for s in gl.static_range(STAGES):
+            _load_kv(k_desc, v_desc, k_smem.index(s), v_smem.index(s), ready.index(s), z, h, s * BLOCK_N,
+                     s < n_tiles, TOKEN_MAJOR)  # fmt: skip
+
+        q = q_smem.reshape([BLOCK_M, HEAD_DIM])
+        offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_s)
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
+        l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=row_s)
+        acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
+        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+
+        # Prologue: S_0 and its softmax.
+        mbarrier.wait(q_bar, 0)
+        mbarrier.wait(ready.index(0), 0)
+        k0 = k_smem.index(0).reshape([BLOCK_N, HEAD_DIM])
+        s_tok = warpgroup_mma(q, k0.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s_cur = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
+        p, alpha, m_i, l_i = _softmax_step(s_cur, m_i, l_i, 0, offs_m, n_k, qk_scale, full_hi <= 0,
+                                           CAUSAL, BLOCK_N, s_layout)  # fmt: skip
+
+        for j in range(0, n_tiles - 1):
+            # Issue S_{j+1} = Q K_{j+1}^T, then O += P_j V_j; wait for S_{j+1} only.
+            nxt = j + 1
+            mbarrier.wait(ready.index(nxt % STAGES), (nxt // STAGES) & 1)
+            k_next = k_smem.index(nxt % STAGES).reshape([BLOCK_N, HEAD_DIM])
+            s_tok = warpgroup_mma(q, k_next.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            v_cur = v_smem.index(j % STAGES).reshape([BLOCK_N, HEAD_DIM])
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+            acc_tok = warpgroup_mma(p_op, v_cur, acc, is_async=True)
+            s_next = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
+            # Softmax of tile j+1 while P_j V_j runs.
+            start_n = nxt * BLOCK_N
+            p, alpha, m_i, l_i = _softmax_step(s_next, m_i, l_i, start_n, offs_m, n_k, qk_scale,
+                                               start_n >= full_hi, CAUSAL, BLOCK_N, s_layout)  # fmt: skip
+            acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, p_op))
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+            # Both warpgroups are done with tile j's K and V: refill its stage.
+            gl.thread_barrier()
+            refill = j + STAGES
+            stage = j % STAGES
+            _load_kv(k_desc, v_desc, k_smem.index(stage), v_smem.index(stage), ready.index(stage),
+                     z, h, refill * BLOCK_N, refill < n_tiles, TOKEN_MAJOR)  # fmt: skip
+
+        last = n_tiles - 1
+        v_last = v_smem.index(last % STAGES).reshape([BLOCK_N, HEAD_DIM])
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        acc_tok = warpgroup_mma(p_op, v_last, acc, is_async=True)
+        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, p_op))
+
+        mbarrier.invalidate(q_bar)
+        for s in gl.static_range(STAGES):
+            mbarrier.invalidate(ready.index(s))
+
+        l_o = gl.convert_layout(l_i, row_o)
+        acc = acc / gl.expand_dims(l_o, 1)
+        # L = ln(2) * (m + log2(l)); m is in log2 units of the scaled scores.
+        lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
+        gl.store(LSE + off_bh.to(gl.int64) * n_q + offs_m, lse, mask=offs_m < n_q)
+        # O through Q's buffer (Q is no longer read) and a TMA store, clipped at n_q.
+        q_smem.reshape([BLOCK_M, HEAD_DIM]).store(acc.to(dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, _tile(o_desc, z, h, start_m, TOKEN_MAJOR), q_smem)
+        tma.store_wait(pendings=0)
+
+
+def token_major(x: torch.Tensor) -> bool:
+    """Whether a (Z, H, n, d) tensor has its token axis outside its head axis in memory."""
+    return x.stride(2) > x.stride(1)
+
+
+def describable(*tensors: torch.Tensor) -> bool:
+    """Whether TMA can read these (Z, H, n, d) tensors with one 4-d descriptor each, all with
+    the same axis order: unit last stride, 16-byte aligned base and strides."""
+    order = token_major(tensors[0])
+    for x in tensors:
+        esize = x.element_size()
+        if x.stride(-1) != 1 or x.data_ptr() % 16 or token_major(x) != order:
+            return False
+        if any((s * esize) % 16 for s in x.stride()[:-1]):
+            return False
+    return True
+
+
+def supported(q: torch.Tensor, causal: bool) -> bool:
+    """Whether this kernel can serve q's dtype, head dim and device (the strides are checked
+    per call by ``describable``)."""
+    del causal  # both served
+    return (
+        HAVE_GLUON
+        and q.is_cuda
+        and q.dtype in (torch.bfloat16, torch.float16)
+        and q.shape[-1] in HEAD_DIMS
+        and torch.cuda.get_device_capability(q.device) == (9, 0)
+    )
+
+
+def _descriptor(x: torch.Tensor, rows: int, layout) -> TensorDescriptor:
+    z, h, n, d = x.shape
+    sz, sh, sn, _ = x.stride()
+    if token_major(x):
+        return TensorDescriptor(x, [z, n, h, d], [sz, sn, sh, 1], [1, rows, 1, d], layout)
+    return TensorDescriptor(x, [z, h, n, d], [sz, sh, sn, 1], [1, 1, rows, d], layout)
+
+
+def _layout(x: torch.Tensor, rows: int):
+    gl_dtype = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
+    shape = [1, rows, 1, x.shape[-1]] if token_major(x) else [1, 1, rows, x.shape[-1]]
+    return gl.NVMMASharedLayout.get_default_for(shape, gl_dtype)
+
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+            causal: bool, qk_scale: float) -> None:  # fmt: skip
+    """O and L of (Z, H, n, d) q, k, v into o and lse (float32, (Z*H*n_q) at its head)."""
+    z, h, n_q, d = q.shape
+    n_k = k.shape[2]
+    q_layout = _layout(q, BLOCK_M)
+    kv_layout = _layout(k, BLOCK_N)
+    grid = (z * h, (n_q + BLOCK_M - 1) // BLOCK_M)
+    _attn_fwd_sm90[grid](
+        _descriptor(q, BLOCK_M, q_layout), _descriptor(k, BLOCK_N, kv_layout),
+        _descriptor(v, BLOCK_N, kv_layout), _descriptor(o, BLOCK_M, q_layout), lse,
+        h, n_q, n_k, qk_scale,
+        HEAD_DIM=d, CAUSAL=bool(causal), TOKEN_MAJOR=token_major(q),
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES[d], num_warps=NUM_WARPS,
+    )  # fmt: skip

@@ -43,11 +43,13 @@ except ImportError:  # pragma: no cover - depends on the installed Triton
 HEAD_DIMS = (64, 128)
 BLOCK_M = 128  # query rows per program: two warpgroups of 64 rows
 BLOCK_N = 128  # keys per step
-NUM_WARPS = 8
+NUM_WARPS = 4  # the default partition: the first consumer warpgroup
 STAGES = {64: 3, 128: 2}  # K/V ring depth per head dim (shared memory: Q + 2 * STAGES tiles)
 
 
 if HAVE_GLUON:
+    REGS_CONSUMER = gl.constexpr(240)  # registers per thread of the second consumer warpgroup
+    REGS_LOADER = gl.constexpr(24)  # and of the load warp
 
     @gluon.jit
     def _tile(desc, z, h, row, TOKEN_MAJOR: gl.constexpr):
@@ -80,6 +82,90 @@ if HAVE_GLUON:
         return p, alpha, m_new, l_i
 
     @gluon.jit
+    def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty, z, h, start_m, n_tiles,
+                TOKEN_MAJOR: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
+                STAGES: gl.constexpr):  # fmt: skip
+        """The load warp: both warpgroups' Q tiles, then K and V tile j into stage j % STAGES
+        once both warpgroups have released the tile that stage held before."""
+        mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+        for wg in gl.static_range(2):
+            tma.async_copy_global_to_shared(q_desc, _tile(q_desc, z, h, start_m + wg * ROWS, TOKEN_MAJOR),
+                                            q_bar, q_smem.index(wg))  # fmt: skip
+        for j in range(n_tiles):
+            stage = j % STAGES
+            mbarrier.wait(empty.index(stage), ((j // STAGES) - 1) & 1, pred=j >= STAGES)
+            _load_kv(k_desc, v_desc, k_smem.index(stage), v_smem.index(stage), ready.index(stage), z, h,
+                     j * BLOCK_N, True, TOKEN_MAJOR)  # fmt: skip
+
+    @gluon.jit
+    def _consumer(q_smem, k_smem, v_smem, q_bar, ready, empty, o_desc, LSE, z, h, off_bh, start_m, n_q, n_k,
+                  n_tiles, full_hi, qk_scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr,
+                  TOKEN_MAJOR: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
+                  STAGES: gl.constexpr):  # fmt: skip
+        """One warpgroup's ROWS query rows: the softmax of tile j+1 runs while P_j V_j is on the
+        tensor cores; each stage is released (``empty``) once its V has been read."""
+        num_warps: gl.constexpr = gl.num_warps()
+        dtype: gl.constexpr = o_desc.dtype
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16]
+        )
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_DIM, 16]
+        )
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+        row0 = start_m + WG * ROWS
+        q_buf = q_smem.index(WG)
+        q = q_buf.reshape([ROWS, HEAD_DIM])
+        offs_m = row0 + gl.arange(0, ROWS, layout=row_s)
+        m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=row_s)
+        l_i = gl.full([ROWS], 0.0, gl.float32, layout=row_s)
+        acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
+        s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
+
+        mbarrier.wait(q_bar, 0)
+        mbarrier.wait(ready.index(0), 0)
+        k0 = k_smem.index(0).reshape([BLOCK_N, HEAD_DIM])
+        s_tok = warpgroup_mma(q, k0.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s_cur = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
+        p, alpha, m_i, l_i = _softmax_step(s_cur, m_i, l_i, 0, offs_m, n_k, qk_scale, full_hi <= 0,
+                                           CAUSAL, BLOCK_N, s_layout)  # fmt: skip
+        for j in range(0, n_tiles - 1):
+            nxt = j + 1
+            mbarrier.wait(ready.index(nxt % STAGES), (nxt // STAGES) & 1)
+            k_next = k_smem.index(nxt % STAGES).reshape([BLOCK_N, HEAD_DIM])
+            s_tok = warpgroup_mma(q, k_next.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            v_cur = v_smem.index(j % STAGES).reshape([BLOCK_N, HEAD_DIM])
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+            acc_tok = warpgroup_mma(p_op, v_cur, acc, is_async=True)
+            s_next = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
+            start_n = nxt * BLOCK_N
+            p, alpha, m_i, l_i = _softmax_step(s_next, m_i, l_i, start_n, offs_m, n_k, qk_scale,
+                                               start_n >= full_hi, CAUSAL, BLOCK_N, s_layout)  # fmt: skip
+            acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, p_op))
+            gl.thread_barrier()  # this warpgroup's four warps are past tile j: release its stage
+            mbarrier.arrive(empty.index(j % STAGES))
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+
+        last = n_tiles - 1
+        v_last = v_smem.index(last % STAGES).reshape([BLOCK_N, HEAD_DIM])
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        acc_tok = warpgroup_mma(p_op, v_last, acc, is_async=True)
+        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, p_op))
+
+        acc = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
+        # L = ln(2) * (m + log2(l)); m is in log2 units of the scaled scores.
+        lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
+        gl.store(LSE + off_bh.to(gl.int64) * n_q + offs_m, lse, mask=offs_m < n_q)
+        # O through this warpgroup's Q buffer (no longer read) and a TMA store clipped at n_q.
+        q.store(acc.to(dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, _tile(o_desc, z, h, row0, TOKEN_MAJOR), q_buf)
+        tma.store_wait(pendings=0)
+
+    @gluon.jit
     def _attn_fwd_sm90(
         q_desc, k_desc, v_desc, o_desc, LSE,
         H, n_q, n_k, qk_scale,
@@ -92,27 +178,19 @@ if HAVE_GLUON:
         z = off_bh // H
         h = off_bh % H
         start_m = pid_m * BLOCK_M
+        ROWS: gl.constexpr = BLOCK_M // 2
         dtype: gl.constexpr = q_desc.dtype
-        num_warps: gl.constexpr = gl.num_warps()
 
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16]
-        )
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_DIM, 16]
-        )
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-
-        q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
+        q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
         k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
         v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         mbarrier.init(q_bar, count=1)
         for s in gl.static_range(STAGES):
             mbarrier.init(ready.index(s), count=1)
+            mbarrier.init(empty.index(s), count=2)  # one arrival per consumer warpgroup
 
         if CAUSAL:
             hi = gl.minimum(start_m + BLOCK_M, n_k)
@@ -123,71 +201,25 @@ if HAVE_GLUON:
         n_tiles = gl.cdiv(hi, BLOCK_N)
         full_hi = (full_hi // BLOCK_N) * BLOCK_N  # tiles from here on need the mask
 
-        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, _tile(q_desc, z, h, start_m, TOKEN_MAJOR), q_bar, q_smem)
-        for s in gl.static_range(STAGES):
-            _load_kv(k_desc, v_desc, k_smem.index(s), v_smem.index(s), ready.index(s), z, h, s * BLOCK_N,
-                     s < n_tiles, TOKEN_MAJOR)  # fmt: skip
-
-        q = q_smem.reshape([BLOCK_M, HEAD_DIM])
-        offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_s)
-        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
-        l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=row_s)
-        acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
-        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-
-        # Prologue: S_0 and its softmax.
-        mbarrier.wait(q_bar, 0)
-        mbarrier.wait(ready.index(0), 0)
-        k0 = k_smem.index(0).reshape([BLOCK_N, HEAD_DIM])
-        s_tok = warpgroup_mma(q, k0.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s_cur = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
-        p, alpha, m_i, l_i = _softmax_step(s_cur, m_i, l_i, 0, offs_m, n_k, qk_scale, full_hi <= 0,
-                                           CAUSAL, BLOCK_N, s_layout)  # fmt: skip
-
-        for j in range(0, n_tiles - 1):
-            # Issue S_{j+1} = Q K_{j+1}^T, then O += P_j V_j; wait for S_{j+1} only.
-            nxt = j + 1
-            mbarrier.wait(ready.index(nxt % STAGES), (nxt // STAGES) & 1)
-            k_next = k_smem.index(nxt % STAGES).reshape([BLOCK_N, HEAD_DIM])
-            s_tok = warpgroup_mma(q, k_next.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            v_cur = v_smem.index(j % STAGES).reshape([BLOCK_N, HEAD_DIM])
-            p_op = gl.convert_layout(p.to(dtype), p_layout)
-            acc_tok = warpgroup_mma(p_op, v_cur, acc, is_async=True)
-            s_next = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
-            # Softmax of tile j+1 while P_j V_j runs.
-            start_n = nxt * BLOCK_N
-            p, alpha, m_i, l_i = _softmax_step(s_next, m_i, l_i, start_n, offs_m, n_k, qk_scale,
-                                               start_n >= full_hi, CAUSAL, BLOCK_N, s_layout)  # fmt: skip
-            acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, p_op))
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-            # Both warpgroups are done with tile j's K and V: refill its stage.
-            gl.thread_barrier()
-            refill = j + STAGES
-            stage = j % STAGES
-            _load_kv(k_desc, v_desc, k_smem.index(stage), v_smem.index(stage), ready.index(stage),
-                     z, h, refill * BLOCK_N, refill < n_tiles, TOKEN_MAJOR)  # fmt: skip
-
-        last = n_tiles - 1
-        v_last = v_smem.index(last % STAGES).reshape([BLOCK_N, HEAD_DIM])
-        p_op = gl.convert_layout(p.to(dtype), p_layout)
-        acc_tok = warpgroup_mma(p_op, v_last, acc, is_async=True)
-        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, p_op))
+        gl.warp_specialize(
+            [
+                (_consumer, (q_smem, k_smem, v_smem, q_bar, ready, empty, o_desc, LSE, z, h, off_bh, start_m,
+                             n_q, n_k, n_tiles, full_hi, qk_scale, 0, HEAD_DIM, CAUSAL, TOKEN_MAJOR, ROWS,
+                             BLOCK_N, STAGES)),
+                (_consumer, (q_smem, k_smem, v_smem, q_bar, ready, empty, o_desc, LSE, z, h, off_bh, start_m,
+                             n_q, n_k, n_tiles, full_hi, qk_scale, 1, HEAD_DIM, CAUSAL, TOKEN_MAJOR, ROWS,
+                             BLOCK_N, STAGES)),
+                (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty, z, h,
+                           start_m, n_tiles, TOKEN_MAJOR, ROWS, BLOCK_N, STAGES)),
+            ],
+            [4, 1],
+            [REGS_CONSUMER, REGS_LOADER],
+        )  # fmt: skip
 
         mbarrier.invalidate(q_bar)
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(s))
-
-        l_o = gl.convert_layout(l_i, row_o)
-        acc = acc / gl.expand_dims(l_o, 1)
-        # L = ln(2) * (m + log2(l)); m is in log2 units of the scaled scores.
-        lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
-        gl.store(LSE + off_bh.to(gl.int64) * n_q + offs_m, lse, mask=offs_m < n_q)
-        # O through Q's buffer (Q is no longer read) and a TMA store, clipped at n_q.
-        q_smem.reshape([BLOCK_M, HEAD_DIM]).store(acc.to(dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, _tile(o_desc, z, h, start_m, TOKEN_MAJOR), q_smem)
-        tma.store_wait(pendings=0)
+            mbarrier.invalidate(empty.index(s))
 
 
 def token_major(x: torch.Tensor) -> bool:
@@ -240,12 +272,12 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, 
     """O and L of (Z, H, n, d) q, k, v into o and lse (float32, (Z*H*n_q) at its head)."""
     z, h, n_q, d = q.shape
     n_k = k.shape[2]
-    q_layout = _layout(q, BLOCK_M)
+    q_layout = _layout(q, BLOCK_M // 2)
     kv_layout = _layout(k, BLOCK_N)
     grid = (z * h, (n_q + BLOCK_M - 1) // BLOCK_M)
     _attn_fwd_sm90[grid](
-        _descriptor(q, BLOCK_M, q_layout), _descriptor(k, BLOCK_N, kv_layout),
-        _descriptor(v, BLOCK_N, kv_layout), _descriptor(o, BLOCK_M, q_layout), lse,
+        _descriptor(q, BLOCK_M // 2, q_layout), _descriptor(k, BLOCK_N, kv_layout),
+        _descriptor(v, BLOCK_N, kv_layout), _descriptor(o, BLOCK_M // 2, q_layout), lse,
         h, n_q, n_k, qk_scale,
         HEAD_DIM=d, CAUSAL=bool(causal), TOKEN_MAJOR=token_major(q),
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES[d], num_warps=NUM_WARPS,

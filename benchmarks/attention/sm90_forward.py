@@ -58,10 +58,10 @@ def _reference(q, k, v, causal):
     return torch.softmax(s, -1) @ v, lse
 
 
-def sm90(q, k, v, causal):
+def sm90(q, k, v, causal, **options):
     o = torch.empty_like(q)
     lse = torch.empty(q.shape[:-1], device=q.device, dtype=torch.float32)
-    flash_sm90.forward(q, k, v, o, lse, causal, fa.LOG2E / math.sqrt(q.shape[-1]))
+    flash_sm90.forward(q, k, v, o, lse, causal, fa.LOG2E / math.sqrt(q.shape[-1]), **options)
     return o, lse
 
 
@@ -101,9 +101,12 @@ def times(rows):
 
         impls = {
             "gluon-sm90": lambda q=q, k=k, v=v: sm90(q, k, v, True),
+            "gluon-sm90-no-pingpong": lambda q=q, k=k, v=v: sm90(q, k, v, True, pingpong=False),
             "triton": lambda q=q, k=k, v=v: fa.flash_attention_forward(q, k, v, True),
             "sdpa-cudnn": cudnn,
         }
+        if d == 128:
+            impls["gluon-sm90-3-stages"] = lambda q=q, k=k, v=v: sm90(q, k, v, True, stages=3)
         for name, fn in impls.items():
             fn()
             torch.cuda.synchronize()

@@ -44,6 +44,7 @@ HEAD_DIMS = (64, 128)
 BLOCK_M = 128  # query rows per program: two warpgroups of 64 rows
 BLOCK_N = 128  # keys per step
 NUM_WARPS = 4  # the default partition: the first consumer warpgroup
+PINGPONG = True  # the two consumer warpgroups take turns at the tensor cores
 STAGES = {64: 3, 128: 2}  # K/V ring depth per head dim (shared memory: Q + 2 * STAGES tiles)
 
 
@@ -98,12 +99,26 @@ if HAVE_GLUON:
                      j * BLOCK_N, True, TOKEN_MAJOR)  # fmt: skip
 
     @gluon.jit
-    def _consumer(q_smem, k_smem, v_smem, q_bar, ready, empty, o_desc, LSE, z, h, off_bh, start_m, n_q, n_k,
-                  n_tiles, full_hi, qk_scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr,
-                  TOKEN_MAJOR: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
-                  STAGES: gl.constexpr):  # fmt: skip
+    def _take_turn(turn, k, WG: gl.constexpr, PINGPONG: gl.constexpr):
+        """Wait until this warpgroup may issue its k-th batch of dots (ping-pong order)."""
+        if PINGPONG:
+            mbarrier.wait(turn.index(WG), k & 1)
+
+    @gluon.jit
+    def _pass_turn(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
+        """Hand the tensor cores to the other warpgroup once this one's dots are issued."""
+        if PINGPONG:
+            mbarrier.arrive(turn.index(1 - WG))
+
+    @gluon.jit
+    def _consumer(q_smem, k_smem, v_smem, q_bar, ready, empty, turn, o_desc, LSE, z, h, off_bh, start_m, n_q,
+                  n_k, n_tiles, full_hi, qk_scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr,
+                  CAUSAL: gl.constexpr, TOKEN_MAJOR: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
+                  STAGES: gl.constexpr, PINGPONG: gl.constexpr):  # fmt: skip
         """One warpgroup's ROWS query rows: the softmax of tile j+1 runs while P_j V_j is on the
-        tensor cores; each stage is released (``empty``) once its V has been read."""
+        tensor cores; each stage is released (``empty``) once its V has been read. With PINGPONG
+        the two warpgroups take turns to issue their dots (``turn`` mbarriers), so that one's
+        softmax runs while the other's dots do (FlashAttention-3's inter-warpgroup overlap)."""
         num_warps: gl.constexpr = gl.num_warps()
         dtype: gl.constexpr = o_desc.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -125,10 +140,14 @@ if HAVE_GLUON:
         acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
         s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
 
+        if PINGPONG and WG == 1:
+            mbarrier.arrive(turn.index(0))  # the first warpgroup goes first
         mbarrier.wait(q_bar, 0)
         mbarrier.wait(ready.index(0), 0)
         k0 = k_smem.index(0).reshape([BLOCK_N, HEAD_DIM])
+        _take_turn(turn, 0, WG, PINGPONG)
         s_tok = warpgroup_mma(q, k0.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        _pass_turn(turn, WG, PINGPONG)
         s_cur = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
         p, alpha, m_i, l_i = _softmax_step(s_cur, m_i, l_i, 0, offs_m, n_k, qk_scale, full_hi <= 0,
                                            CAUSAL, BLOCK_N, s_layout)  # fmt: skip
@@ -136,10 +155,12 @@ if HAVE_GLUON:
             nxt = j + 1
             mbarrier.wait(ready.index(nxt % STAGES), (nxt // STAGES) & 1)
             k_next = k_smem.index(nxt % STAGES).reshape([BLOCK_N, HEAD_DIM])
-            s_tok = warpgroup_mma(q, k_next.permute((1, 0)), s_zero, use_acc=False, is_async=True)
             v_cur = v_smem.index(j % STAGES).reshape([BLOCK_N, HEAD_DIM])
             p_op = gl.convert_layout(p.to(dtype), p_layout)
+            _take_turn(turn, nxt, WG, PINGPONG)
+            s_tok = warpgroup_mma(q, k_next.permute((1, 0)), s_zero, use_acc=False, is_async=True)
             acc_tok = warpgroup_mma(p_op, v_cur, acc, is_async=True)
+            _pass_turn(turn, WG, PINGPONG)
             s_next = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
             start_n = nxt * BLOCK_N
             p, alpha, m_i, l_i = _softmax_step(s_next, m_i, l_i, start_n, offs_m, n_k, qk_scale,
@@ -152,7 +173,9 @@ if HAVE_GLUON:
         last = n_tiles - 1
         v_last = v_smem.index(last % STAGES).reshape([BLOCK_N, HEAD_DIM])
         p_op = gl.convert_layout(p.to(dtype), p_layout)
+        _take_turn(turn, n_tiles, WG, PINGPONG)
         acc_tok = warpgroup_mma(p_op, v_last, acc, is_async=True)
+        _pass_turn(turn, WG, PINGPONG)
         acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, p_op))
 
         acc = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
@@ -170,7 +193,7 @@ if HAVE_GLUON:
         q_desc, k_desc, v_desc, o_desc, LSE,
         H, n_q, n_k, qk_scale,
         HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, TOKEN_MAJOR: gl.constexpr,
-        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr,
     ):  # fmt: skip
         # Heaviest causal tiles first; every head's before any head's lighter ones.
         pid_m = gl.num_programs(1) - 1 - gl.program_id(1)
@@ -187,7 +210,10 @@ if HAVE_GLUON:
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         mbarrier.init(q_bar, count=1)
+        for wg in gl.static_range(2):
+            mbarrier.init(turn.index(wg), count=1)
         for s in gl.static_range(STAGES):
             mbarrier.init(ready.index(s), count=1)
             mbarrier.init(empty.index(s), count=2)  # one arrival per consumer warpgroup
@@ -203,12 +229,12 @@ if HAVE_GLUON:
 
         gl.warp_specialize(
             [
-                (_consumer, (q_smem, k_smem, v_smem, q_bar, ready, empty, o_desc, LSE, z, h, off_bh, start_m,
-                             n_q, n_k, n_tiles, full_hi, qk_scale, 0, HEAD_DIM, CAUSAL, TOKEN_MAJOR, ROWS,
-                             BLOCK_N, STAGES)),
-                (_consumer, (q_smem, k_smem, v_smem, q_bar, ready, empty, o_desc, LSE, z, h, off_bh, start_m,
-                             n_q, n_k, n_tiles, full_hi, qk_scale, 1, HEAD_DIM, CAUSAL, TOKEN_MAJOR, ROWS,
-                             BLOCK_N, STAGES)),
+                (_consumer, (q_smem, k_smem, v_smem, q_bar, ready, empty, turn, o_desc, LSE, z, h, off_bh,
+                             start_m, n_q, n_k, n_tiles, full_hi, qk_scale, 0, HEAD_DIM, CAUSAL, TOKEN_MAJOR,
+                             ROWS, BLOCK_N, STAGES, PINGPONG)),
+                (_consumer, (q_smem, k_smem, v_smem, q_bar, ready, empty, turn, o_desc, LSE, z, h, off_bh,
+                             start_m, n_q, n_k, n_tiles, full_hi, qk_scale, 1, HEAD_DIM, CAUSAL, TOKEN_MAJOR,
+                             ROWS, BLOCK_N, STAGES, PINGPONG)),
                 (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty, z, h,
                            start_m, n_tiles, TOKEN_MAJOR, ROWS, BLOCK_N, STAGES)),
             ],
@@ -220,6 +246,8 @@ if HAVE_GLUON:
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(s))
             mbarrier.invalidate(empty.index(s))
+        for wg in gl.static_range(2):
+            mbarrier.invalidate(turn.index(wg))
 
 
 def token_major(x: torch.Tensor) -> bool:
@@ -268,7 +296,8 @@ def _layout(x: torch.Tensor, rows: int):
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
-            causal: bool, qk_scale: float) -> None:  # fmt: skip
+            causal: bool, qk_scale: float, pingpong: bool = PINGPONG,
+            stages: int | None = None) -> None:  # fmt: skip
     """O and L of (Z, H, n, d) q, k, v into o and lse (float32, (Z*H*n_q) at its head)."""
     z, h, n_q, d = q.shape
     n_k = k.shape[2]
@@ -280,5 +309,5 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, 
         _descriptor(v, BLOCK_N, kv_layout), _descriptor(o, BLOCK_M // 2, q_layout), lse,
         h, n_q, n_k, qk_scale,
         HEAD_DIM=d, CAUSAL=bool(causal), TOKEN_MAJOR=token_major(q),
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES[d], num_warps=NUM_WARPS,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages or STAGES[d], PINGPONG=pingpong, num_warps=NUM_WARPS,
     )  # fmt: skip

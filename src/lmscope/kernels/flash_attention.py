@@ -101,7 +101,7 @@ import triton
 import triton.language as tl
 
 from lmscope.envflags import env_flag
-from lmscope.kernels import flash_native
+from lmscope.kernels import flash_native, flash_sm90
 from lmscope.kernels.attention_reference import check_attention_inputs
 from lmscope.kernels.triton_launch import DirectLaunch, FixedArgs
 
@@ -989,6 +989,7 @@ class _Plan(NamedTuple):
     other_o: dict  # O's (z, h, n) strides -> this plan for that O (direct backward calls), a few
     dq_acc: torch.Tensor  # separate mode's dK/dV dQ-accumulator argument (never read or written)
     native: dict  # flash_native.generation() -> attempts to hand this plan to the C++ path; -1 done
+    sm90: bool  # the forward is flash_sm90's Gluon kernel where the tensors allow (not handed to C++)
 
 
 # Plans by (shapes, strides, dtypes, devices of q, k, v; causal): the forward's checks, views
@@ -1045,6 +1046,7 @@ def _plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> _P
         key=(d, causal, q.dtype, nq_bucket, nk_bucket, False, bh > 65535),
         fwd=FixedArgs((*strides, *o_strides, h, n_q, n_k, sm_scale * LOG2E, nq_bucket, nk_bucket)),
         bwd={}, other_o={}, dq_acc=_dummy_accumulator(q.device), native={},
+        sm90=flash_sm90.serves(q, n_k),
     )  # fmt: skip
 
 
@@ -1110,7 +1112,10 @@ def _forward(
         stats = torch.empty(plan.l_size + _scratch(plan, False), dtype=torch.float32, device=plan.device)
     else:
         stats = torch.empty(plan.l_shape, dtype=torch.float32, device=plan.device)
-    _FWD_LAUNCH(plan.key, plan.n_q, plan.bh, (q4, k4, v4, o4, stats), plan.fwd)
+    if plan.sm90 and type(q4) is torch.Tensor and flash_sm90.describable(q4, k4, v4, o4):
+        flash_sm90.forward(q4, k4, v4, o4, stats, plan.key[1], plan.scalars[3])
+    else:
+        _FWD_LAUNCH(plan.key, plan.n_q, plan.bh, (q4, k4, v4, o4, stats), plan.fwd)
     return o, stats, (q4, k4, v4), plan
 
 
@@ -1278,7 +1283,7 @@ def _hand_to_native(
     global _NATIVE
     generation = flash_native.generation()
     tries = plan.native.get(generation, 0)
-    if tries < 0 or tries >= _NATIVE_TRIES or type(q) is not torch.Tensor or not q.is_cuda:
+    if tries < 0 or tries >= _NATIVE_TRIES or type(q) is not torch.Tensor or not q.is_cuda or plan.sm90:
         return
     if not (plan.bh and plan.n_q and plan.scalars[2]):
         return  # nothing to launch

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import torch
 
+from lmscope.envflags import env_flag
+
 try:  # Triton >= 3.5 ships Gluon; older ones keep the Triton forward everywhere
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -44,11 +46,22 @@ HEAD_DIMS = (64, 128)
 BLOCK_M = 128  # query rows per program: two warpgroups of 64 rows
 BLOCK_N = 128  # keys per step
 NUM_WARPS = 4  # the default partition: the first consumer warpgroup
+ENABLED = env_flag("LMSCOPE_FLASH_SM90", default=True)
+# Fewer keys than this keep the Triton forward: shorter calls are bound by host time, which the
+# Python launch here (four descriptors per call) would add to, and by the one-wave grid.
+MIN_KEYS = 4096
 PINGPONG = True  # the two consumer warpgroups take turns at the tensor cores
-STAGES = {64: 3, 128: 2}  # K/V ring depth per head dim (shared memory: Q + 2 * STAGES tiles)
+STAGES = {64: 3, 128: 3}  # K/V ring depth per head dim (shared memory: Q + 2 * STAGES tiles)
 
 
 if HAVE_GLUON:
+    # the barrier of the warps that run the calling code: gl.thread_barrier up to Triton 3.6,
+    # gl.barrier since
+    _warps_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+    # TMA copies: async_copy_global_to_shared / async_copy_shared_to_global up to Triton 3.6,
+    # async_load / async_store since
+    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
     REGS_CONSUMER = gl.constexpr(240)  # registers per thread of the second consumer warpgroup
     REGS_LOADER = gl.constexpr(24)  # and of the load warp
 
@@ -63,8 +76,8 @@ if HAVE_GLUON:
     @gluon.jit
     def _load_kv(k_desc, v_desc, k_buf, v_buf, bar, z, h, row, pred, TOKEN_MAJOR: gl.constexpr):
         mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes, pred=pred)
-        tma.async_copy_global_to_shared(k_desc, _tile(k_desc, z, h, row, TOKEN_MAJOR), bar, k_buf, pred=pred)
-        tma.async_copy_global_to_shared(v_desc, _tile(v_desc, z, h, row, TOKEN_MAJOR), bar, v_buf, pred=pred)
+        _tma_load(k_desc, _tile(k_desc, z, h, row, TOKEN_MAJOR), bar, k_buf, pred=pred)
+        _tma_load(v_desc, _tile(v_desc, z, h, row, TOKEN_MAJOR), bar, v_buf, pred=pred)
 
     @gluon.jit
     def _softmax_step(s, m_i, l_i, start_n, offs_m, n_k, qk_scale, MASKED, CAUSAL: gl.constexpr,
@@ -90,7 +103,7 @@ if HAVE_GLUON:
         once both warpgroups have released the tile that stage held before."""
         mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
         for wg in gl.static_range(2):
-            tma.async_copy_global_to_shared(q_desc, _tile(q_desc, z, h, start_m + wg * ROWS, TOKEN_MAJOR),
+            _tma_load(q_desc, _tile(q_desc, z, h, start_m + wg * ROWS, TOKEN_MAJOR),
                                             q_bar, q_smem.index(wg))  # fmt: skip
         for j in range(n_tiles):
             stage = j % STAGES
@@ -166,7 +179,7 @@ if HAVE_GLUON:
             p, alpha, m_i, l_i = _softmax_step(s_next, m_i, l_i, start_n, offs_m, n_k, qk_scale,
                                                start_n >= full_hi, CAUSAL, BLOCK_N, s_layout)  # fmt: skip
             acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, p_op))
-            gl.thread_barrier()  # this warpgroup's four warps are past tile j: release its stage
+            _warps_barrier()  # this warpgroup's four warps are past tile j: release its stage
             mbarrier.arrive(empty.index(j % STAGES))
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
 
@@ -185,7 +198,7 @@ if HAVE_GLUON:
         # O through this warpgroup's Q buffer (no longer read) and a TMA store clipped at n_q.
         q.store(acc.to(dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, _tile(o_desc, z, h, row0, TOKEN_MAJOR), q_buf)
+        _tma_store(o_desc, _tile(o_desc, z, h, row0, TOKEN_MAJOR), q_buf)
         tma.store_wait(pendings=0)
 
     @gluon.jit
@@ -268,12 +281,13 @@ def describable(*tensors: torch.Tensor) -> bool:
     return True
 
 
-def supported(q: torch.Tensor, causal: bool) -> bool:
-    """Whether this kernel can serve q's dtype, head dim and device (the strides are checked
-    per call by ``describable``)."""
-    del causal  # both served
+def serves(q: torch.Tensor, n_keys: int) -> bool:
+    """Whether this kernel is the forward for q's dtype, head dim, device and key count (the
+    strides and alignment are checked per call by ``describable``)."""
     return (
-        HAVE_GLUON
+        ENABLED
+        and HAVE_GLUON
+        and n_keys >= MIN_KEYS
         and q.is_cuda
         and q.dtype in (torch.bfloat16, torch.float16)
         and q.shape[-1] in HEAD_DIMS

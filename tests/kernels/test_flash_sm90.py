@@ -1,0 +1,166 @@
+"""The Gluon Hopper forward (lmscope.kernels.flash_sm90): when it serves, and what it computes.
+
+The choice (``serves``, ``describable``) is tested on the CPU. The kernel itself has no CPU
+interpreter: its tests are marked ``gpu`` and need a compute-capability 9.0 device; they compare
+O and L with a float64 reference beside torch's own same-dtype error, and the whole
+``flash_attention`` forward+backward with the Gluon forward against the Triton one.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from lmscope.kernels import flash_attention as fa  # noqa: E402
+from lmscope.kernels import flash_sm90  # noqa: E402
+from lmscope.kernels.attention_reference import (  # noqa: E402
+    attention_naive,
+    reference_with_grads,
+    relative_error,
+)
+
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+needs_hopper = pytest.mark.skipif(
+    not (HOPPER and flash_sm90.HAVE_GLUON), reason="needs an sm_90 GPU and Gluon"
+)
+
+
+def test_not_served_on_the_cpu_or_for_short_or_unsupported_inputs():
+    q = torch.zeros(1, 2, 8, 64)
+    assert not flash_sm90.serves(q, flash_sm90.MIN_KEYS)
+    assert not flash_sm90.serves(q.to(torch.bfloat16), flash_sm90.MIN_KEYS)  # CPU
+
+
+@pytest.mark.parametrize("token_major", [False, True])
+def test_describable_layouts(token_major):
+    def make(n, h=3, d=64):
+        if token_major:
+            return torch.zeros(2, n, h, d, dtype=torch.bfloat16).transpose(1, 2)
+        return torch.zeros(2, h, n, d, dtype=torch.bfloat16)
+
+    q, k = make(40), make(24)
+    assert flash_sm90.token_major(q) == token_major
+    assert flash_sm90.describable(q, k, k, q)
+    # mixed axis orders need two kinds of descriptor: the Triton forward serves them
+    other = (
+        make(24).transpose(1, 2).contiguous().transpose(1, 2) if not token_major else make(24).contiguous()
+    )
+    assert flash_sm90.token_major(other) != token_major
+    assert not flash_sm90.describable(q, other, other, q)
+
+
+def test_not_describable_when_misaligned_or_strided_last_dim():
+    base = torch.zeros(2 * 3 * 40 * 64 + 1, dtype=torch.bfloat16)
+    shifted = base[1:].view(2, 3, 40, 64)  # 2-byte offset: not 16-byte aligned
+    assert not flash_sm90.describable(shifted)
+    padded_rows = torch.zeros(2, 3, 40, 72, dtype=torch.bfloat16)[..., :64]  # 144-byte rows: fine
+    assert flash_sm90.describable(padded_rows) is True
+    rows_not_16 = torch.zeros(2, 3, 40, 65, dtype=torch.bfloat16)[..., :64]  # 130-byte rows
+    assert not flash_sm90.describable(rows_not_16)
+    assert not flash_sm90.describable(torch.zeros(2, 3, 64, 40, dtype=torch.bfloat16).transpose(-1, -2))
+
+
+CASES = [  # (B, H, n_q, n_k, d, causal, token_major, dtype)
+    (1, 2, 256, 256, 64, True, False, torch.bfloat16),
+    (2, 3, 1000, 1000, 128, True, True, torch.bfloat16),
+    (2, 3, 1000, 1000, 128, True, False, torch.float16),
+    (1, 4, 777, 777, 64, False, True, torch.bfloat16),
+    (1, 2, 300, 700, 128, True, False, torch.bfloat16),
+    (1, 2, 700, 300, 64, True, True, torch.float16),
+    (1, 2, 300, 700, 128, False, False, torch.bfloat16),
+    (1, 1, 64, 64, 128, True, False, torch.bfloat16),
+    (1, 3, 129, 4099, 64, False, True, torch.bfloat16),
+]
+
+
+def _inputs(b, h, n_q, n_k, d, token_major, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+
+    def one(n):
+        if token_major:
+            return torch.randn(b, n, h, d, generator=gen).to("cuda", dtype).transpose(1, 2)
+        return torch.randn(b, h, n, d, generator=gen).to("cuda", dtype)
+
+    return one(n_q), one(n_k), one(n_k)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[2]}x{c[3]}-d{c[4]}-c{int(c[5])}-t{int(c[6])}")
+@pytest.mark.parametrize("pingpong", [True, False], ids=["pingpong", "no-pingpong"])
+def test_gpu_forward_matches_reference(case, pingpong):
+    b, h, n_q, n_k, d, causal, token_major, dtype = case
+    q, k, v = _inputs(b, h, n_q, n_k, d, token_major, dtype, seed=n_q + n_k + d)
+    o = torch.empty_like(q)
+    lse = torch.empty(q.shape[:-1], device="cuda", dtype=torch.float32)
+    flash_sm90.forward(q, k, v, o, lse, causal, fa.LOG2E / d**0.5, pingpong=pingpong)
+    ref_o, ref_l, *_ = reference_with_grads(q, k, v, torch.zeros_like(q), causal)
+    naive = attention_naive(q, k, v, causal)
+    visible = ref_l.isfinite()  # causal rows with no key (n_q > n_k) have no softmax
+    assert (lse.double() - ref_l)[visible].abs().max().item() < 1e-4
+    ours, theirs = o[visible], naive[visible]
+    assert relative_error(ours, ref_o[visible]) <= 2 * relative_error(theirs, ref_o[visible])
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("token_major", [False, True])
+def test_gpu_flash_attention_takes_the_gluon_forward_and_keeps_the_gradients(token_major, monkeypatch):
+    """Through ``flash_attention`` (the autograd Function), with the key threshold lowered so a
+    small shape takes the Gluon forward: outputs and gradients against the Triton forward's run."""
+    q, k, v = _inputs(2, 3, 520, 520, 128, token_major, torch.bfloat16, seed=7)
+    do = torch.randn_like(q)
+    results = []
+    real = flash_sm90.forward
+    for min_keys in (1, 1 << 30):  # Gluon forward, then the Triton forward
+        monkeypatch.setattr(flash_sm90, "MIN_KEYS", min_keys)
+        fa._PLANS.clear()
+        calls = []
+
+        def counted(*args, calls=calls, real=real, **kwargs):
+            calls.append(1)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(flash_sm90, "forward", counted)
+        leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+        o = fa.flash_attention(*leaves, causal=True)
+        o.backward(do)
+        assert bool(calls) == (min_keys == 1)
+        results.append((o.detach(), *(t.grad for t in leaves)))
+    fa._PLANS.clear()
+    for name, ours, triton in zip(("O", "dQ", "dK", "dV"), *results, strict=True):
+        assert relative_error(ours, triton) <= 2e-2, name
+
+
+@pytest.mark.parametrize("head_dim", flash_sm90.HEAD_DIMS)
+def test_compiles_for_sm90_without_a_gpu(head_dim):
+    """The kernel builds for sm_90 with the installed Triton (its Gluon API moves between
+    releases) into warp-specialised wgmma code; on the CPU, from host-side descriptors."""
+    if not flash_sm90.HAVE_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
+    x = torch.empty(1, 2, 256, head_dim, dtype=torch.bfloat16)
+    sm90 = flash_sm90
+    rows, keys = sm90.BLOCK_M // 2, sm90.BLOCK_N
+    q_desc = sm90._descriptor(x, rows, sm90._layout(x, rows))
+    kv_desc = sm90._descriptor(x, keys, sm90._layout(x, keys))
+    kernel = sm90._attn_fwd_sm90
+    names = kernel.arg_names
+    constants = dict(HEAD_DIM=head_dim, CAUSAL=True, TOKEN_MAJOR=False, BLOCK_M=sm90.BLOCK_M,
+                     BLOCK_N=keys, STAGES=sm90.STAGES[head_dim], PINGPONG=True)  # fmt: skip
+    descriptors = dict(zip(names[:4], (q_desc, kv_desc, kv_desc, q_desc), strict=True))
+    signature = {name: mangle_type(desc) for name, desc in descriptors.items()}
+    signature.update(LSE="*fp32", H="i32", n_q="i32", n_k="i32", qk_scale="fp32")
+    signature.update(dict.fromkeys(constants, "constexpr"))
+    source = GluonASTSource(kernel, signature, {(names.index(n),): v for n, v in constants.items()},
+                            {(names.index("LSE"),): [["tt.divisibility", 16]]})  # fmt: skip
+    options = {"num_warps": sm90.NUM_WARPS}
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+    ptx = compiled.asm["ptx"]
+    assert "wgmma.mma_async" in ptx and "setmaxnreg" in ptx and "cp.async.bulk.tensor" in ptx

@@ -101,7 +101,7 @@ import triton
 import triton.language as tl
 
 from lmscope.envflags import env_flag
-from lmscope.kernels import flash_native, flash_sm90
+from lmscope.kernels import flash_native, flash_sm90, flash_sm90_dkdv
 from lmscope.kernels.attention_reference import check_attention_inputs
 from lmscope.kernels.triton_launch import DirectLaunch, FixedArgs
 
@@ -1167,12 +1167,29 @@ def _backward(
     else:  # the dQ kernel computes D for its rows and stores it: it runs first
         dq_acc = plan.dq_acc
         _DQ_LAUNCH(key, n_q, bh, (q4, k4, v4, do4, o4, lse, f32, dq), dq_args)
-    dkdv_tensors = (q4, k4, v4, do4, lse, f32, dk, dv, dq_acc)
-    _DKDV_LAUNCH(key, plan.scalars[2], bh, dkdv_tensors, dkdv_args)
+    if _sm90_dkdv(plan, atomic, q4, k4, v4, do4):
+        flash_sm90_dkdv.dkdv(q4, k4, v4, do4, lse, f32, _as4d(dk), _as4d(dv), plan.key[1], plan.scalars[3],
+                             plan.scalars[4])  # fmt: skip
+    else:
+        dkdv_tensors = (q4, k4, v4, do4, lse, f32, dk, dv, dq_acc)
+        _DKDV_LAUNCH(key, plan.scalars[2], bh, dkdv_tensors, dkdv_args)
     if atomic:
         acc = dq_acc[: bh * n_q * plan.d_pad].view(bh, n_q, plan.d_pad)[..., : plan.d]
         dq.copy_((acc * plan.scalars[4]).reshape(dq.shape))
     return dq, dk, dv
+
+
+def _sm90_dkdv(plan: _Plan, atomic: bool, q4, k4, v4, do4) -> bool:
+    """Whether the Gluon dK/dV kernel serves this backward: with the Gluon forward's plans, in
+    separate dQ mode, for tensors TMA can describe (dO may have its own axis order)."""
+    return (
+        plan.sm90
+        and flash_sm90_dkdv.ENABLED
+        and not atomic
+        and type(q4) is torch.Tensor
+        and flash_sm90.describable(q4, k4, v4)
+        and flash_sm90.describable(do4)
+    )
 
 
 def _is_atomic(dq_mode: str | None) -> bool:

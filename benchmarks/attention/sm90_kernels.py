@@ -1,0 +1,151 @@
+"""The Gluon sm_90 kernels (``lmscope.kernels.flash_sm90``, ``flash_sm90_dkdv``) against the
+Triton kernels and cuDNN: correctness against a float64 reference, then times. GPU only
+(H100/H200); a development tool, the committed comparisons are ``lmscope attention`` rows.
+
+    PYTHONPATH=src python3 benchmarks/attention/sm90_kernels.py [--out DIR] [--skip-times]
+
+Writes ``sm90_check.jsonl`` (one row per correctness case: errors of O, L, dQ, dK, dV beside
+torch's same-dtype error) and ``sm90_times.jsonl`` (forward and forward+backward medians per
+shape and mode) under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+import triton
+
+try:
+    import lmscope  # noqa: F401
+except ImportError:  # pragma: no cover
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
+
+from lmscope.kernels import flash_attention as fa  # noqa: E402
+from lmscope.kernels import flash_sm90, flash_sm90_dkdv  # noqa: E402
+from lmscope.kernels.attention_reference import (  # noqa: E402
+    attention_naive,
+    reference_with_grads,
+    relative_error,
+)
+
+CASES = [  # (B, H, n_q, n_k, d, causal, token_major)
+    (1, 2, 256, 256, 64, True, False),
+    (2, 3, 1000, 1000, 128, True, False),
+    (2, 3, 1000, 1000, 128, True, True),
+    (1, 4, 777, 777, 64, False, True),
+    (1, 2, 300, 700, 128, True, False),
+    (1, 2, 700, 300, 64, True, False),
+    (1, 2, 300, 700, 128, False, False),
+    (1, 1, 64, 64, 128, True, False),
+    (1, 2, 1200, 1200, 64, True, True),
+]
+SHAPES = [(1, 16, 16384, 64), (1, 16, 8192, 128), (1, 16, 32768, 128)]
+MODES = {"triton": (False, False), "gluon-fwd": (True, False), "gluon-fwd-dkdv": (True, True)}
+
+
+def set_mode(name: str) -> None:
+    fwd, dkdv = MODES[name]
+    flash_sm90.ENABLED, flash_sm90_dkdv.ENABLED = fwd, dkdv
+    flash_sm90.MIN_KEYS = 1
+    fa._PLANS.clear()
+
+
+def _inputs(b, h, n_q, n_k, d, token_major, dtype=torch.bfloat16):
+    def one(n):
+        if token_major:
+            return torch.randn(b, n, h, d, device="cuda", dtype=dtype).transpose(1, 2)
+        return torch.randn(b, h, n, d, device="cuda", dtype=dtype)
+
+    return one(n_q), one(n_k), one(n_k)
+
+
+def check(rows: list) -> None:
+    for case in CASES:
+        b, h, n_q, n_k, d, causal, tm = case
+        torch.manual_seed(len(rows))
+        q, k, v = _inputs(b, h, n_q, n_k, d, tm)
+        do = torch.randn_like(q)
+        ref_o, ref_l, *ref_g = reference_with_grads(q, k, v, do, causal)
+        leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+        naive_o = attention_naive(*leaves, causal)
+        naive = (naive_o, *torch.autograd.grad(naive_o, leaves, do))
+        visible = ref_l.isfinite()
+        for mode in MODES:
+            set_mode(mode)
+            leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+            o = fa.flash_attention(*leaves, causal=causal)
+            o.backward(do)
+            ours = (o, *(t.grad for t in leaves))
+            row = dict(case=list(case), mode=mode)
+            ok = True
+            refs = (ref_o, *ref_g)
+            for name, x, theirs, ref in zip(("O", "dQ", "dK", "dV"), ours, naive, refs, strict=True):
+                sel = visible if name in ("O", "dQ") else slice(None)
+                err, tol = relative_error(x[sel], ref[sel]), 2 * relative_error(theirs[sel], ref[sel])
+                row[name] = [err, tol]
+                ok = ok and err <= tol
+            row["ok"] = ok
+            rows.append(row)
+            print(row, flush=True)
+
+
+def _median(fn) -> list[float]:
+    fn()
+    torch.cuda.synchronize()
+    return triton.testing.do_bench(fn, warmup=50, rep=400, quantiles=[0.5, 0.2, 0.8])
+
+
+def times(rows: list) -> None:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    for b, h, n, d in SHAPES:
+        q, k, v = _inputs(b, h, n, n, d, True)
+        do = torch.randn_like(q)
+        leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+
+        def ours(leaves=leaves):
+            return fa.flash_attention(*leaves, causal=True)
+
+        def cudnn(leaves=leaves):
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=True)
+
+        for mode in [*MODES, "sdpa-cudnn"]:
+            fn = cudnn if mode == "sdpa-cudnn" else ours
+            if mode != "sdpa-cudnn":
+                set_mode(mode)
+            with torch.no_grad():
+                fwd = _median(fn)
+            both = _median(lambda fn=fn, do=do: torch.autograd.backward(fn(), do))
+            flops = 4 * b * h * n * n * d / 2
+            row = dict(shape=[b, h, n, d], mode=mode, fwd_ms=fwd[0], fwd_p20=fwd[1], fwd_p80=fwd[2],
+                       fwd_bwd_ms=both[0], fwd_bwd_p20=both[1], fwd_bwd_p80=both[2],
+                       fwd_tflops=flops / fwd[0] / 1e9, device=torch.cuda.get_device_name())  # fmt: skip
+            rows.append(row)
+            print(row, flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=".")
+    parser.add_argument("--skip-times", action="store_true")
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    checked: list[dict] = []
+    check(checked)
+    with open(os.path.join(args.out, "sm90_check.jsonl"), "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in checked)
+    if args.skip_times or not all(r["ok"] for r in checked):
+        return
+    timed: list[dict] = []
+    times(timed)
+    with open(os.path.join(args.out, "sm90_times.jsonl"), "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in timed)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,214 @@
+"""FlashAttention backward's dK, dV for Hopper (sm_90) in Gluon, warp-specialised like the
+forward in ``flash_sm90``.
+
+One program holds a block of ``BLOCK_N`` keys: two consumer warpgroups own 64 keys each (their
+K and V tiles stay in shared memory, their fp32 dK, dV accumulators in registers) and a load
+warp streams the ``BLOCK_M``-query tiles of Q and dO through a ring of ``STAGES`` buffers. Per
+query tile each warpgroup issues ``S^T = K Q^T`` and ``dP^T = V dO^T`` together, forms
+``P^T = exp2(S^T c - L log2 e)`` and ``dS^T = P^T (dP^T - D)`` in registers, and issues
+``dV += P^T dO`` and ``dK += dS^T Q`` with P^T and dS^T as register operands; the tile's buffers
+are released once those two are done. The two warpgroups run out of step, so one's
+exponentials overlap the other's dots.
+
+It is the Triton dK/dV kernel's contract (``flash_attention._attn_bwd_dkdv``, separate dQ mode):
+L and D = rowsum(dO * O) come from the forward and the dQ kernel, indexed (batch*head, row);
+dK and dV are written contiguous (..., n_keys, d). Chosen with the Gluon forward
+(``flash_sm90.serves``) where the tensors allow (``flash_sm90.describable``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lmscope.envflags import env_flag
+from lmscope.kernels import flash_sm90
+from lmscope.kernels.flash_sm90 import HAVE_GLUON
+
+ENABLED = env_flag("LMSCOPE_FLASH_SM90_DKDV", default=True)  # off: the Triton dK/dV kernel
+
+BLOCK_M = 64  # queries per step
+BLOCK_N = 128  # keys per program: two warpgroups of 64
+STAGES = 3  # Q/dO ring depth
+NUM_WARPS = 4  # the default partition: the first consumer warpgroup
+
+if HAVE_GLUON:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+
+    from lmscope.kernels.flash_sm90 import _tile, _tma_load, _tma_store, _warps_barrier
+
+    REGS_CONSUMER = gl.constexpr(240)
+    REGS_LOADER = gl.constexpr(24)
+
+    @gluon.jit
+    def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty,
+                z, h, start_n, m_lo, n_steps, TOKEN_MAJOR: gl.constexpr, DO_TOKEN_MAJOR: gl.constexpr,
+                ROWS: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
+        """The load warp: both warpgroups' K and V tiles once, then Q and dO query tile j into
+        stage j % STAGES once both warpgroups have released what that stage held."""
+        mbarrier.expect(kv_bar, 2 * (k_desc.block_type.nbytes + v_desc.block_type.nbytes))
+        for wg in gl.static_range(2):
+            row = start_n + wg * ROWS
+            _tma_load(k_desc, _tile(k_desc, z, h, row, TOKEN_MAJOR), kv_bar, k_smem.index(wg))
+            _tma_load(v_desc, _tile(v_desc, z, h, row, TOKEN_MAJOR), kv_bar, v_smem.index(wg))
+        for j in range(n_steps):
+            stage = j % STAGES
+            mbarrier.wait(empty.index(stage), ((j // STAGES) - 1) & 1, pred=j >= STAGES)
+            row = m_lo + j * BLOCK_M
+            bar = ready.index(stage)
+            mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+            _tma_load(q_desc, _tile(q_desc, z, h, row, TOKEN_MAJOR), bar, q_smem.index(stage))
+            _tma_load(do_desc, _tile(do_desc, z, h, row, DO_TOKEN_MAJOR), bar, do_smem.index(stage))
+
+    @gluon.jit
+    def _consumer(q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, dk_desc, dv_desc, LSE, DELTA,
+                  z, h, off_bh, start_n, m_lo, n_steps, mask_below, n_q, n_k, qk_scale, sm_scale,
+                  WG: gl.constexpr, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, ROWS: gl.constexpr,
+                  BLOCK_M: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
+        """One warpgroup's ROWS keys: dK, dV over the query tiles, then stored by TMA."""
+        num_warps: gl.constexpr = gl.num_warps()
+        dtype: gl.constexpr = dk_desc.dtype
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_M, 16]
+        )
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_DIM, 16]
+        )
+        op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+        col_s: gl.constexpr = gl.SliceLayout(0, s_layout)  # per query (columns of S^T)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)  # per key (rows of S^T)
+
+        first_key = start_n + WG * ROWS
+        k = k_smem.index(WG).reshape([ROWS, HEAD_DIM])
+        v = v_smem.index(WG).reshape([ROWS, HEAD_DIM])
+        offs_n = first_key + gl.arange(0, ROWS, layout=row_s)
+        offs_mb = gl.arange(0, BLOCK_M, layout=col_s)
+        row_base = off_bh.to(gl.int64) * n_q
+        dk = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=acc_layout)
+        dv = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=acc_layout)
+        s_zero = gl.zeros([ROWS, BLOCK_M], gl.float32, layout=s_layout)
+
+        mbarrier.wait(kv_bar, 0)
+        for j in range(n_steps):
+            stage = j % STAGES
+            mbarrier.wait(ready.index(stage), (j // STAGES) & 1)
+            q = q_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
+            do = do_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
+            s_tok = warpgroup_mma(k, q.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            dp_tok = warpgroup_mma(v, do.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            start_m = m_lo + j * BLOCK_M
+            offs_m = start_m + offs_mb
+            m_ok = offs_m < n_q
+            lse2 = gl.load(LSE + row_base + offs_m, mask=m_ok, other=0.0) * 1.4426950408889634
+            delta = gl.load(DELTA + row_base + offs_m, mask=m_ok, other=0.0)
+            s_t, dp_t = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, dp_tok))
+            p_t = gl.exp2(s_t * qk_scale - gl.expand_dims(lse2, 0))
+            if (start_m < mask_below) | (start_m + BLOCK_M > n_q):  # the diagonal or the ragged end
+                keep = gl.expand_dims(m_ok, 0)
+                if CAUSAL:
+                    keep = keep & (gl.expand_dims(offs_m, 0) >= gl.expand_dims(offs_n, 1))
+                p_t = gl.where(keep, p_t, 0.0)
+            ds_t = p_t * (dp_t - gl.expand_dims(delta, 0))
+            p_op = gl.convert_layout(p_t.to(dtype), op_layout)
+            ds_op = gl.convert_layout(ds_t.to(dtype), op_layout)
+            dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)
+            dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)
+            dv, dk, p_op, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv_tok, dk_tok, p_op, ds_op))
+            _warps_barrier()  # this warpgroup's four warps are past tile j: release its stage
+            mbarrier.arrive(empty.index(stage))
+
+        # dK, dV through this warpgroup's K and V buffers (no longer read), clipped at n_k.
+        k.store((dk * sm_scale).to(dtype))
+        v.store(dv.to(dtype))
+        fence_async_shared()
+        _tma_store(dk_desc, [z, h, first_key, 0], k.reshape(dk_desc.block_type.shape))
+        _tma_store(dv_desc, [z, h, first_key, 0], v.reshape(dv_desc.block_type.shape))
+        tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def _attn_bwd_dkdv_sm90(
+        q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, DELTA,
+        H, n_q, n_k, qk_scale, sm_scale,
+        HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, TOKEN_MAJOR: gl.constexpr,
+        DO_TOKEN_MAJOR: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+        STAGES: gl.constexpr,
+    ):  # fmt: skip
+        # Every head's first key block (the most queries, under causal masking) first.
+        off_bh = gl.program_id(0)
+        start_n = gl.program_id(1) * BLOCK_N
+        z = off_bh // H
+        h = off_bh % H
+        ROWS: gl.constexpr = BLOCK_N // 2
+        dtype: gl.constexpr = q_desc.dtype
+
+        q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
+        do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [2] + k_desc.block_type.shape, k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [2] + v_desc.block_type.shape, v_desc.layout)
+        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(kv_bar, count=1)
+        for s in gl.static_range(STAGES):
+            mbarrier.init(ready.index(s), count=1)
+            mbarrier.init(empty.index(s), count=2)  # one arrival per consumer warpgroup
+
+        if CAUSAL:
+            m_lo = (gl.minimum(start_n, n_q) // BLOCK_M) * BLOCK_M  # queries before see none of these keys
+            mask_below = start_n + BLOCK_N  # query tiles starting below this cross the diagonal
+        else:
+            m_lo = 0
+            mask_below = 0
+        n_steps = gl.cdiv(gl.maximum(n_q - m_lo, 0), BLOCK_M)
+
+        gl.warp_specialize(
+            [
+                (_consumer, (q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, dk_desc, dv_desc, LSE,
+                             DELTA, z, h, off_bh, start_n, m_lo, n_steps, mask_below, n_q, n_k, qk_scale,
+                             sm_scale, 0, HEAD_DIM, CAUSAL, ROWS, BLOCK_M, STAGES)),
+                (_consumer, (q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, dk_desc, dv_desc, LSE,
+                             DELTA, z, h, off_bh, start_n, m_lo, n_steps, mask_below, n_q, n_k, qk_scale,
+                             sm_scale, 1, HEAD_DIM, CAUSAL, ROWS, BLOCK_M, STAGES)),
+                (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready,
+                           empty, z, h, start_n, m_lo, n_steps, TOKEN_MAJOR, DO_TOKEN_MAJOR, ROWS, BLOCK_M,
+                           STAGES)),
+            ],
+            [4, 1],
+            [REGS_CONSUMER, REGS_LOADER],
+        )  # fmt: skip
+
+        mbarrier.invalidate(kv_bar)
+        for s in gl.static_range(STAGES):
+            mbarrier.invalidate(ready.index(s))
+            mbarrier.invalidate(empty.index(s))
+
+
+def dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse: torch.Tensor,
+         delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, causal: bool, qk_scale: float,
+         sm_scale: float, stages: int = STAGES) -> None:  # fmt: skip
+    """dK, dV of (Z, H, n, d) q, k, v, do into contiguous (Z, H, n_k, d) dk, dv; lse and delta
+    float32 with (Z*H*n_q) at their heads."""
+    z, h, n_q, d = q.shape
+    n_k = k.shape[2]
+    rows = BLOCK_N // 2
+    q_layout = flash_sm90._layout(q, BLOCK_M)
+    do_layout = flash_sm90._layout(do, BLOCK_M)
+    kv_layout = flash_sm90._layout(k, rows)
+    out_layout = flash_sm90._layout(dk, rows)
+    grid = (z * h, (n_k + BLOCK_N - 1) // BLOCK_N)
+    _attn_bwd_dkdv_sm90[grid](
+        flash_sm90._descriptor(q, BLOCK_M, q_layout), flash_sm90._descriptor(k, rows, kv_layout),
+        flash_sm90._descriptor(v, rows, kv_layout), flash_sm90._descriptor(do, BLOCK_M, do_layout),
+        flash_sm90._descriptor(dk, rows, out_layout), flash_sm90._descriptor(dv, rows, out_layout),
+        lse, delta, h, n_q, n_k, qk_scale, sm_scale,
+        HEAD_DIM=d, CAUSAL=bool(causal), TOKEN_MAJOR=flash_sm90.token_major(q),
+        DO_TOKEN_MAJOR=flash_sm90.token_major(do), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages,
+        num_warps=NUM_WARPS,
+    )  # fmt: skip

@@ -25,7 +25,7 @@ except ImportError:  # pragma: no cover
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 
 from lmscope.kernels import flash_attention as fa  # noqa: E402
-from lmscope.kernels import flash_sm90, flash_sm90_dkdv  # noqa: E402
+from lmscope.kernels import flash_sm90, flash_sm90_dkdv, flash_sm90_dq  # noqa: E402
 from lmscope.kernels.attention_reference import (  # noqa: E402
     attention_naive,
     reference_with_grads,
@@ -44,10 +44,15 @@ CASES = [  # (B, H, n_q, n_k, d, causal, token_major)
     (1, 2, 1200, 1200, 64, True, True),
 ]
 SHAPES = [(1, 16, 16384, 64), (1, 16, 8192, 128), (1, 16, 32768, 128)]
-MODES = {"triton": (False, False), "gluon-fwd": (True, False), "gluon-fwd-dkdv": (True, True)}
+MODES = {  # Gluon forward, dK/dV, dQ
+    "triton": (False, False, False),
+    "gluon-fwd": (True, False, False),
+    "gluon-fwd-dkdv": (True, True, False),
+    "gluon-all": (True, True, True),
+}
 
 
-CALLS = {"gluon_fwd": 0, "gluon_dkdv": 0}
+CALLS = {"gluon_fwd": 0, "gluon_dkdv": 0, "gluon_dq": 0}
 
 
 def _counted(module, name: str, key: str) -> None:
@@ -62,6 +67,7 @@ def _counted(module, name: str, key: str) -> None:
 
 _counted(flash_sm90, "forward", "gluon_fwd")
 _counted(flash_sm90_dkdv, "dkdv", "gluon_dkdv")
+_counted(flash_sm90_dq, "dq", "gluon_dq")
 
 
 def attention(q, k, v, causal):
@@ -71,8 +77,7 @@ def attention(q, k, v, causal):
 
 
 def set_mode(name: str) -> None:
-    fwd, dkdv = MODES[name]
-    flash_sm90.ENABLED, flash_sm90_dkdv.ENABLED = fwd, dkdv
+    flash_sm90.ENABLED, flash_sm90_dkdv.ENABLED, flash_sm90_dq.ENABLED = MODES[name]
     flash_sm90.MIN_KEYS = 1
     fa._PLANS.clear()
 

@@ -104,63 +104,142 @@ def test_gpu_forward_matches_reference(case, pingpong):
     assert relative_error(ours, ref_o[visible]) <= 2 * relative_error(theirs, ref_o[visible])
 
 
+def _count_gluon_launches(monkeypatch) -> dict:
+    """Counters of the three Gluon kernels' launches, through the module functions."""
+    from lmscope.kernels import flash_sm90_dkdv, flash_sm90_dq
+
+    calls = {"forward": 0, "dq": 0, "dkdv": 0}
+    for module, name in ((flash_sm90, "forward"), (flash_sm90_dq, "dq"), (flash_sm90_dkdv, "dkdv")):
+        real = getattr(module, name)
+
+        def counted(*args, _name=name, _real=real, **kwargs):
+            calls[_name] += 1
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, counted)
+    return calls
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[2]}x{c[3]}-d{c[4]}-c{int(c[5])}-t{int(c[6])}")
+def test_gpu_gluon_kernels_match_reference(case, monkeypatch):
+    """Forward and backward through the three Gluon kernels (the key threshold lowered so small
+    shapes take them): O, L, dQ, dK, dV within 2x torch's same-dtype error of float64."""
+    b, h, n_q, n_k, d, causal, token_major, dtype = case
+    monkeypatch.setattr(flash_sm90, "MIN_KEYS", 1)
+    fa._PLANS.clear()
+    calls = _count_gluon_launches(monkeypatch)
+    q, k, v = _inputs(b, h, n_q, n_k, d, token_major, dtype, seed=3 * n_q + n_k + d)
+    do = torch.randn_like(q)
+    o, lse = fa.flash_attention_forward(q, k, v, causal)
+    grads = fa.flash_attention_backward(do, q, k, v, o, lse, causal)
+    fa._PLANS.clear()
+    assert calls == {"forward": 1, "dq": 1, "dkdv": 1}
+    ref_o, ref_l, *ref_g = reference_with_grads(q, k, v, do, causal)
+    leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+    naive_o = attention_naive(*leaves, causal)
+    naive = (naive_o, *torch.autograd.grad(naive_o, leaves, do))
+    visible = ref_l.isfinite()  # causal rows with no key (n_q > n_k) have no softmax
+    assert (lse.double() - ref_l)[visible].abs().max().item() < 1e-4
+    refs = (ref_o, *ref_g)
+    for name, ours, theirs, ref in zip(("O", "dQ", "dK", "dV"), (o, *grads), naive, refs, strict=True):
+        rows = visible if name in ("O", "dQ") else slice(None)
+        err, tol = relative_error(ours[rows], ref[rows]), 2 * relative_error(theirs[rows], ref[rows])
+        assert err <= tol, f"{name}: error {err:.2e} > 2x torch's {dtype} error ({tol:.2e})"
+
+
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize("token_major", [False, True])
-def test_gpu_flash_attention_takes_the_gluon_forward_and_keeps_the_gradients(token_major, monkeypatch):
+def test_gpu_flash_attention_takes_the_gluon_kernels_and_keeps_the_gradients(token_major, monkeypatch):
     """Through ``flash_attention`` (the autograd Function), with the key threshold lowered so a
-    small shape takes the Gluon forward: outputs and gradients against the Triton forward's run."""
+    small shape takes the Gluon kernels: outputs and gradients against the Triton kernels' run."""
     q, k, v = _inputs(2, 3, 520, 520, 128, token_major, torch.bfloat16, seed=7)
     do = torch.randn_like(q)
     results = []
-    real = flash_sm90.forward
-    for min_keys in (1, 1 << 30):  # Gluon forward, then the Triton forward
+    calls = _count_gluon_launches(monkeypatch)
+    for min_keys in (1, 1 << 30):  # the Gluon kernels, then the Triton ones
         monkeypatch.setattr(flash_sm90, "MIN_KEYS", min_keys)
         fa._PLANS.clear()
-        calls = []
-
-        def counted(*args, calls=calls, real=real, **kwargs):
-            calls.append(1)
-            return real(*args, **kwargs)
-
-        monkeypatch.setattr(flash_sm90, "forward", counted)
+        before = dict(calls)
         leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
         o = fa.flash_attention(*leaves, causal=True)
         o.backward(do)
-        assert bool(calls) == (min_keys == 1)
+        launched = {name: calls[name] - before[name] for name in calls}
+        assert launched == dict.fromkeys(calls, int(min_keys == 1))
         results.append((o.detach(), *(t.grad for t in leaves)))
     fa._PLANS.clear()
     for name, ours, triton in zip(("O", "dQ", "dK", "dV"), *results, strict=True):
         assert relative_error(ours, triton) <= 2e-2, name
 
 
-@pytest.mark.parametrize("head_dim", flash_sm90.HEAD_DIMS)
-def test_compiles_for_sm90_without_a_gpu(head_dim):
-    """The kernel builds for sm_90 with the installed Triton (its Gluon API moves between
-    releases) into warp-specialised wgmma code; on the CPU, from host-side descriptors."""
-    if not flash_sm90.HAVE_GLUON:
-        pytest.skip("this Triton has no Gluon")
+def _compile_for_sm90(kernel, descriptors: dict, scalars: dict, constants: dict, num_warps: int) -> str:
+    """PTX of a Gluon kernel built for sm_90 on this machine (no GPU needed)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
 
-    x = torch.empty(1, 2, 256, head_dim, dtype=torch.bfloat16)
-    sm90 = flash_sm90
-    rows, keys = sm90.BLOCK_M // 2, sm90.BLOCK_N
-    q_desc = sm90._descriptor(x, rows, sm90._layout(x, rows))
-    kv_desc = sm90._descriptor(x, keys, sm90._layout(x, keys))
-    kernel = sm90._attn_fwd_sm90
     names = kernel.arg_names
-    constants = dict(HEAD_DIM=head_dim, CAUSAL=True, TOKEN_MAJOR=False, BLOCK_M=sm90.BLOCK_M,
-                     BLOCK_N=keys, STAGES=sm90.STAGES[head_dim], PINGPONG=True)  # fmt: skip
-    descriptors = dict(zip(names[:4], (q_desc, kv_desc, kv_desc, q_desc), strict=True))
     signature = {name: mangle_type(desc) for name, desc in descriptors.items()}
-    signature.update(LSE="*fp32", H="i32", n_q="i32", n_k="i32", qk_scale="fp32")
+    signature.update(scalars)
     signature.update(dict.fromkeys(constants, "constexpr"))
-    source = GluonASTSource(kernel, signature, {(names.index(n),): v for n, v in constants.items()},
-                            {(names.index("LSE"),): [["tt.divisibility", 16]]})  # fmt: skip
-    options = {"num_warps": sm90.NUM_WARPS}
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
-    ptx = compiled.asm["ptx"]
+    pointers = [name for name, kind in scalars.items() if kind.startswith("*")]
+    attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in pointers}
+    source = GluonASTSource(kernel, signature, {(names.index(n),): v for n, v in constants.items()}, attrs)
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+    return compiled.asm["ptx"]
+
+
+def _tensor(head_dim: int, token_major: bool) -> torch.Tensor:
+    if token_major:
+        return torch.empty(1, 256, 2, head_dim, dtype=torch.bfloat16).transpose(1, 2)
+    return torch.empty(1, 2, 256, head_dim, dtype=torch.bfloat16)
+
+
+def _describe(x: torch.Tensor, rows: int):
+    return flash_sm90._descriptor(x, rows, flash_sm90._layout(x, rows))
+
+
+@pytest.mark.parametrize("head_dim", flash_sm90.HEAD_DIMS)
+@pytest.mark.parametrize("kernel", ["forward", "dq", "dkdv"])
+def test_compiles_for_sm90_without_a_gpu(kernel, head_dim):
+    """Each kernel builds for sm_90 with the installed Triton (its Gluon API moves between
+    releases) into warp-specialised wgmma code fed by TMA; on the CPU, from host-side
+    descriptors, with (B, H, n, d) inputs and an output or dO of (B, n, H, d) memory."""
+    if not flash_sm90.HAVE_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    from lmscope.kernels import flash_sm90_dkdv, flash_sm90_dq
+
+    x, y = _tensor(head_dim, False), _tensor(head_dim, True)
+    flags = dict(HEAD_DIM=head_dim, CAUSAL=True, TOKEN_MAJOR=False)
+    bwd_scalars = dict(LSE="*fp32", DELTA="*fp32", H="i32", n_q="i32", n_k="i32", qk_scale="fp32",
+                       sm_scale="fp32")  # fmt: skip
+    if kernel == "forward":
+        m = flash_sm90
+        rows, keys = m.BLOCK_M // 2, m.BLOCK_N
+        descriptors = dict(q_desc=_describe(x, rows), k_desc=_describe(x, keys), v_desc=_describe(x, keys),
+                           o_desc=_describe(y, rows))  # fmt: skip
+        scalars = dict(LSE="*fp32", H="i32", n_q="i32", n_k="i32", qk_scale="fp32")
+        constants = dict(**flags, O_TOKEN_MAJOR=True, BLOCK_M=m.BLOCK_M, BLOCK_N=keys,
+                         STAGES=m.STAGES[head_dim], PINGPONG=True)  # fmt: skip
+        ptx = _compile_for_sm90(m._attn_fwd_sm90, descriptors, scalars, constants, m.NUM_WARPS)
+    elif kernel == "dq":
+        m = flash_sm90_dq
+        rows, keys = m.BLOCK_M // 2, m.BLOCK_N
+        descriptors = dict(q_desc=_describe(x, rows), k_desc=_describe(x, keys), v_desc=_describe(x, keys),
+                           do_desc=_describe(y, rows), o_desc=_describe(y, rows),
+                           dq_desc=_describe(x, rows))  # fmt: skip
+        constants = dict(**flags, DO_TOKEN_MAJOR=True, O_TOKEN_MAJOR=True, BLOCK_M=m.BLOCK_M, BLOCK_N=keys,
+                         STAGES=m.STAGES)  # fmt: skip
+        ptx = _compile_for_sm90(m._attn_bwd_dq_sm90, descriptors, bwd_scalars, constants, m.NUM_WARPS)
+    else:
+        m = flash_sm90_dkdv
+        rows, queries = m.BLOCK_N // 2, m.BLOCK_M
+        descriptors = dict(q_desc=_describe(x, queries), k_desc=_describe(x, rows), v_desc=_describe(x, rows),
+                           do_desc=_describe(y, queries), dk_desc=_describe(x, rows),
+                           dv_desc=_describe(x, rows))  # fmt: skip
+        constants = dict(**flags, DO_TOKEN_MAJOR=True, BLOCK_M=queries, BLOCK_N=m.BLOCK_N, STAGES=m.STAGES)
+        ptx = _compile_for_sm90(m._attn_bwd_dkdv_sm90, descriptors, bwd_scalars, constants, m.NUM_WARPS)
     assert "wgmma.mma_async" in ptx and "setmaxnreg" in ptx and "cp.async.bulk.tensor" in ptx

@@ -101,7 +101,7 @@ import triton
 import triton.language as tl
 
 from lmscope.envflags import env_flag
-from lmscope.kernels import flash_native, flash_sm90, flash_sm90_dkdv
+from lmscope.kernels import flash_native, flash_sm90, flash_sm90_dkdv, flash_sm90_dq
 from lmscope.kernels.attention_reference import check_attention_inputs
 from lmscope.kernels.triton_launch import DirectLaunch, FixedArgs
 
@@ -1112,7 +1112,8 @@ def _forward(
         stats = torch.empty(plan.l_size + _scratch(plan, False), dtype=torch.float32, device=plan.device)
     else:
         stats = torch.empty(plan.l_shape, dtype=torch.float32, device=plan.device)
-    if plan.sm90 and type(q4) is torch.Tensor and flash_sm90.describable(q4, k4, v4, o4):
+    if plan.sm90 and type(q4) is torch.Tensor and flash_sm90.describable(q4, k4, v4) and (
+            flash_sm90.describable(o4)):  # fmt: skip
         flash_sm90.forward(q4, k4, v4, o4, stats, plan.key[1], plan.scalars[3])
     else:
         _FWD_LAUNCH(plan.key, plan.n_q, plan.bh, (q4, k4, v4, o4, stats), plan.fwd)
@@ -1155,6 +1156,7 @@ def _backward(
     dk = torch.empty(plan.k_shape, dtype=plan.dtype, device=plan.device)
     dv = torch.empty(plan.k_shape, dtype=plan.dtype, device=plan.device)
     key = plan.key
+    sm90 = _sm90_backward(plan, atomic, q4, k4, v4, do4, o4)
     if atomic:
         key = (*key[:5], True, key[6])
         dq_acc = f32[_aligned(bh * n_q) :]
@@ -1166,8 +1168,11 @@ def _backward(
         )  # fmt: skip
     else:  # the dQ kernel computes D for its rows and stores it: it runs first
         dq_acc = plan.dq_acc
-        _DQ_LAUNCH(key, n_q, bh, (q4, k4, v4, do4, o4, lse, f32, dq), dq_args)
-    if _sm90_dkdv(plan, atomic, q4, k4, v4, do4):
+        if sm90 and flash_sm90_dq.ENABLED:
+            flash_sm90_dq.dq(q4, k4, v4, do4, o4, lse, f32, _as4d(dq), key[1], *plan.scalars[3:5])
+        else:
+            _DQ_LAUNCH(key, n_q, bh, (q4, k4, v4, do4, o4, lse, f32, dq), dq_args)
+    if sm90 and flash_sm90_dkdv.ENABLED:
         flash_sm90_dkdv.dkdv(q4, k4, v4, do4, lse, f32, _as4d(dk), _as4d(dv), plan.key[1], plan.scalars[3],
                              plan.scalars[4])  # fmt: skip
     else:
@@ -1179,16 +1184,17 @@ def _backward(
     return dq, dk, dv
 
 
-def _sm90_dkdv(plan: _Plan, atomic: bool, q4, k4, v4, do4) -> bool:
-    """Whether the Gluon dK/dV kernel serves this backward: with the Gluon forward's plans, in
-    separate dQ mode, for tensors TMA can describe (dO may have its own axis order)."""
+def _sm90_backward(plan: _Plan, atomic: bool, q4, k4, v4, do4, o4) -> bool:
+    """Whether the Gluon dQ and dK/dV kernels may serve this backward (each has its own switch
+    too): with the Gluon forward's plans, in separate dQ mode, for tensors TMA can describe
+    (dO and O may each have their own axis order)."""
     return (
         plan.sm90
-        and flash_sm90_dkdv.ENABLED
         and not atomic
         and type(q4) is torch.Tensor
         and flash_sm90.describable(q4, k4, v4)
         and flash_sm90.describable(do4)
+        and flash_sm90.describable(o4)
     )
 
 

@@ -126,8 +126,8 @@ if HAVE_GLUON:
     @gluon.jit
     def _consumer(q_smem, k_smem, v_smem, q_bar, ready, empty, turn, o_desc, LSE, z, h, off_bh, start_m, n_q,
                   n_k, n_tiles, full_hi, qk_scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr,
-                  CAUSAL: gl.constexpr, TOKEN_MAJOR: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
-                  STAGES: gl.constexpr, PINGPONG: gl.constexpr):  # fmt: skip
+                  CAUSAL: gl.constexpr, O_TOKEN_MAJOR: gl.constexpr, ROWS: gl.constexpr,
+                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr):  # fmt: skip
         """One warpgroup's ROWS query rows: the softmax of tile j+1 runs while P_j V_j is on the
         tensor cores; each stage is released (``empty``) once its V has been read. With PINGPONG
         the two warpgroups take turns to issue their dots (``turn`` mbarriers), so that one's
@@ -145,8 +145,7 @@ if HAVE_GLUON:
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
 
         row0 = start_m + WG * ROWS
-        q_buf = q_smem.index(WG)
-        q = q_buf.reshape([ROWS, HEAD_DIM])
+        q = q_smem.index(WG).reshape([ROWS, HEAD_DIM])
         offs_m = row0 + gl.arange(0, ROWS, layout=row_s)
         m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=row_s)
         l_i = gl.full([ROWS], 0.0, gl.float32, layout=row_s)
@@ -198,14 +197,14 @@ if HAVE_GLUON:
         # O through this warpgroup's Q buffer (no longer read) and a TMA store clipped at n_q.
         q.store(acc.to(dtype))
         fence_async_shared()
-        _tma_store(o_desc, _tile(o_desc, z, h, row0, TOKEN_MAJOR), q_buf)
+        _tma_store(o_desc, _tile(o_desc, z, h, row0, O_TOKEN_MAJOR), q.reshape(o_desc.block_type.shape))
         tma.store_wait(pendings=0)
 
     @gluon.jit
     def _attn_fwd_sm90(
         q_desc, k_desc, v_desc, o_desc, LSE,
         H, n_q, n_k, qk_scale,
-        HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, TOKEN_MAJOR: gl.constexpr,
+        HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, TOKEN_MAJOR: gl.constexpr, O_TOKEN_MAJOR: gl.constexpr,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr,
     ):  # fmt: skip
         # Heaviest causal tiles first; every head's before any head's lighter ones.
@@ -243,11 +242,11 @@ if HAVE_GLUON:
         gl.warp_specialize(
             [
                 (_consumer, (q_smem, k_smem, v_smem, q_bar, ready, empty, turn, o_desc, LSE, z, h, off_bh,
-                             start_m, n_q, n_k, n_tiles, full_hi, qk_scale, 0, HEAD_DIM, CAUSAL, TOKEN_MAJOR,
-                             ROWS, BLOCK_N, STAGES, PINGPONG)),
+                             start_m, n_q, n_k, n_tiles, full_hi, qk_scale, 0, HEAD_DIM, CAUSAL,
+                             O_TOKEN_MAJOR, ROWS, BLOCK_N, STAGES, PINGPONG)),
                 (_consumer, (q_smem, k_smem, v_smem, q_bar, ready, empty, turn, o_desc, LSE, z, h, off_bh,
-                             start_m, n_q, n_k, n_tiles, full_hi, qk_scale, 1, HEAD_DIM, CAUSAL, TOKEN_MAJOR,
-                             ROWS, BLOCK_N, STAGES, PINGPONG)),
+                             start_m, n_q, n_k, n_tiles, full_hi, qk_scale, 1, HEAD_DIM, CAUSAL,
+                             O_TOKEN_MAJOR, ROWS, BLOCK_N, STAGES, PINGPONG)),
                 (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty, z, h,
                            start_m, n_tiles, TOKEN_MAJOR, ROWS, BLOCK_N, STAGES)),
             ],
@@ -320,8 +319,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, 
     grid = (z * h, (n_q + BLOCK_M - 1) // BLOCK_M)
     _attn_fwd_sm90[grid](
         _descriptor(q, BLOCK_M // 2, q_layout), _descriptor(k, BLOCK_N, kv_layout),
-        _descriptor(v, BLOCK_N, kv_layout), _descriptor(o, BLOCK_M // 2, q_layout), lse,
+        _descriptor(v, BLOCK_N, kv_layout), _descriptor(o, BLOCK_M // 2, _layout(o, BLOCK_M // 2)), lse,
         h, n_q, n_k, qk_scale,
-        HEAD_DIM=d, CAUSAL=bool(causal), TOKEN_MAJOR=token_major(q),
+        HEAD_DIM=d, CAUSAL=bool(causal), TOKEN_MAJOR=token_major(q), O_TOKEN_MAJOR=token_major(o),
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages or STAGES[d], PINGPONG=pingpong, num_warps=NUM_WARPS,
     )  # fmt: skip

@@ -159,12 +159,84 @@ def times(rows: list) -> None:
             print(row, flush=True)
 
 
+# Tile and ring-depth variants of the Gluon kernels, timed fwd+bwd in mode gluon-all: the host
+# functions read these module attributes at each call.
+VARIANTS = {
+    "default": {},
+    "dkdv 32 queries/step": {(flash_sm90_dkdv, "BLOCK_M"): 32},
+    "dkdv 128 queries/step": {(flash_sm90_dkdv, "BLOCK_M"): 128},
+    "dkdv 2 stages": {(flash_sm90_dkdv, "STAGES"): 2},
+    "dkdv 4 stages": {(flash_sm90_dkdv, "STAGES"): 4},
+    "dq 128 keys/step": {(flash_sm90_dq, "BLOCK_N"): 128},
+    "dq 2 stages": {(flash_sm90_dq, "STAGES"): 2},
+    "fwd 2 stages": {(flash_sm90, "STAGES"): {64: 2, 128: 2}},
+    "fwd 4 stages at d 64": {(flash_sm90, "STAGES"): {64: 4, 128: 3}},
+}
+
+
+def variants(rows: list) -> None:
+    set_mode("gluon-all")
+    for b, h, n, d in SHAPES:
+        q, k, v = _inputs(b, h, n, n, d, True)
+        do = torch.randn_like(q)
+        leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+        for name, overrides in VARIANTS.items():
+            saved = {key: getattr(*key) for key in overrides}
+            for (module, attr), value in overrides.items():
+                setattr(module, attr, value)
+            try:
+                both = _median(lambda x=leaves, g=do: torch.autograd.backward(attention(*x, True), g))
+                row = dict(shape=[b, h, n, d], variant=name, fwd_bwd_ms=both[0], fwd_bwd_p20=both[1],
+                           fwd_bwd_p80=both[2], status="ok")  # fmt: skip
+            except Exception as error:  # a variant that does not build or fit: a row, and on
+                row = dict(shape=[b, h, n, d], variant=name, status="error", error=repr(error)[:300])
+            finally:
+                for (module, attr), value in saved.items():
+                    setattr(module, attr, value)
+            rows.append(row)
+            print(row, flush=True)
+
+
+def profile(rows: list) -> None:
+    """Kernel times of one fwd+bwd per shape in mode gluon-all (torch.profiler)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    set_mode("gluon-all")
+    for b, h, n, d in SHAPES:
+        q, k, v = _inputs(b, h, n, n, d, True)
+        do = torch.randn_like(q)
+        leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+        for _ in range(3):
+            torch.autograd.backward(attention(*leaves, True), do)
+        torch.cuda.synchronize()
+        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                torch.autograd.backward(attention(*leaves, True), do)
+            torch.cuda.synchronize()
+        for event in prof.key_averages():
+            if event.device_type.name == "CUDA" or "CUDA" in str(event.device_type):
+                ms = getattr(event, "device_time_total", getattr(event, "cuda_time_total", 0)) / 1e3 / 5
+                if ms > 0:
+                    row = dict(shape=[b, h, n, d], kernel=event.key[:80], ms_per_call=ms)
+                    rows.append(row)
+                    print(row, flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=".")
     parser.add_argument("--skip-times", action="store_true")
+    parser.add_argument("--variants", action="store_true", help="time the VARIANTS and profile, no check")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    if args.variants:
+        found: list[dict] = []
+        variants(found)
+        profile(found)
+        with open(os.path.join(args.out, "sm90_variants.jsonl"), "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in found)
+        return
     checked: list[dict] = []
     check(checked)
     with open(os.path.join(args.out, "sm90_check.jsonl"), "w") as f:

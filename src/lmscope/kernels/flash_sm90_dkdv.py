@@ -192,7 +192,7 @@ if HAVE_GLUON:
 
 def dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse: torch.Tensor,
          delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, causal: bool, qk_scale: float,
-         sm_scale: float, stages: int = STAGES) -> None:  # fmt: skip
+         sm_scale: float, stages: int | None = None) -> None:  # fmt: skip
     """dK, dV of (Z, H, n, d) q, k, v, do into contiguous (Z, H, n_k, d) dk, dv; lse and delta
     float32 with (Z*H*n_q) at their heads."""
     z, h, n_q, d = q.shape
@@ -209,6 +209,6 @@ def dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, ls
         flash_sm90._descriptor(dk, rows, out_layout), flash_sm90._descriptor(dv, rows, out_layout),
         lse, delta, h, n_q, n_k, qk_scale, sm_scale,
         HEAD_DIM=d, CAUSAL=bool(causal), TOKEN_MAJOR=flash_sm90.token_major(q),
-        DO_TOKEN_MAJOR=flash_sm90.token_major(do), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages,
+        DO_TOKEN_MAJOR=flash_sm90.token_major(do), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages or STAGES,
         num_warps=NUM_WARPS,
     )  # fmt: skip

@@ -215,7 +215,7 @@ if HAVE_GLUON:
 
 def dq(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, o: torch.Tensor,
        lse: torch.Tensor, delta: torch.Tensor, dq_out: torch.Tensor, causal: bool, qk_scale: float,
-       sm_scale: float, stages: int = STAGES) -> None:  # fmt: skip
+       sm_scale: float, stages: int | None = None) -> None:  # fmt: skip
     """dQ of (Z, H, n, d) q, k, v, do, o into contiguous (Z, H, n_q, d) dq_out, and D into
     delta; lse and delta float32 with (Z*H*n_q) at their heads."""
     z, h, n_q, d = q.shape
@@ -231,5 +231,5 @@ def dq(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, o: t
         describe(dq_out, rows), lse, delta, h, n_q, n_k, qk_scale, sm_scale,
         HEAD_DIM=d, CAUSAL=bool(causal), TOKEN_MAJOR=flash_sm90.token_major(q),
         DO_TOKEN_MAJOR=flash_sm90.token_major(do), O_TOKEN_MAJOR=flash_sm90.token_major(o),
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages, num_warps=NUM_WARPS,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages or STAGES, num_warps=NUM_WARPS,
     )  # fmt: skip

@@ -163,11 +163,10 @@ def times(rows: list) -> None:
 # functions read these module attributes at each call.
 VARIANTS = {
     "default": {},
-    "dkdv 32 queries/step": {(flash_sm90_dkdv, "BLOCK_M"): 32},
-    "dkdv 128 queries/step": {(flash_sm90_dkdv, "BLOCK_M"): 128},
+    "dkdv dV after dP": {(flash_sm90_dkdv, "EARLY_DV"): False},
+    "dkdv 4 stages, dV after dP": {(flash_sm90_dkdv, "STAGES"): 4, (flash_sm90_dkdv, "EARLY_DV"): False},
     "dkdv 2 stages": {(flash_sm90_dkdv, "STAGES"): 2},
     "dkdv 4 stages": {(flash_sm90_dkdv, "STAGES"): 4},
-    "dq 128 keys/step": {(flash_sm90_dq, "BLOCK_N"): 128},
     "dq 2 stages": {(flash_sm90_dq, "STAGES"): 2},
     "fwd 2 stages": {(flash_sm90, "STAGES"): {64: 2, 128: 2}},
     "fwd 4 stages at d 64": {(flash_sm90, "STAGES"): {64: 4, 128: 3}},

@@ -168,6 +168,8 @@ def test_gpu_flash_attention_takes_the_gluon_kernels_and_keeps_the_gradients(tok
         o.backward(do)
         launched = {name: calls[name] - before[name] for name in calls}
         assert launched == dict.fromkeys(calls, int(min_keys == 1))
+        kind = "gluon-sm90" if min_keys == 1 else "triton"
+        assert fa.last_kernels() == {"forward": kind, "dq": kind, "dkdv": kind}
         results.append((o.detach(), *(t.grad for t in leaves)))
     fa._PLANS.clear()
     for name, ours, triton in zip(("O", "dQ", "dK", "dV"), *results, strict=True):
@@ -240,6 +242,7 @@ def test_compiles_for_sm90_without_a_gpu(kernel, head_dim):
         descriptors = dict(q_desc=_describe(x, queries), k_desc=_describe(x, rows), v_desc=_describe(x, rows),
                            do_desc=_describe(y, queries), dk_desc=_describe(x, rows),
                            dv_desc=_describe(x, rows))  # fmt: skip
-        constants = dict(**flags, DO_TOKEN_MAJOR=True, BLOCK_M=queries, BLOCK_N=m.BLOCK_N, STAGES=m.STAGES)
+        constants = dict(**flags, DO_TOKEN_MAJOR=True, BLOCK_M=queries, BLOCK_N=m.BLOCK_N, STAGES=m.STAGES,
+                         EARLY_DV=m.EARLY_DV)  # fmt: skip
         ptx = _compile_for_sm90(m._attn_bwd_dkdv_sm90, descriptors, bwd_scalars, constants, m.NUM_WARPS)
     assert "wgmma.mma_async" in ptx and "setmaxnreg" in ptx and "cp.async.bulk.tensor" in ptx

@@ -1115,9 +1115,23 @@ def _forward(
     if plan.sm90 and type(q4) is torch.Tensor and flash_sm90.describable(q4, k4, v4) and (
             flash_sm90.describable(o4)):  # fmt: skip
         flash_sm90.forward(q4, k4, v4, o4, stats, plan.key[1], plan.scalars[3])
+        _LAST_KERNELS["forward"] = "gluon-sm90"
     else:
         _FWD_LAUNCH(plan.key, plan.n_q, plan.bh, (q4, k4, v4, o4, stats), plan.fwd)
+        _LAST_KERNELS["forward"] = "triton"
     return o, stats, (q4, k4, v4), plan
+
+
+# Which kernels the last Python-path forward and backward launched (a benchmark row records
+# them: the Gluon sm_90 kernels or the Triton ones). The C++ host path serves only plans whose
+# kernels are all Triton's, the ones its plan's Python calls recorded here before.
+_LAST_KERNELS: dict[str, str] = {}
+
+
+def last_kernels() -> dict[str, str]:
+    """{"forward", "dq", "dkdv"} -> "gluon-sm90" or "triton" (or "triton-atomic" for dQ
+    accumulated by the dK/dV kernel): what the last forward and backward here launched."""
+    return dict(_LAST_KERNELS)
 
 
 def flash_attention_forward(
@@ -1170,8 +1184,13 @@ def _backward(
         dq_acc = plan.dq_acc
         if sm90 and flash_sm90_dq.ENABLED:
             flash_sm90_dq.dq(q4, k4, v4, do4, o4, lse, f32, _as4d(dq), key[1], *plan.scalars[3:5])
+            _LAST_KERNELS["dq"] = "gluon-sm90"
         else:
             _DQ_LAUNCH(key, n_q, bh, (q4, k4, v4, do4, o4, lse, f32, dq), dq_args)
+            _LAST_KERNELS["dq"] = "triton"
+    _LAST_KERNELS["dkdv"] = "gluon-sm90" if sm90 and flash_sm90_dkdv.ENABLED else "triton"
+    if atomic:
+        _LAST_KERNELS["dq"] = "triton-atomic"
     if sm90 and flash_sm90_dkdv.ENABLED:
         flash_sm90_dkdv.dkdv(q4, k4, v4, do4, lse, f32, _as4d(dk), _as4d(dv), plan.key[1], plan.scalars[3],
                              plan.scalars[4])  # fmt: skip

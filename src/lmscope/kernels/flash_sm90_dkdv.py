@@ -29,6 +29,7 @@ ENABLED = env_flag("LMSCOPE_FLASH_SM90_DKDV", default=True)  # off: the Triton d
 BLOCK_M = 64  # queries per step
 BLOCK_N = 128  # keys per program: two warpgroups of 64
 STAGES = 3  # Q/dO ring depth
+EARLY_DV = True  # issue dV += P^T dO before dP^T is waited for (overlaps it with forming dS^T)
 NUM_WARPS = 4  # the default partition: the first consumer warpgroup
 
 if HAVE_GLUON:
@@ -68,10 +69,22 @@ if HAVE_GLUON:
             _tma_load(do_desc, _tile(do_desc, z, h, row, DO_TOKEN_MAJOR), bar, do_smem.index(stage))
 
     @gluon.jit
+    def _probabilities(s_t, lse2, m_ok, offs_m, offs_n, start_m, mask_below, n_q, qk_scale,
+                       CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr):  # fmt: skip
+        """P^T of one query tile, masked on the diagonal tiles and at the ragged end."""
+        p_t = gl.exp2(s_t * qk_scale - gl.expand_dims(lse2, 0))
+        if (start_m < mask_below) | (start_m + BLOCK_M > n_q):
+            keep = gl.expand_dims(m_ok, 0)
+            if CAUSAL:
+                keep = keep & (gl.expand_dims(offs_m, 0) >= gl.expand_dims(offs_n, 1))
+            p_t = gl.where(keep, p_t, 0.0)
+        return p_t
+
+    @gluon.jit
     def _consumer(q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, dk_desc, dv_desc, LSE, DELTA,
                   z, h, off_bh, start_n, m_lo, n_steps, mask_below, n_q, n_k, qk_scale, sm_scale,
                   WG: gl.constexpr, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, ROWS: gl.constexpr,
-                  BLOCK_M: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
+                  BLOCK_M: gl.constexpr, STAGES: gl.constexpr, EARLY_DV: gl.constexpr):  # fmt: skip
         """One warpgroup's ROWS keys: dK, dV over the query tiles, then stored by TMA."""
         num_warps: gl.constexpr = gl.num_warps()
         dtype: gl.constexpr = dk_desc.dtype
@@ -108,19 +121,22 @@ if HAVE_GLUON:
             m_ok = offs_m < n_q
             lse2 = gl.load(LSE + row_base + offs_m, mask=m_ok, other=0.0) * 1.4426950408889634
             delta = gl.load(DELTA + row_base + offs_m, mask=m_ok, other=0.0)
-            s_t, dp_t = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, dp_tok))
-            p_t = gl.exp2(s_t * qk_scale - gl.expand_dims(lse2, 0))
-            if (start_m < mask_below) | (start_m + BLOCK_M > n_q):  # the diagonal or the ragged end
-                keep = gl.expand_dims(m_ok, 0)
-                if CAUSAL:
-                    keep = keep & (gl.expand_dims(offs_m, 0) >= gl.expand_dims(offs_n, 1))
-                p_t = gl.where(keep, p_t, 0.0)
-            ds_t = p_t * (dp_t - gl.expand_dims(delta, 0))
-            p_op = gl.convert_layout(p_t.to(dtype), op_layout)
-            ds_op = gl.convert_layout(ds_t.to(dtype), op_layout)
-            dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)
+            if EARLY_DV:  # P^T as soon as S^T is done; dV += P^T dO runs while dS^T is formed
+                s_t = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
+                p_t = _probabilities(s_t, lse2, m_ok, offs_m, offs_n, start_m, mask_below, n_q, qk_scale,
+                                     CAUSAL, BLOCK_M)  # fmt: skip
+                p_op = gl.convert_layout(p_t.to(dtype), op_layout)
+                dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)
+                dp_t = warpgroup_mma_wait(num_outstanding=1, deps=(dp_tok,))
+            else:
+                s_t, dp_t = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, dp_tok))
+                p_t = _probabilities(s_t, lse2, m_ok, offs_m, offs_n, start_m, mask_below, n_q, qk_scale,
+                                     CAUSAL, BLOCK_M)  # fmt: skip
+                p_op = gl.convert_layout(p_t.to(dtype), op_layout)
+                dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)
+            ds_op = gl.convert_layout((p_t * (dp_t - gl.expand_dims(delta, 0))).to(dtype), op_layout)
             dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)
-            dv, dk, p_op, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv_tok, dk_tok, p_op, ds_op))
+            dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p_op, ds_op))
             _warps_barrier()  # this warpgroup's four warps are past tile j: release its stage
             mbarrier.arrive(empty.index(stage))
 
@@ -138,7 +154,7 @@ if HAVE_GLUON:
         H, n_q, n_k, qk_scale, sm_scale,
         HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, TOKEN_MAJOR: gl.constexpr,
         DO_TOKEN_MAJOR: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-        STAGES: gl.constexpr,
+        STAGES: gl.constexpr, EARLY_DV: gl.constexpr,
     ):  # fmt: skip
         # Every head's first key block (the most queries, under causal masking) first.
         off_bh = gl.program_id(0)
@@ -172,10 +188,10 @@ if HAVE_GLUON:
             [
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, dk_desc, dv_desc, LSE,
                              DELTA, z, h, off_bh, start_n, m_lo, n_steps, mask_below, n_q, n_k, qk_scale,
-                             sm_scale, 0, HEAD_DIM, CAUSAL, ROWS, BLOCK_M, STAGES)),
+                             sm_scale, 0, HEAD_DIM, CAUSAL, ROWS, BLOCK_M, STAGES, EARLY_DV)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, dk_desc, dv_desc, LSE,
                              DELTA, z, h, off_bh, start_n, m_lo, n_steps, mask_below, n_q, n_k, qk_scale,
-                             sm_scale, 1, HEAD_DIM, CAUSAL, ROWS, BLOCK_M, STAGES)),
+                             sm_scale, 1, HEAD_DIM, CAUSAL, ROWS, BLOCK_M, STAGES, EARLY_DV)),
                 (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready,
                            empty, z, h, start_n, m_lo, n_steps, TOKEN_MAJOR, DO_TOKEN_MAJOR, ROWS, BLOCK_M,
                            STAGES)),
@@ -210,5 +226,5 @@ def dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, ls
         lse, delta, h, n_q, n_k, qk_scale, sm_scale,
         HEAD_DIM=d, CAUSAL=bool(causal), TOKEN_MAJOR=flash_sm90.token_major(q),
         DO_TOKEN_MAJOR=flash_sm90.token_major(do), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages or STAGES,
-        num_warps=NUM_WARPS,
+        EARLY_DV=EARLY_DV, num_warps=NUM_WARPS,
     )  # fmt: skip

@@ -25,7 +25,9 @@ What a point runs, in order:
    fwd_bwd include the accumulation adds;
 4. one more forward, whose autograd node's name is `autograd_node`: which path the timed calls
    took (flash-triton: "torch::autograd::CppNode<lmscope::FlashAttentionTritonNative>" for its
-   C++ host path, "FlashAttentionTritonBackward" for its Python Function; SDPA: the backend's).
+   C++ host path, "FlashAttentionTritonBackward" for its Python Function; SDPA: the backend's);
+   for flash-triton also `flash_kernels`, which kernels ran ({"forward", "dq", "dkdv"} ->
+   "gluon-sm90" for the Hopper Gluon kernels, "triton" for the Triton ones).
 
 FLOPs (`attention_flops`): forward 4 * batch * heads * seq_q * seq_k * d (two matmuls),
 halved when causal (the convention of the FlashAttention papers' benchmarks, not the exact
@@ -337,6 +339,10 @@ def _measure(spec: Spec, device: torch.device) -> dict[str, Any]:
         probe = attend(q, k, v)  # which autograd node the timed calls made (flash: C++ or Python)
         metrics["autograd_node"] = probe.grad_fn.name() if probe.grad_fn is not None else None
         del probe
+        if spec.impl == "flash-triton":  # which kernels: the Gluon sm_90 ones or the Triton ones
+            from lmscope.kernels.flash_attention import last_kernels
+
+            metrics["flash_kernels"] = last_kernels()
     return metrics
 
 

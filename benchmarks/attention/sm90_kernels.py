@@ -163,12 +163,11 @@ def times(rows: list) -> None:
 # functions read these module attributes at each call.
 VARIANTS = {
     "default": {},
-    "dkdv dV after dP": {(flash_sm90_dkdv, "EARLY_DV"): False},
-    "dkdv 4 stages, dV after dP": {(flash_sm90_dkdv, "STAGES"): 4, (flash_sm90_dkdv, "EARLY_DV"): False},
-    "dkdv 2 stages": {(flash_sm90_dkdv, "STAGES"): 2},
+    "dkdv not pipelined": {(flash_sm90_dkdv, "PIPELINE"): {64: False, 128: False}},
     "dkdv 4 stages": {(flash_sm90_dkdv, "STAGES"): 4},
-    "dq 2 stages": {(flash_sm90_dq, "STAGES"): 2},
-    "fwd 2 stages": {(flash_sm90, "STAGES"): {64: 2, 128: 2}},
+    "dkdv 4 stages, not pipelined": {(flash_sm90_dkdv, "STAGES"): 4,
+                                     (flash_sm90_dkdv, "PIPELINE"): {64: False, 128: False}},
+    "dq 4 stages": {(flash_sm90_dq, "STAGES"): 4},
     "fwd 4 stages at d 64": {(flash_sm90, "STAGES"): {64: 4, 128: 3}},
 }
 

@@ -163,10 +163,7 @@ def times(rows: list) -> None:
 # functions read these module attributes at each call.
 VARIANTS = {
     "default": {},
-    "dkdv not pipelined": {(flash_sm90_dkdv, "PIPELINE"): {64: False, 128: False}},
     "dkdv 4 stages": {(flash_sm90_dkdv, "STAGES"): 4},
-    "dkdv 4 stages, not pipelined": {(flash_sm90_dkdv, "STAGES"): 4,
-                                     (flash_sm90_dkdv, "PIPELINE"): {64: False, 128: False}},
     "dq 4 stages": {(flash_sm90_dq, "STAGES"): 4},
     "fwd 4 stages at d 64": {(flash_sm90, "STAGES"): {64: 4, 128: 3}},
 }

@@ -242,7 +242,6 @@ def test_compiles_for_sm90_without_a_gpu(kernel, head_dim):
         descriptors = dict(q_desc=_describe(x, queries), k_desc=_describe(x, rows), v_desc=_describe(x, rows),
                            do_desc=_describe(y, queries), dk_desc=_describe(x, rows),
                            dv_desc=_describe(x, rows))  # fmt: skip
-        constants = dict(**flags, DO_TOKEN_MAJOR=True, BLOCK_M=queries, BLOCK_N=m.BLOCK_N, STAGES=m.STAGES,
-                         PIPELINE=m.PIPELINE[head_dim])  # fmt: skip
+        constants = dict(**flags, DO_TOKEN_MAJOR=True, BLOCK_M=queries, BLOCK_N=m.BLOCK_N, STAGES=m.STAGES)
         ptx = _compile_for_sm90(m._attn_bwd_dkdv_sm90, descriptors, bwd_scalars, constants, m.NUM_WARPS)
     assert "wgmma.mma_async" in ptx and "setmaxnreg" in ptx and "cp.async.bulk.tensor" in ptx

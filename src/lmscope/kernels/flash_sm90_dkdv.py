@@ -5,10 +5,12 @@ One program holds a block of ``BLOCK_N`` keys: two consumer warpgroups own 64 ke
 K and V tiles stay in shared memory, their fp32 dK, dV accumulators in registers) and a load
 warp streams the ``BLOCK_M``-query tiles of Q and dO through a ring of ``STAGES`` buffers. Per
 query tile each warpgroup issues ``S^T = K Q^T`` and ``dP^T = V dO^T`` together, forms
-``P^T = exp2(S^T c - L log2 e)`` and ``dS^T = P^T (dP^T - D)`` in registers, and issues
-``dV += P^T dO`` and ``dK += dS^T Q`` with P^T and dS^T as register operands; the tile's buffers
-are released once those two are done. The two warpgroups run out of step, so one's
-exponentials overlap the other's dots.
+``P^T = exp2(S^T c - L log2 e)`` as soon as S^T is done and issues ``dV += P^T dO`` before it
+waits for dP^T, then forms ``dS^T = P^T (dP^T - D)`` while dV runs and issues ``dK += dS^T Q``;
+P^T and dS^T are register operands. The tile's buffers are released once those two are done.
+The two warpgroups run out of step, so one's exponentials overlap the other's dots.
+(Software pipelining across query tiles was measured and dropped: at head dim 128 it spills;
+``docs/kernels/flash_attention_backward_notes.md``, variant 8.)
 
 It is the Triton dK/dV kernel's contract (``flash_attention._attn_bwd_dkdv``, separate dQ mode):
 L and D = rowsum(dO * O) come from the forward and the dQ kernel, indexed (batch*head, row);
@@ -29,9 +31,6 @@ ENABLED = env_flag("LMSCOPE_FLASH_SM90_DKDV", default=True)  # off: the Triton d
 BLOCK_M = 64  # queries per step
 BLOCK_N = 128  # keys per program: two warpgroups of 64
 STAGES = 3  # Q/dO ring depth
-# Software pipelining across query tiles (next tile's S^T, dP^T issued with this one's dV, dK);
-# off: per tile, dV += P^T dO issued before dP^T is waited for.
-PIPELINE = {64: True, 128: True}  # per head dim
 NUM_WARPS = 4  # the default partition: the first consumer warpgroup
 
 if HAVE_GLUON:
@@ -83,36 +82,10 @@ if HAVE_GLUON:
         return p_t
 
     @gluon.jit
-    def _issue_scores(k, v, q_smem, do_smem, ready, j, s_zero, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
-                      STAGES: gl.constexpr):  # fmt: skip
-        """Wait for query tile j, then issue S^T = K Q^T and dP^T = V dO^T (asynchronous)."""
-        stage = j % STAGES
-        mbarrier.wait(ready.index(stage), (j // STAGES) & 1)
-        q = q_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
-        do = do_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
-        s_tok = warpgroup_mma(k, q.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        dp_tok = warpgroup_mma(v, do.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        return s_tok, dp_tok
-
-    @gluon.jit
-    def _operands(s_t, dp_t, LSE, DELTA, row_base, start_m, offs_mb, offs_n, mask_below, n_q, qk_scale,
-                  CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, dtype: gl.constexpr,
-                  op_layout: gl.constexpr):  # fmt: skip
-        """P^T and dS^T of the query tile at start_m, as the dV and dK products' register operands."""
-        offs_m = start_m + offs_mb
-        m_ok = offs_m < n_q
-        lse2 = gl.load(LSE + row_base + offs_m, mask=m_ok, other=0.0) * 1.4426950408889634
-        delta = gl.load(DELTA + row_base + offs_m, mask=m_ok, other=0.0)
-        p_t = _probabilities(s_t, lse2, m_ok, offs_m, offs_n, start_m, mask_below, n_q, qk_scale, CAUSAL,
-                             BLOCK_M)  # fmt: skip
-        ds_t = p_t * (dp_t - gl.expand_dims(delta, 0))
-        return gl.convert_layout(p_t.to(dtype), op_layout), gl.convert_layout(ds_t.to(dtype), op_layout)
-
-    @gluon.jit
     def _consumer(q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, dk_desc, dv_desc, LSE, DELTA,
                   z, h, off_bh, start_n, m_lo, n_steps, mask_below, n_q, n_k, qk_scale, sm_scale,
                   WG: gl.constexpr, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, ROWS: gl.constexpr,
-                  BLOCK_M: gl.constexpr, STAGES: gl.constexpr, PIPELINE: gl.constexpr):  # fmt: skip
+                  BLOCK_M: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
         """One warpgroup's ROWS keys: dK, dV over the query tiles, then stored by TMA."""
         num_warps: gl.constexpr = gl.num_warps()
         dtype: gl.constexpr = dk_desc.dtype
@@ -137,39 +110,13 @@ if HAVE_GLUON:
         s_zero = gl.zeros([ROWS, BLOCK_M], gl.float32, layout=s_layout)
 
         mbarrier.wait(kv_bar, 0)
-        if PIPELINE and n_steps > 0:
-            # Software-pipelined: S^T, dP^T of tile j+1 are issued with dV, dK of tile j, and
-            # tile j+1's P^T, dS^T are formed while dV, dK of tile j run.
-            s_tok, dp_tok = _issue_scores(k, v, q_smem, do_smem, ready, 0, s_zero, BLOCK_M, HEAD_DIM, STAGES)
-            s_t, dp_t = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, dp_tok))
-            p_op, ds_op = _operands(s_t, dp_t, LSE, DELTA, row_base, m_lo, offs_mb, offs_n, mask_below, n_q,
-                                    qk_scale, CAUSAL, BLOCK_M, dtype, op_layout)  # fmt: skip
-            for j in range(n_steps - 1):
-                s_tok, dp_tok = _issue_scores(k, v, q_smem, do_smem, ready, j + 1, s_zero, BLOCK_M, HEAD_DIM,
-                                              STAGES)  # fmt: skip
-                stage = j % STAGES
-                q = q_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
-                do = do_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
-                dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)
-                dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)
-                s_t, dp_t = warpgroup_mma_wait(num_outstanding=2, deps=(s_tok, dp_tok))
-                next_m = m_lo + (j + 1) * BLOCK_M
-                p_next, ds_next = _operands(s_t, dp_t, LSE, DELTA, row_base, next_m, offs_mb, offs_n,
-                                            mask_below, n_q, qk_scale, CAUSAL, BLOCK_M, dtype,
-                                            op_layout)  # fmt: skip
-                dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p_op, ds_op))
-                _warps_barrier()  # this warpgroup's four warps are past tile j: release its stage
-                mbarrier.arrive(empty.index(stage))
-                p_op, ds_op = p_next, ds_next
-            stage = (n_steps - 1) % STAGES
-            dv_tok = warpgroup_mma(p_op, do_smem.index(stage).reshape([BLOCK_M, HEAD_DIM]), dv, is_async=True)
-            dk_tok = warpgroup_mma(ds_op, q_smem.index(stage).reshape([BLOCK_M, HEAD_DIM]), dk, is_async=True)
-            dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p_op, ds_op))
-        for j in range(0 if PIPELINE else n_steps):
+        for j in range(n_steps):
             stage = j % STAGES
+            mbarrier.wait(ready.index(stage), (j // STAGES) & 1)
             q = q_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
             do = do_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
-            s_tok, dp_tok = _issue_scores(k, v, q_smem, do_smem, ready, j, s_zero, BLOCK_M, HEAD_DIM, STAGES)
+            s_tok = warpgroup_mma(k, q.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            dp_tok = warpgroup_mma(v, do.permute((1, 0)), s_zero, use_acc=False, is_async=True)
             start_m = m_lo + j * BLOCK_M
             offs_m = start_m + offs_mb
             m_ok = offs_m < n_q
@@ -202,7 +149,7 @@ if HAVE_GLUON:
         H, n_q, n_k, qk_scale, sm_scale,
         HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, TOKEN_MAJOR: gl.constexpr,
         DO_TOKEN_MAJOR: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-        STAGES: gl.constexpr, PIPELINE: gl.constexpr,
+        STAGES: gl.constexpr,
     ):  # fmt: skip
         # Every head's first key block (the most queries, under causal masking) first.
         off_bh = gl.program_id(0)
@@ -236,10 +183,10 @@ if HAVE_GLUON:
             [
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, dk_desc, dv_desc, LSE,
                              DELTA, z, h, off_bh, start_n, m_lo, n_steps, mask_below, n_q, n_k, qk_scale,
-                             sm_scale, 0, HEAD_DIM, CAUSAL, ROWS, BLOCK_M, STAGES, PIPELINE)),
+                             sm_scale, 0, HEAD_DIM, CAUSAL, ROWS, BLOCK_M, STAGES)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, dk_desc, dv_desc, LSE,
                              DELTA, z, h, off_bh, start_n, m_lo, n_steps, mask_below, n_q, n_k, qk_scale,
-                             sm_scale, 1, HEAD_DIM, CAUSAL, ROWS, BLOCK_M, STAGES, PIPELINE)),
+                             sm_scale, 1, HEAD_DIM, CAUSAL, ROWS, BLOCK_M, STAGES)),
                 (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready,
                            empty, z, h, start_n, m_lo, n_steps, TOKEN_MAJOR, DO_TOKEN_MAJOR, ROWS, BLOCK_M,
                            STAGES)),
@@ -274,5 +221,5 @@ def dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, ls
         lse, delta, h, n_q, n_k, qk_scale, sm_scale,
         HEAD_DIM=d, CAUSAL=bool(causal), TOKEN_MAJOR=flash_sm90.token_major(q),
         DO_TOKEN_MAJOR=flash_sm90.token_major(do), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages or STAGES,
-        PIPELINE=PIPELINE[d], num_warps=NUM_WARPS,
+        num_warps=NUM_WARPS,
     )  # fmt: skip

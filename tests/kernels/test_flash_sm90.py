@@ -151,6 +151,32 @@ def test_gpu_gluon_kernels_match_reference(case, monkeypatch):
 
 @pytest.mark.gpu
 @needs_hopper
+@pytest.mark.parametrize("shape", [(3, 600, 64), (2, 3, 1, 700, 128), (700, 128)], ids=["3d", "5d", "2d"])
+def test_gpu_gluon_kernels_serve_inputs_of_other_ranks(shape, monkeypatch):
+    """(batch, seq, d) inputs (the classic study's), 5-d and 2-d ones through the autograd Function
+    with the Gluon kernels: O and gradients within 2x torch's same-dtype error of float64."""
+    monkeypatch.setattr(flash_sm90, "MIN_KEYS", 1)
+    fa._PLANS.clear()
+    calls = _count_gluon_launches(monkeypatch)
+    gen = torch.Generator().manual_seed(len(shape))
+    q, k, v, do = (torch.randn(*shape, generator=gen).to("cuda", torch.bfloat16) for _ in range(4))
+    leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+    o = fa.flash_attention(*leaves, causal=True)
+    o.backward(do)
+    fa._PLANS.clear()
+    assert calls == {"forward": 1, "dq": 1, "dkdv": 1}
+    ref_o, _, *ref_g = reference_with_grads(q, k, v, do, True)
+    naive_leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+    naive_o = attention_naive(*naive_leaves, True)
+    naive = (naive_o, *torch.autograd.grad(naive_o, naive_leaves, do))
+    ours = (o, *(t.grad for t in leaves))
+    for name, x, theirs, ref in zip(("O", "dQ", "dK", "dV"), ours, naive, (ref_o, *ref_g), strict=True):
+        assert x.shape == ref.shape
+        assert relative_error(x, ref) <= 2 * relative_error(theirs, ref), name
+
+
+@pytest.mark.gpu
+@needs_hopper
 @pytest.mark.parametrize("token_major", [False, True])
 def test_gpu_flash_attention_takes_the_gluon_kernels_and_keeps_the_gradients(token_major, monkeypatch):
     """Through ``flash_attention`` (the autograd Function), with the key threshold lowered so a

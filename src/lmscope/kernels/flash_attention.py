@@ -1170,7 +1170,10 @@ def _backward(
     dk = torch.empty(plan.k_shape, dtype=plan.dtype, device=plan.device)
     dv = torch.empty(plan.k_shape, dtype=plan.dtype, device=plan.device)
     key = plan.key
-    sm90 = _sm90_backward(plan, atomic, q4, k4, v4, do4, o4)
+    # O is passed as it was saved (the kernels above take it by pointer and strides); the Gluon
+    # kernels' descriptors need its 4-d view (for 3-d inputs, say)
+    o_4d = _as4d(o4)
+    sm90 = _sm90_backward(plan, atomic, q4, k4, v4, do4, o_4d)
     if atomic:
         key = (*key[:5], True, key[6])
         dq_acc = f32[_aligned(bh * n_q) :]
@@ -1183,7 +1186,7 @@ def _backward(
     else:  # the dQ kernel computes D for its rows and stores it: it runs first
         dq_acc = plan.dq_acc
         if sm90 and flash_sm90_dq.ENABLED:
-            flash_sm90_dq.dq(q4, k4, v4, do4, o4, lse, f32, _as4d(dq), key[1], *plan.scalars[3:5])
+            flash_sm90_dq.dq(q4, k4, v4, do4, o_4d, lse, f32, _as4d(dq), key[1], *plan.scalars[3:5])
             _LAST_KERNELS["dq"] = "gluon-sm90"
         else:
             _DQ_LAUNCH(key, n_q, bh, (q4, k4, v4, do4, o4, lse, f32, dq), dq_args)

@@ -437,7 +437,9 @@ def ratio_text(value: float, base: float) -> str:
     return f"{value / base:.2f}x"
 
 
-CLASSIC_GRID = f"{ATTENTION}/29-round-h100/classic.jsonl"  # the newest complete grid
+# The newest classic rows per dtype: bf16 at the Gluon sm_90 kernels (30-round), fp32 from the
+# grid before them (the fp32 path, Triton kernels only, has not changed since).
+CLASSIC_GRIDS = (f"{ATTENTION}/30-round-h100/classic.jsonl", f"{ATTENTION}/29-round-h100/classic.jsonl")
 CLASSIC_PEERS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "naive", "naive-compiled",
                  "flash-torch")
 
@@ -445,8 +447,13 @@ CLASSIC_PEERS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "nai
 @claim("attention-classic-ratios")
 def attention_classic_ratios(rows: Rows) -> str:
     """Classic grid: fwd+bwd of each peer over flash-triton, only where both rows share a commit."""
-    grid = rows.select(CLASSIC_GRID)
-    index = {(r["impl"], r["dtype"], r["head_dim"], r["seq_len"]): r for r in grid}
+    index: dict[tuple, dict] = {}
+    for path in CLASSIC_GRIDS:  # newest first: a dtype's rows come from the newest file that has it
+        found = rows.select(path)
+        dtypes = {r["dtype"] for r in found} - {key[1] for key in index}
+        index.update({(r["impl"], r["dtype"], r["head_dim"], r["seq_len"]): r
+                      for r in found if r["dtype"] in dtypes})  # fmt: skip
+    grid = list(index.values())
     body = []
     mixed = 0
     for dtype in ("bf16", "fp32"):
@@ -471,7 +478,8 @@ def attention_classic_ratios(rows: Rows) -> str:
         "(above 1: flash-triton faster; `-`: not measured or unavailable). A ratio is shown only "
         f"where both rows come from one commit; {mixed} cells are `other run`.",
         table(["dtype", "d", "seq", "flash-triton ms", *CLASSIC_PEERS], body),
-        f"Rows: `{CLASSIC_GRID}`.",
+        "Rows: " + ", ".join(f"`{path}`" for path in CLASSIC_GRIDS)
+        + " (bf16 from the first, fp32 from the second).",
     )
 
 

@@ -78,7 +78,7 @@ def attention(q, k, v, causal):
 
 def set_mode(name: str) -> None:
     flash_sm90.ENABLED, flash_sm90_dkdv.ENABLED, flash_sm90_dq.ENABLED = MODES[name]
-    flash_sm90.MIN_KEYS = 1
+    flash_sm90.MIN_WORK = 1
     fa._PLANS.clear()
 
 

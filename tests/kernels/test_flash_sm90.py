@@ -29,8 +29,8 @@ needs_hopper = pytest.mark.skipif(
 
 def test_not_served_on_the_cpu_or_for_short_or_unsupported_inputs():
     q = torch.zeros(1, 2, 8, 64)
-    assert not flash_sm90.serves(q, flash_sm90.MIN_KEYS)
-    assert not flash_sm90.serves(q.to(torch.bfloat16), flash_sm90.MIN_KEYS)  # CPU
+    assert not flash_sm90.serves(q, flash_sm90.MIN_WORK)
+    assert not flash_sm90.serves(q.to(torch.bfloat16), flash_sm90.MIN_WORK)  # CPU
 
 
 @pytest.mark.parametrize("token_major", [False, True])
@@ -124,10 +124,10 @@ def _count_gluon_launches(monkeypatch) -> dict:
 @needs_hopper
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[2]}x{c[3]}-d{c[4]}-c{int(c[5])}-t{int(c[6])}")
 def test_gpu_gluon_kernels_match_reference(case, monkeypatch):
-    """Forward and backward through the three Gluon kernels (the key threshold lowered so small
+    """Forward and backward through the three Gluon kernels (the work threshold lowered so small
     shapes take them): O, L, dQ, dK, dV within 2x torch's same-dtype error of float64."""
     b, h, n_q, n_k, d, causal, token_major, dtype = case
-    monkeypatch.setattr(flash_sm90, "MIN_KEYS", 1)
+    monkeypatch.setattr(flash_sm90, "MIN_WORK", 1)
     fa._PLANS.clear()
     calls = _count_gluon_launches(monkeypatch)
     q, k, v = _inputs(b, h, n_q, n_k, d, token_major, dtype, seed=3 * n_q + n_k + d)
@@ -155,7 +155,7 @@ def test_gpu_gluon_kernels_match_reference(case, monkeypatch):
 def test_gpu_gluon_kernels_serve_inputs_of_other_ranks(shape, monkeypatch):
     """(batch, seq, d) inputs (the classic study's), 5-d and 2-d ones through the autograd Function
     with the Gluon kernels: O and gradients within 2x torch's same-dtype error of float64."""
-    monkeypatch.setattr(flash_sm90, "MIN_KEYS", 1)
+    monkeypatch.setattr(flash_sm90, "MIN_WORK", 1)
     fa._PLANS.clear()
     calls = _count_gluon_launches(monkeypatch)
     gen = torch.Generator().manual_seed(len(shape))
@@ -179,22 +179,22 @@ def test_gpu_gluon_kernels_serve_inputs_of_other_ranks(shape, monkeypatch):
 @needs_hopper
 @pytest.mark.parametrize("token_major", [False, True])
 def test_gpu_flash_attention_takes_the_gluon_kernels_and_keeps_the_gradients(token_major, monkeypatch):
-    """Through ``flash_attention`` (the autograd Function), with the key threshold lowered so a
+    """Through ``flash_attention`` (the autograd Function), with the work threshold lowered so a
     small shape takes the Gluon kernels: outputs and gradients against the Triton kernels' run."""
     q, k, v = _inputs(2, 3, 520, 520, 128, token_major, torch.bfloat16, seed=7)
     do = torch.randn_like(q)
     results = []
     calls = _count_gluon_launches(monkeypatch)
-    for min_keys in (1, 1 << 30):  # the Gluon kernels, then the Triton ones
-        monkeypatch.setattr(flash_sm90, "MIN_KEYS", min_keys)
+    for min_work in (1, 1 << 40):  # the Gluon kernels, then the Triton ones
+        monkeypatch.setattr(flash_sm90, "MIN_WORK", min_work)
         fa._PLANS.clear()
         before = dict(calls)
         leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
         o = fa.flash_attention(*leaves, causal=True)
         o.backward(do)
         launched = {name: calls[name] - before[name] for name in calls}
-        assert launched == dict.fromkeys(calls, int(min_keys == 1))
-        kind = "gluon-sm90" if min_keys == 1 else "triton"
+        assert launched == dict.fromkeys(calls, int(min_work == 1))
+        kind = "gluon-sm90" if min_work == 1 else "triton"
         assert fa.last_kernels() == {"forward": kind, "dq": kind, "dkdv": kind}
         results.append((o.detach(), *(t.grad for t in leaves)))
     fa._PLANS.clear()

@@ -1,23 +1,31 @@
-"""FlashAttention forward for Hopper (sm_90) in Gluon: TMA tiles, asynchronous wgmma, and the
-softmax of one key tile overlapped with the P V product of the one before it.
+"""FlashAttention forward for Hopper (sm_90) in Gluon: warp-specialised, TMA tiles, asynchronous
+wgmma, the softmax of one key tile overlapped with the P V product of the one before it.
 
 Why a second forward kernel: the Triton forward (``flash_attention._attn_fwd``) leaves the
 tensor cores idle while each tile's softmax runs, because Triton waits for a dot's result as
-soon as the next operation reads it. Here the loop is written out the FlashAttention-3 way
-(Shah et al., 2024, "intra-warpgroup overlap"): the score tile ``S_{j+1} = Q K_{j+1}^T`` and the
-product ``O += P_j V_j`` are issued together, the warps then wait only for ``S_{j+1}`` and run
-its softmax while ``P_j V_j`` is still on the tensor cores. K and V tiles arrive by TMA into a
-ring of ``STAGES`` shared-memory buffers, each with an mbarrier, refilled as soon as both
-warpgroups are done with a tile.
+soon as the next operation reads it, and its automatic warp specialisation does not run these
+kernels on Hopper (``docs/kernels/flash_attention_backward_notes.md``, variant 6). Here the
+structure is FlashAttention-3's (Shah et al., 2024), written out in Gluon:
+
+- one program holds ``BLOCK_M`` query rows; two consumer warpgroups own 64 rows each and a
+  load warp streams K and V tiles by TMA through a ring of ``STAGES`` shared-memory buffers,
+  with a ``ready`` and an ``empty`` mbarrier per stage (no CTA-wide barrier per tile);
+- each consumer issues ``S_{j+1} = Q K_{j+1}^T`` and ``O += P_j V_j`` together, waits only for
+  ``S_{j+1}`` and runs its softmax while ``P_j V_j`` is on the tensor cores (intra-warpgroup
+  overlap);
+- with ``PINGPONG`` the two consumers take turns to issue their dots (two ``turn`` mbarriers),
+  so that one's softmax runs while the other's dots do (inter-warpgroup overlap).
 
 What it computes is the Triton forward's contract: O in the output's layout and L (natural
 log-sum-exp per query row, float32, indexed by (batch*head, row)) for the backward kernels,
-causal masking aligned at the top left (key j visible to query i when j <= i).
+causal masking aligned at the top left (key j visible to query i when j <= i). The backward's
+kernels of the same design are ``flash_sm90_dq`` and ``flash_sm90_dkdv``.
 
 Chosen at run time (``flash_attention._plan``) for bf16/fp16 inputs with head dim 64 or 128 on
-a compute-capability 9.0 GPU whose tensors TMA can describe; everything else keeps the Triton
-forward. ``LMSCOPE_FLASH_SM90=0`` turns it off. Gluon has no CPU interpreter, so its tests are
-GPU tests (``tests/kernels/test_flash_sm90.py``).
+a compute-capability 9.0 GPU, for calls with enough work not to be bound by host time
+(``MIN_WORK``) and tensors TMA can describe; everything else keeps the Triton kernels.
+``LMSCOPE_FLASH_SM90=0`` turns all three off. Gluon has no CPU interpreter: the kernels' tests
+are GPU tests, besides offline sm_90 builds on the CPU (``tests/kernels/test_flash_sm90.py``).
 """
 
 from __future__ import annotations
@@ -47,9 +55,12 @@ BLOCK_M = 128  # query rows per program: two warpgroups of 64 rows
 BLOCK_N = 128  # keys per step
 NUM_WARPS = 4  # the default partition: the first consumer warpgroup
 ENABLED = env_flag("LMSCOPE_FLASH_SM90", default=True)
-# Fewer keys than this keep the Triton forward: shorter calls are bound by host time, which the
-# Python launch here (four descriptors per call) would add to, and by the one-wave grid.
-MIN_KEYS = 4096
+# Calls with less work than this (batch*heads * n_queries * n_keys) keep the Triton kernels: they
+# are bound by host time, which the Python launches here (descriptors built per call, Triton's
+# JIT launch path) add to; the C++ host path serves only Triton kernels. The classic grid's
+# batch 8 x 4096-token points, host-bound, were slower with these kernels
+# (benchmarks/results/attention/30-round-h100/classic.jsonl against 29-round-h100's).
+MIN_WORK = 1 << 29
 PINGPONG = True  # the two consumer warpgroups take turns at the tensor cores
 STAGES = {64: 3, 128: 3}  # K/V ring depth per head dim (shared memory: Q + 2 * STAGES tiles)
 
@@ -280,13 +291,14 @@ def describable(*tensors: torch.Tensor) -> bool:
     return True
 
 
-def serves(q: torch.Tensor, n_keys: int) -> bool:
-    """Whether this kernel is the forward for q's dtype, head dim, device and key count (the
-    strides and alignment are checked per call by ``describable``)."""
+def serves(q: torch.Tensor, work: int) -> bool:
+    """Whether the Gluon kernels serve q's dtype, head dim and device for a call of ``work`` =
+    batch*heads * n_queries * n_keys (the strides and alignment are checked per call by
+    ``describable``)."""
     return (
         ENABLED
         and HAVE_GLUON
-        and n_keys >= MIN_KEYS
+        and work >= MIN_WORK
         and q.is_cuda
         and q.dtype in (torch.bfloat16, torch.float16)
         and q.shape[-1] in HEAD_DIMS

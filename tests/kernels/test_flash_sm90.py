@@ -33,6 +33,30 @@ def test_not_served_on_the_cpu_or_for_short_or_unsupported_inputs():
     assert not flash_sm90.serves(q.to(torch.bfloat16), flash_sm90.MIN_WORK)  # CPU
 
 
+def test_served_by_dtype_head_dim_capability_and_work(monkeypatch):
+    """The choice on a stand-in CUDA tensor: bf16/fp16, head dim 64 or 128, sm_90, enough work."""
+    if not flash_sm90.HAVE_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    from types import SimpleNamespace
+
+    capability = [(9, 0)]
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability[0])
+
+    def q(dtype=torch.bfloat16, d=128):
+        return SimpleNamespace(is_cuda=True, dtype=dtype, shape=(1, 16, 8192, d), device="cuda:0")
+
+    work = flash_sm90.MIN_WORK
+    assert flash_sm90.serves(q(), work) and flash_sm90.serves(q(torch.float16, 64), work)
+    assert not flash_sm90.serves(q(), work - 1)  # host-bound calls keep the Triton kernels
+    assert not flash_sm90.serves(q(torch.float32), work)
+    assert not flash_sm90.serves(q(d=96), work)
+    capability[0] = (8, 0)
+    assert not flash_sm90.serves(q(), work)
+    capability[0] = (9, 0)
+    monkeypatch.setattr(flash_sm90, "ENABLED", False)  # LMSCOPE_FLASH_SM90=0
+    assert not flash_sm90.serves(q(), work)
+
+
 @pytest.mark.parametrize("token_major", [False, True])
 def test_describable_layouts(token_major):
     def make(n, h=3, d=64):

@@ -1046,7 +1046,7 @@ def _plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> _P
         key=(d, causal, q.dtype, nq_bucket, nk_bucket, False, bh > 65535),
         fwd=FixedArgs((*strides, *o_strides, h, n_q, n_k, sm_scale * LOG2E, nq_bucket, nk_bucket)),
         bwd={}, other_o={}, dq_acc=_dummy_accumulator(q.device), native={},
-        sm90=flash_sm90.serves(q, bh * n_q * n_k),
+        sm90=flash_sm90.serves(q, bh * n_q * n_k * d),
     )  # fmt: skip
 
 

@@ -55,12 +55,13 @@ BLOCK_M = 128  # query rows per program: two warpgroups of 64 rows
 BLOCK_N = 128  # keys per step
 NUM_WARPS = 4  # the default partition: the first consumer warpgroup
 ENABLED = env_flag("LMSCOPE_FLASH_SM90", default=True)
-# Calls with less work than this (batch*heads * n_queries * n_keys) keep the Triton kernels: they
-# are bound by host time, which the Python launches here (descriptors built per call, Triton's
-# JIT launch path) add to; the C++ host path serves only Triton kernels. The classic grid's
-# batch 8 x 4096-token points, host-bound, were slower with these kernels
-# (benchmarks/results/attention/30-round-h100/classic.jsonl against 29-round-h100's).
-MIN_WORK = 1 << 29
+# Calls with less work than this (batch*heads * n_queries * n_keys * head dim, to which their GPU
+# time is proportional) keep the Triton kernels: they are bound by host time, which the Python
+# launches here (descriptors built per call, Triton's JIT launch path) add to; the C++ host path
+# serves only Triton kernels. The classic grid's batch-8 points at 4096 tokens, and at 8192 with
+# head dim 64, were host-bound with these kernels (benchmarks/results/attention/30-round-h100/
+# README.md); 8192 tokens at head dim 128 (this threshold) were faster with them.
+MIN_WORK = 1 << 36
 PINGPONG = True  # the two consumer warpgroups take turns at the tensor cores
 STAGES = {64: 3, 128: 3}  # K/V ring depth per head dim (shared memory: Q + 2 * STAGES tiles)
 
@@ -293,8 +294,8 @@ def describable(*tensors: torch.Tensor) -> bool:
 
 def serves(q: torch.Tensor, work: int) -> bool:
     """Whether the Gluon kernels serve q's dtype, head dim and device for a call of ``work`` =
-    batch*heads * n_queries * n_keys (the strides and alignment are checked per call by
-    ``describable``)."""
+    batch*heads * n_queries * n_keys * head dim (the strides and alignment are checked per call
+    by ``describable``)."""
     return (
         ENABLED
         and HAVE_GLUON

@@ -251,6 +251,35 @@ def attention_tma_forward(rows: Rows) -> str:
                                     ("pointer loads", "TMA tiles"), "fwd_ms")  # fmt: skip
 
 
+SM90_SHAPES = ((1, 16, 16384, 64), (1, 16, 8192, 128), (1, 16, 32768, 128))
+"""Issue 19's long-context shapes, where the Gluon sm_90 kernels serve (flash_sm90.MIN_WORK)."""
+
+
+def _sm90_against_triton(rows: Rows, key: str) -> str:
+    """``key`` of ours with the Triton kernels (LMSCOPE_FLASH_SM90=0) and with the Gluon sm_90
+    kernels, one H100 call, cuDNN beside each pass (variant 8 of the backward notes)."""
+    return _variant_against_default(rows, f"{ATTENTION}/30-round-h100", ("sm90_off", "sm90_on"), SM90_SHAPES,
+                                    ("Triton kernels", "Gluon kernels"), key)  # fmt: skip
+
+
+@claim("attention-sm90-fwd-bwd")
+def attention_sm90_fwd_bwd(rows: Rows) -> str:
+    """Forward+backward, Gluon sm_90 kernels against the Triton ones."""
+    return _sm90_against_triton(rows, "fwd_bwd_ms")
+
+
+@claim("attention-sm90-fwd")
+def attention_sm90_fwd(rows: Rows) -> str:
+    """Forward alone, Gluon sm_90 kernel against the Triton one."""
+    return _sm90_against_triton(rows, "fwd_ms")
+
+
+@claim("attention-sm90-bwd")
+def attention_sm90_bwd(rows: Rows) -> str:
+    """Backward alone (dQ and dK/dV kernels), Gluon sm_90 kernels against the Triton ones."""
+    return _sm90_against_triton(rows, "bwd_ms")
+
+
 BEFORE_AFTER = ("after", "before", "after2")
 """The passes of benchmarks/attention/before_after.sh, in the order they ran in one session."""
 

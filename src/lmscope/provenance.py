@@ -18,9 +18,9 @@
   the point ran) and the power limit (W).
 - **Process.** Its CPU affinity (count and list) and the machine's load averages.
 - **Kernel variants.** `kernel_env`: the `LMSCOPE_FLASH_*` environment variables that pick a
-  FlashAttention variant (dQ mode, config lists, split head dims, the C++ host path), name to
-  value; None where none is set. Which host path a timed call took is the attention rows'
-  `autograd_node`.
+  FlashAttention variant (dQ mode, config lists, split head dims, the C++ host path, the Gluon
+  kernels on Hopper), name to value; None where none is set. Which host path a timed call took
+  is the attention rows' `autograd_node`, which kernels ran their `flash_kernels`.
 """
 
 from __future__ import annotations

@@ -74,8 +74,40 @@ if HAVE_GLUON:
     # async_load / async_store since
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
-    REGS_CONSUMER = gl.constexpr(240)  # registers per thread of the second consumer warpgroup
-    REGS_LOADER = gl.constexpr(24)  # and of the load warp
+    # setmaxnreg of the worker partitions (the first consumer warpgroup, the default partition,
+    # gets what is left): the second consumer warpgroup, then the load warp
+    REGS_CONSUMER = gl.constexpr(240)
+    REGS_LOADER = gl.constexpr(24)
+
+    @gluon.constexpr_function
+    def _mma_layout(num_warps, n):
+        """The wgmma accumulator layout of one warpgroup's (64 rows, n) tile."""
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                         instr_shape=[16, n, 16])  # fmt: skip
+
+    @gluon.jit
+    def _barriers(n: gl.constexpr, count: gl.constexpr):
+        """n mbarriers in shared memory, each completing a phase after ``count`` arrivals."""
+        bars = gl.allocate_shared_memory(gl.int64, [n, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(n):
+            mbarrier.init(bars.index(i), count=count)
+        return bars
+
+    @gluon.jit
+    def _invalidate(bars, n: gl.constexpr):
+        for i in gl.static_range(n):
+            mbarrier.invalidate(bars.index(i))
+
+    @gluon.jit
+    def _key_tiles(start_m, n_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+        """(key tiles a query tile at start_m visits, first key of the tiles that need the mask)."""
+        if CAUSAL:
+            hi = gl.minimum(start_m + BLOCK_M, n_k)
+            full_hi = gl.minimum(start_m, n_k)
+        else:
+            hi = n_k
+            full_hi = n_k
+        return gl.cdiv(hi, BLOCK_N), (full_hi // BLOCK_N) * BLOCK_N
 
     @gluon.jit
     def _tile(desc, z, h, row, TOKEN_MAJOR: gl.constexpr):
@@ -146,12 +178,8 @@ if HAVE_GLUON:
         softmax runs while the other's dots do (FlashAttention-3's inter-warpgroup overlap)."""
         num_warps: gl.constexpr = gl.num_warps()
         dtype: gl.constexpr = o_desc.dtype
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16]
-        )
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_DIM, 16]
-        )
+        s_layout: gl.constexpr = _mma_layout(num_warps, BLOCK_N)
+        o_layout: gl.constexpr = _mma_layout(num_warps, HEAD_DIM)
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
@@ -231,25 +259,12 @@ if HAVE_GLUON:
         q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
         k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
         v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(q_bar, count=1)
-        for wg in gl.static_range(2):
-            mbarrier.init(turn.index(wg), count=1)
-        for s in gl.static_range(STAGES):
-            mbarrier.init(ready.index(s), count=1)
-            mbarrier.init(empty.index(s), count=2)  # one arrival per consumer warpgroup
-
-        if CAUSAL:
-            hi = gl.minimum(start_m + BLOCK_M, n_k)
-            full_hi = gl.minimum(start_m, n_k)
-        else:
-            hi = n_k
-            full_hi = n_k
-        n_tiles = gl.cdiv(hi, BLOCK_N)
-        full_hi = (full_hi // BLOCK_N) * BLOCK_N  # tiles from here on need the mask
+        q_bars = _barriers(1, 1)
+        q_bar = q_bars.index(0)
+        ready = _barriers(STAGES, 1)
+        empty = _barriers(STAGES, 2)  # one arrival per consumer warpgroup
+        turn = _barriers(2, 1)
+        n_tiles, full_hi = _key_tiles(start_m, n_k, BLOCK_M, BLOCK_N, CAUSAL)
 
         gl.warp_specialize(
             [
@@ -266,12 +281,10 @@ if HAVE_GLUON:
             [REGS_CONSUMER, REGS_LOADER],
         )  # fmt: skip
 
-        mbarrier.invalidate(q_bar)
-        for s in gl.static_range(STAGES):
-            mbarrier.invalidate(ready.index(s))
-            mbarrier.invalidate(empty.index(s))
-        for wg in gl.static_range(2):
-            mbarrier.invalidate(turn.index(wg))
+        _invalidate(q_bars, 1)
+        _invalidate(ready, STAGES)
+        _invalidate(empty, STAGES)
+        _invalidate(turn, 2)
 
 
 def token_major(x: torch.Tensor) -> bool:

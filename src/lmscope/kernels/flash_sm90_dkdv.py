@@ -44,10 +44,17 @@ if HAVE_GLUON:
         warpgroup_mma_wait,
     )
 
-    from lmscope.kernels.flash_sm90 import _tile, _tma_load, _tma_store, _warps_barrier
-
-    REGS_CONSUMER = gl.constexpr(240)
-    REGS_LOADER = gl.constexpr(24)
+    from lmscope.kernels.flash_sm90 import (
+        REGS_CONSUMER,
+        REGS_LOADER,
+        _barriers,
+        _invalidate,
+        _mma_layout,
+        _tile,
+        _tma_load,
+        _tma_store,
+        _warps_barrier,
+    )
 
     @gluon.jit
     def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty,
@@ -89,12 +96,8 @@ if HAVE_GLUON:
         """One warpgroup's ROWS keys: dK, dV over the query tiles, then stored by TMA."""
         num_warps: gl.constexpr = gl.num_warps()
         dtype: gl.constexpr = dk_desc.dtype
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_M, 16]
-        )
-        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_DIM, 16]
-        )
+        s_layout: gl.constexpr = _mma_layout(num_warps, BLOCK_M)
+        acc_layout: gl.constexpr = _mma_layout(num_warps, HEAD_DIM)
         op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
         col_s: gl.constexpr = gl.SliceLayout(0, s_layout)  # per query (columns of S^T)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)  # per key (rows of S^T)
@@ -163,13 +166,10 @@ if HAVE_GLUON:
         do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
         k_smem = gl.allocate_shared_memory(dtype, [2] + k_desc.block_type.shape, k_desc.layout)
         v_smem = gl.allocate_shared_memory(dtype, [2] + v_desc.block_type.shape, v_desc.layout)
-        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(kv_bar, count=1)
-        for s in gl.static_range(STAGES):
-            mbarrier.init(ready.index(s), count=1)
-            mbarrier.init(empty.index(s), count=2)  # one arrival per consumer warpgroup
+        kv_bars = _barriers(1, 1)
+        kv_bar = kv_bars.index(0)
+        ready = _barriers(STAGES, 1)
+        empty = _barriers(STAGES, 2)  # one arrival per consumer warpgroup
 
         if CAUSAL:
             m_lo = (gl.minimum(start_n, n_q) // BLOCK_M) * BLOCK_M  # queries before see none of these keys
@@ -195,10 +195,9 @@ if HAVE_GLUON:
             [REGS_CONSUMER, REGS_LOADER],
         )  # fmt: skip
 
-        mbarrier.invalidate(kv_bar)
-        for s in gl.static_range(STAGES):
-            mbarrier.invalidate(ready.index(s))
-            mbarrier.invalidate(empty.index(s))
+        _invalidate(kv_bars, 1)
+        _invalidate(ready, STAGES)
+        _invalidate(empty, STAGES)
 
 
 def dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse: torch.Tensor,

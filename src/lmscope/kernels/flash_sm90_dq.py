@@ -38,10 +38,18 @@ if HAVE_GLUON:
         warpgroup_mma_wait,
     )
 
-    from lmscope.kernels.flash_sm90 import _tile, _tma_load, _tma_store, _warps_barrier
-
-    REGS_CONSUMER = gl.constexpr(240)
-    REGS_LOADER = gl.constexpr(24)
+    from lmscope.kernels.flash_sm90 import (
+        REGS_CONSUMER,
+        REGS_LOADER,
+        _barriers,
+        _invalidate,
+        _key_tiles,
+        _mma_layout,
+        _tile,
+        _tma_load,
+        _tma_store,
+        _warps_barrier,
+    )
 
     @gluon.jit
     def _loader(q_desc, k_desc, v_desc, do_desc, o_desc, q_smem, do_smem, o_smem, k_smem, v_smem, rows_bar,
@@ -98,12 +106,8 @@ if HAVE_GLUON:
         """One warpgroup's ROWS query rows: D, then dQ over the key tiles, stored by TMA."""
         num_warps: gl.constexpr = gl.num_warps()
         dtype: gl.constexpr = dq_desc.dtype
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16]
-        )
-        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_DIM, 16]
-        )
+        s_layout: gl.constexpr = _mma_layout(num_warps, BLOCK_N)
+        acc_layout: gl.constexpr = _mma_layout(num_warps, HEAD_DIM)
         op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         rows_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
@@ -174,22 +178,12 @@ if HAVE_GLUON:
         o_smem = gl.allocate_shared_memory(dtype, [2] + o_desc.block_type.shape, o_desc.layout)
         k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
         v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-        rows_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(rows_bar, count=1)
-        for s in gl.static_range(STAGES):
-            mbarrier.init(ready.index(s), count=1)
-            mbarrier.init(empty.index(s), count=2)  # one arrival per consumer warpgroup
+        rows_bars = _barriers(1, 1)
+        rows_bar = rows_bars.index(0)
+        ready = _barriers(STAGES, 1)
+        empty = _barriers(STAGES, 2)  # one arrival per consumer warpgroup
 
-        if CAUSAL:
-            hi = gl.minimum(start_m + BLOCK_M, n_k)
-            full_hi = gl.minimum(start_m, n_k)
-        else:
-            hi = n_k
-            full_hi = n_k
-        n_tiles = gl.cdiv(hi, BLOCK_N)
-        full_hi = (full_hi // BLOCK_N) * BLOCK_N  # tiles from here on need the mask
+        n_tiles, full_hi = _key_tiles(start_m, n_k, BLOCK_M, BLOCK_N, CAUSAL)
 
         gl.warp_specialize(
             [
@@ -207,10 +201,9 @@ if HAVE_GLUON:
             [REGS_CONSUMER, REGS_LOADER],
         )  # fmt: skip
 
-        mbarrier.invalidate(rows_bar)
-        for s in gl.static_range(STAGES):
-            mbarrier.invalidate(ready.index(s))
-            mbarrier.invalidate(empty.index(s))
+        _invalidate(rows_bars, 1)
+        _invalidate(ready, STAGES)
+        _invalidate(empty, STAGES)
 
 
 def dq(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, o: torch.Tensor,

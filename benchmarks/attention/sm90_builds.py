@@ -7,10 +7,14 @@ pointer arguments and strides get the 16-byte divisibility the real launches spe
 the repository root (any machine; the Triton installed decides what is built):
 
     PYTHONPATH=src python3 benchmarks/attention/sm90_builds.py [--kernel fwd|dkdv|dq] [--head-dim 128]
+    PYTHONPATH=src python3 benchmarks/attention/sm90_builds.py --kernel sm90 [--head-dim 128]
 
 Prints one line per bf16 config the kernel's autotuner would try at that head dim (its "small"
 list up to 64, its "large" list above): tile sizes, warps, stages, registers, spill stores and
-loads, shared memory bytes, and whether the loads became async copies.
+loads, shared memory bytes, and whether the loads became async copies. ``--kernel sm90`` builds
+the three Gluon kernels (``lmscope.kernels.flash_sm90*``) from host-side TMA descriptors instead
+and prints, per kernel, the spills, the shared memory and each partition's register budget
+(``setmaxnreg``; ptxas's register count is the kernel's budget before the partitions set theirs).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from lmscope.kernels import flash_attention as fa  # noqa: E402
+from lmscope.kernels import flash_sm90, flash_sm90_dkdv, flash_sm90_dq  # noqa: E402
 
 # kernel, its tile names, its config table (flash_attention's lists per head-dim group)
 KERNELS = {"fwd": (fa._attn_fwd, ("BLOCK_M", "BLOCK_N"), fa._FWD),
@@ -65,12 +70,7 @@ def build(kernel, constexprs: dict, num_warps: int, num_stages: int) -> dict:
     compiled = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=constexprs, attrs=attrs),
                               target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": num_warps, "num_stages": num_stages})  # fmt: skip
-    with tempfile.TemporaryDirectory() as tmp:
-        ptx = os.path.join(tmp, "k.ptx")
-        with open(ptx, "w") as f:
-            f.write(compiled.asm["ptx"])
-        report = subprocess.run([_ptxas(), "-arch=sm_90a", "-v", ptx, "-o", os.path.join(tmp, "k.cubin")],
-                                capture_output=True, text=True, check=True).stderr  # fmt: skip
+    report = _ptxas_report(compiled.asm["ptx"])
     regs = re.search(r"Used (\d+) registers", report)
     spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
     ttgir = compiled.asm["ttgir"]
@@ -81,12 +81,98 @@ def build(kernel, constexprs: dict, num_warps: int, num_stages: int) -> dict:
             "async_copies": "async_copy" in ttgir or "async_tma" in ttgir}  # fmt: skip
 
 
+def _ptxas_report(ptx_text: str) -> str:
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = os.path.join(tmp, "k.ptx")
+        with open(ptx, "w") as f:
+            f.write(ptx_text)
+        return subprocess.run([_ptxas(), "-arch=sm_90a", "-v", ptx, "-o", os.path.join(tmp, "k.cubin")],
+                              capture_output=True, text=True, check=True).stderr  # fmt: skip
+
+
+def _tensor(head_dim: int, token_major: bool):
+    """A (1, 2, 256, d) bf16 stand-in on the CPU, in (B, H, n, d) or (B, n, H, d) memory."""
+    import torch
+
+    if token_major:
+        return torch.empty(1, 256, 2, head_dim, dtype=torch.bfloat16).transpose(1, 2)
+    return torch.empty(1, 2, 256, head_dim, dtype=torch.bfloat16)
+
+
+def _describe(x, rows: int):
+    return flash_sm90._descriptor(x, rows, flash_sm90._layout(x, rows))
+
+
+def gluon_build(name: str, head_dim: int, causal: bool = True) -> tuple[str, int]:
+    """(PTX, shared bytes) of one Gluon kernel ("forward", "dq" or "dkdv") built for sm_90 from
+    host-side descriptors: Q, K, V in (B, H, n, d) memory, O and dO in (B, n, H, d) memory."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
+    x, y = _tensor(head_dim, False), _tensor(head_dim, True)
+    flags = dict(HEAD_DIM=head_dim, CAUSAL=causal, TOKEN_MAJOR=False)
+    scalars = dict(LSE="*fp32", DELTA="*fp32", H="i32", n_q="i32", n_k="i32", qk_scale="fp32",
+                   sm_scale="fp32")  # fmt: skip
+    if name == "forward":
+        m = flash_sm90
+        rows, keys = m.BLOCK_M // 2, m.BLOCK_N
+        kernel = m._attn_fwd_sm90
+        descriptors = dict(q_desc=_describe(x, rows), k_desc=_describe(x, keys), v_desc=_describe(x, keys),
+                           o_desc=_describe(y, rows))  # fmt: skip
+        constants = dict(**flags, O_TOKEN_MAJOR=True, BLOCK_M=m.BLOCK_M, BLOCK_N=keys,
+                         STAGES=m.STAGES[head_dim], PINGPONG=m.PINGPONG)  # fmt: skip
+    elif name == "dq":
+        m = flash_sm90_dq
+        rows, keys = m.BLOCK_M // 2, m.BLOCK_N
+        kernel = m._attn_bwd_dq_sm90
+        descriptors = dict(q_desc=_describe(x, rows), k_desc=_describe(x, keys), v_desc=_describe(x, keys),
+                           do_desc=_describe(y, rows), o_desc=_describe(y, rows),
+                           dq_desc=_describe(x, rows))  # fmt: skip
+        constants = dict(**flags, DO_TOKEN_MAJOR=True, O_TOKEN_MAJOR=True, BLOCK_M=m.BLOCK_M, BLOCK_N=keys,
+                         STAGES=m.STAGES)  # fmt: skip
+    else:
+        m = flash_sm90_dkdv
+        rows, queries = m.BLOCK_N // 2, m.BLOCK_M
+        kernel = m._attn_bwd_dkdv_sm90
+        descriptors = dict(q_desc=_describe(x, queries), k_desc=_describe(x, rows), v_desc=_describe(x, rows),
+                           do_desc=_describe(y, queries), dk_desc=_describe(x, rows),
+                           dv_desc=_describe(x, rows))  # fmt: skip
+        constants = dict(**flags, DO_TOKEN_MAJOR=True, BLOCK_M=queries, BLOCK_N=m.BLOCK_N, STAGES=m.STAGES)
+    names = kernel.arg_names
+    signature = {n: mangle_type(desc) for n, desc in descriptors.items()}
+    signature.update({n: kind for n, kind in scalars.items() if n in names})
+    signature.update(dict.fromkeys(constants, "constexpr"))
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, kind in signature.items() if kind == "*fp32"}
+    source = GluonASTSource(kernel, signature, {(names.index(n),): v for n, v in constants.items()}, attrs)
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": m.NUM_WARPS})
+    return compiled.asm["ptx"], compiled.metadata.shared
+
+
+def _gluon_report(head_dim: int, causal: bool) -> None:
+    for name in ("forward", "dq", "dkdv"):
+        ptx, shared = gluon_build(name, head_dim, causal)
+        report = _ptxas_report(ptx)
+        spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
+        budgets = sorted({int(n) for n in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)})
+        stores, loads = spills.groups() if spills else (None, None)
+        print(f"{name:>8}  spill_stores {stores}  spill_loads {loads}  shared_bytes {shared}  "
+              f"setmaxnreg {budgets}")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kernel", choices=sorted(KERNELS), default="fwd")
+    parser.add_argument("--kernel", choices=[*sorted(KERNELS), "sm90"], default="fwd")
     parser.add_argument("--head-dim", type=int, default=128, choices=(16, 32, 64, 128))
     parser.add_argument("--causal", choices=("on", "off"), default="on")
     args = parser.parse_args()
+    if args.kernel == "sm90":
+        if args.head_dim not in flash_sm90.HEAD_DIMS or not flash_sm90.HAVE_GLUON:
+            dims = " or ".join(map(str, flash_sm90.HEAD_DIMS))
+            parser.error(f"the Gluon kernels need Gluon and head dim {dims}")
+        print(f"triton {triton.__version__}, sm_90, Gluon kernels, head dim {args.head_dim}, "
+              f"causal {args.causal}, bf16")  # fmt: skip
+        _gluon_report(args.head_dim, args.causal == "on")
+        return
     autotuned, names, table = KERNELS[args.kernel]
     kernel = autotuned.fn
     d = args.head_dim

@@ -226,72 +226,18 @@ def test_gpu_flash_attention_takes_the_gluon_kernels_and_keeps_the_gradients(tok
         assert relative_error(ours, triton) <= 2e-2, name
 
 
-def _compile_for_sm90(kernel, descriptors: dict, scalars: dict, constants: dict, num_warps: int) -> str:
-    """PTX of a Gluon kernel built for sm_90 on this machine (no GPU needed)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import mangle_type
-
-    names = kernel.arg_names
-    signature = {name: mangle_type(desc) for name, desc in descriptors.items()}
-    signature.update(scalars)
-    signature.update(dict.fromkeys(constants, "constexpr"))
-    pointers = [name for name, kind in scalars.items() if kind.startswith("*")]
-    attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in pointers}
-    source = GluonASTSource(kernel, signature, {(names.index(n),): v for n, v in constants.items()}, attrs)
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
-    return compiled.asm["ptx"]
-
-
-def _tensor(head_dim: int, token_major: bool) -> torch.Tensor:
-    if token_major:
-        return torch.empty(1, 256, 2, head_dim, dtype=torch.bfloat16).transpose(1, 2)
-    return torch.empty(1, 2, 256, head_dim, dtype=torch.bfloat16)
-
-
-def _describe(x: torch.Tensor, rows: int):
-    return flash_sm90._descriptor(x, rows, flash_sm90._layout(x, rows))
-
-
 @pytest.mark.parametrize("head_dim", flash_sm90.HEAD_DIMS)
 @pytest.mark.parametrize("kernel", ["forward", "dq", "dkdv"])
 def test_compiles_for_sm90_without_a_gpu(kernel, head_dim):
     """Each kernel builds for sm_90 with the installed Triton (its Gluon API moves between
     releases) into warp-specialised wgmma code fed by TMA; on the CPU, from host-side
-    descriptors, with (B, H, n, d) inputs and an output or dO of (B, n, H, d) memory."""
+    descriptors (``benchmarks/attention/sm90_builds.py``), with (B, H, n, d) inputs and an output
+    or dO of (B, n, H, d) memory."""
     if not flash_sm90.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
-    from lmscope.kernels import flash_sm90_dkdv, flash_sm90_dq
+    from scripts import load_script
 
-    x, y = _tensor(head_dim, False), _tensor(head_dim, True)
-    flags = dict(HEAD_DIM=head_dim, CAUSAL=True, TOKEN_MAJOR=False)
-    bwd_scalars = dict(LSE="*fp32", DELTA="*fp32", H="i32", n_q="i32", n_k="i32", qk_scale="fp32",
-                       sm_scale="fp32")  # fmt: skip
-    if kernel == "forward":
-        m = flash_sm90
-        rows, keys = m.BLOCK_M // 2, m.BLOCK_N
-        descriptors = dict(q_desc=_describe(x, rows), k_desc=_describe(x, keys), v_desc=_describe(x, keys),
-                           o_desc=_describe(y, rows))  # fmt: skip
-        scalars = dict(LSE="*fp32", H="i32", n_q="i32", n_k="i32", qk_scale="fp32")
-        constants = dict(**flags, O_TOKEN_MAJOR=True, BLOCK_M=m.BLOCK_M, BLOCK_N=keys,
-                         STAGES=m.STAGES[head_dim], PINGPONG=True)  # fmt: skip
-        ptx = _compile_for_sm90(m._attn_fwd_sm90, descriptors, scalars, constants, m.NUM_WARPS)
-    elif kernel == "dq":
-        m = flash_sm90_dq
-        rows, keys = m.BLOCK_M // 2, m.BLOCK_N
-        descriptors = dict(q_desc=_describe(x, rows), k_desc=_describe(x, keys), v_desc=_describe(x, keys),
-                           do_desc=_describe(y, rows), o_desc=_describe(y, rows),
-                           dq_desc=_describe(x, rows))  # fmt: skip
-        constants = dict(**flags, DO_TOKEN_MAJOR=True, O_TOKEN_MAJOR=True, BLOCK_M=m.BLOCK_M, BLOCK_N=keys,
-                         STAGES=m.STAGES)  # fmt: skip
-        ptx = _compile_for_sm90(m._attn_bwd_dq_sm90, descriptors, bwd_scalars, constants, m.NUM_WARPS)
-    else:
-        m = flash_sm90_dkdv
-        rows, queries = m.BLOCK_N // 2, m.BLOCK_M
-        descriptors = dict(q_desc=_describe(x, queries), k_desc=_describe(x, rows), v_desc=_describe(x, rows),
-                           do_desc=_describe(y, queries), dk_desc=_describe(x, rows),
-                           dv_desc=_describe(x, rows))  # fmt: skip
-        constants = dict(**flags, DO_TOKEN_MAJOR=True, BLOCK_M=queries, BLOCK_N=m.BLOCK_N, STAGES=m.STAGES)
-        ptx = _compile_for_sm90(m._attn_bwd_dkdv_sm90, descriptors, bwd_scalars, constants, m.NUM_WARPS)
+    builds = load_script("benchmarks/attention/sm90_builds.py", "sm90_builds")
+    ptx, shared = builds.gluon_build(kernel, head_dim)
     assert "wgmma.mma_async" in ptx and "setmaxnreg" in ptx and "cp.async.bulk.tensor" in ptx
+    assert 0 < shared <= 232448  # sm_90's shared memory per block

@@ -128,6 +128,100 @@ def test_gpu_forward_matches_reference(case, pingpong):
     assert relative_error(ours, ref_o[visible]) <= 2 * relative_error(theirs, ref_o[visible])
 
 
+def _assert_within_twice_torch(q, k, v, do, causal, o, grads, lse=None) -> None:
+    """O (and L, if given), dQ, dK, dV within 2x the error of torch's naive same-dtype attention
+    against float64; causal rows with no key (n_q > n_k) have no softmax and are left out of O,
+    L and dQ."""
+    ref_o, ref_l, *ref_g = reference_with_grads(q, k, v, do, causal)
+    leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+    naive_o = attention_naive(*leaves, causal)
+    naive = (naive_o, *torch.autograd.grad(naive_o, leaves, do))
+    visible = ref_l.isfinite()
+    if lse is not None:
+        assert lse.shape == ref_l.shape
+        assert (lse.double() - ref_l)[visible].abs().max().item() < 1e-4
+    refs = (ref_o, *ref_g)
+    for name, ours, theirs, ref in zip(("O", "dQ", "dK", "dV"), (o, *grads), naive, refs, strict=True):
+        assert ours.shape == ref.shape, name
+        rows = visible if name in ("O", "dQ") else slice(None)
+        err, tol = relative_error(ours[rows], ref[rows]), 2 * relative_error(theirs[rows], ref[rows])
+        assert err <= tol, f"{name}: error {err:.2e} > 2x torch's {q.dtype} error ({tol:.2e})"
+
+
+def _float64_stand_ins(monkeypatch) -> dict:
+    """The three Gluon launches replaced by float64 computations with their contracts (O and L;
+    dQ and D; dK and dV written into the buffers they are given), counted: on the CPU, the
+    dispatch around them runs as it does on a Hopper GPU."""
+    from lmscope.kernels import flash_sm90_dkdv, flash_sm90_dq
+
+    calls = {"forward": 0, "dq": 0, "dkdv": 0}
+
+    def forward(q, k, v, o, lse, causal, qk_scale):
+        assert q.ndim == k.ndim == v.ndim == o.ndim == 4 and flash_sm90.describable(q, k, v)
+        calls["forward"] += 1
+        ref_o, ref_l, *_ = reference_with_grads(q, k, v, torch.zeros_like(q), causal)
+        o.copy_(ref_o)
+        lse.view(-1)[: ref_l.numel()].copy_(ref_l.flatten())  # by pointer, as the kernel writes
+
+    def grads(q, k, v, do, lse, causal):
+        assert q.ndim == do.ndim == 4 and lse.dtype == torch.float32
+        return reference_with_grads(q, k, v, do, causal)[2:]
+
+    def dq(q, k, v, do, o, lse, delta, dq_out, causal, qk_scale, sm_scale):
+        assert o.ndim == 4 and dq_out.shape == q.shape and dq_out.is_contiguous()
+        calls["dq"] += 1
+        dq_out.copy_(grads(q, k, v, do, lse, causal)[0])
+        delta.view(-1)[: q.shape[:-1].numel()].copy_((do.double() * o.double()).sum(-1).flatten())
+
+    def dkdv(q, k, v, do, lse, delta, dk, dv, causal, qk_scale, sm_scale):
+        assert dk.shape == dv.shape == k.shape and dk.is_contiguous()
+        calls["dkdv"] += 1
+        _, ref_dk, ref_dv = grads(q, k, v, do, lse, causal)
+        dk.copy_(ref_dk)
+        dv.copy_(ref_dv)
+
+    monkeypatch.setattr(flash_sm90, "serves", lambda q, work: True)
+    monkeypatch.setattr(flash_sm90, "forward", forward)
+    monkeypatch.setattr(flash_sm90_dq, "dq", dq)
+    monkeypatch.setattr(flash_sm90_dkdv, "dkdv", dkdv)
+    monkeypatch.setattr(fa, "_INTERPRET", True)  # let CPU tensors through the input check
+    fa._PLANS.clear()
+    return calls
+
+
+@pytest.mark.parametrize("shape", [(3, 40, 64), (2, 3, 1, 33, 128), (40, 64), (2, 3, 37, 64)],
+                         ids=["3d", "5d", "2d", "4d"])  # fmt: skip
+def test_dispatch_to_the_gluon_kernels_on_the_cpu(shape, monkeypatch):
+    """The plumbing around the Gluon kernels, with float64 stand-ins for them: inputs of any rank
+    reach them as 4-d views (O as well, in the backward), their outputs come back in the inputs'
+    shapes, through the autograd Function and the direct functions, and ``last_kernels`` says
+    so. A 4-d input's O has (B, T, H, d) memory: the forward gets it in that order."""
+    calls = _float64_stand_ins(monkeypatch)
+    gen = torch.Generator().manual_seed(len(shape))
+    q, k, v, do = (torch.randn(*shape, generator=gen, dtype=torch.bfloat16) for _ in range(4))
+    leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+    o = fa.FlashAttentionTriton.apply(*leaves, True)
+    o.backward(do)
+    assert calls == {"forward": 1, "dq": 1, "dkdv": 1}
+    assert fa.last_kernels() == {"forward": "gluon-sm90", "dq": "gluon-sm90", "dkdv": "gluon-sm90"}
+    _assert_within_twice_torch(q, k, v, do, True, o, [t.grad for t in leaves])
+    o2, lse = fa.flash_attention_forward(q, k, v, True)
+    grads = fa.flash_attention_backward(do, q, k, v, o2, lse, True)
+    _assert_within_twice_torch(q, k, v, do, True, o2, grads, lse)
+    fa._PLANS.clear()
+
+
+def test_the_atomic_dq_mode_keeps_the_triton_backward(monkeypatch):
+    """The Gluon backward kernels serve the separate dQ mode only."""
+    _float64_stand_ins(monkeypatch)
+    q = torch.zeros(1, 2, 16, 64, dtype=torch.bfloat16)
+    plan = fa._plan_for(q, q, q, True)
+    assert plan.sm90
+    assert fa._sm90_backward_o(plan, True, q, q, q, q, q) is None
+    assert fa._sm90_backward_o(plan, False, q, q, q, q, q) is not None
+    fa._PLANS.clear()
+
+
 def _count_gluon_launches(monkeypatch) -> dict:
     """Counters of the three Gluon kernels' launches, through the module functions."""
     from lmscope.kernels import flash_sm90_dkdv, flash_sm90_dq
@@ -160,17 +254,7 @@ def test_gpu_gluon_kernels_match_reference(case, monkeypatch):
     grads = fa.flash_attention_backward(do, q, k, v, o, lse, causal)
     fa._PLANS.clear()
     assert calls == {"forward": 1, "dq": 1, "dkdv": 1}
-    ref_o, ref_l, *ref_g = reference_with_grads(q, k, v, do, causal)
-    leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
-    naive_o = attention_naive(*leaves, causal)
-    naive = (naive_o, *torch.autograd.grad(naive_o, leaves, do))
-    visible = ref_l.isfinite()  # causal rows with no key (n_q > n_k) have no softmax
-    assert (lse.double() - ref_l)[visible].abs().max().item() < 1e-4
-    refs = (ref_o, *ref_g)
-    for name, ours, theirs, ref in zip(("O", "dQ", "dK", "dV"), (o, *grads), naive, refs, strict=True):
-        rows = visible if name in ("O", "dQ") else slice(None)
-        err, tol = relative_error(ours[rows], ref[rows]), 2 * relative_error(theirs[rows], ref[rows])
-        assert err <= tol, f"{name}: error {err:.2e} > 2x torch's {dtype} error ({tol:.2e})"
+    _assert_within_twice_torch(q, k, v, do, causal, o, grads, lse)
 
 
 @pytest.mark.gpu
@@ -189,14 +273,7 @@ def test_gpu_gluon_kernels_serve_inputs_of_other_ranks(shape, monkeypatch):
     o.backward(do)
     fa._PLANS.clear()
     assert calls == {"forward": 1, "dq": 1, "dkdv": 1}
-    ref_o, _, *ref_g = reference_with_grads(q, k, v, do, True)
-    naive_leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
-    naive_o = attention_naive(*naive_leaves, True)
-    naive = (naive_o, *torch.autograd.grad(naive_o, naive_leaves, do))
-    ours = (o, *(t.grad for t in leaves))
-    for name, x, theirs, ref in zip(("O", "dQ", "dK", "dV"), ours, naive, (ref_o, *ref_g), strict=True):
-        assert x.shape == ref.shape
-        assert relative_error(x, ref) <= 2 * relative_error(theirs, ref), name
+    _assert_within_twice_torch(q, k, v, do, True, o, [t.grad for t in leaves])
 
 
 @pytest.mark.gpu

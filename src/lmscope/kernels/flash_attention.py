@@ -1155,10 +1155,11 @@ def _prepared_do(do: torch.Tensor, plan: _Plan) -> torch.Tensor:
 
 
 def _backward(
-    do4: torch.Tensor, q4, k4, v4, o4, lse: torch.Tensor, f32: torch.Tensor, plan: _Plan, atomic: bool
+    do4: torch.Tensor, q4, k4, v4, o, lse: torch.Tensor, f32: torch.Tensor, plan: _Plan, atomic: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The backward launches for ``do4`` (``_prepared_do``). ``lse`` and ``f32`` are passed by
-    pointer: L at the head of ``lse``, D at the head of ``f32``, which holds
+    """The backward launches for ``do4`` (``_prepared_do``). ``o`` is O as the forward returned
+    it (any rank: the Triton kernels read it through ``plan.o_strides``). ``lse`` and ``f32``
+    are passed by pointer: L at the head of ``lse``, D at the head of ``f32``, which holds
     ``_scratch(plan, atomic)`` floats, 16-byte aligned; ``atomic`` says whether dQ is
     accumulated by the dK/dV kernel."""
     do_strides = do4.stride()
@@ -1170,54 +1171,49 @@ def _backward(
     dk = torch.empty(plan.k_shape, dtype=plan.dtype, device=plan.device)
     dv = torch.empty(plan.k_shape, dtype=plan.dtype, device=plan.device)
     key = plan.key
-    # O is passed as it was saved (the kernels above take it by pointer and strides); the Gluon
-    # kernels' descriptors need its 4-d view (for 3-d inputs, say)
-    o_4d = _as4d(o4)
-    sm90 = _sm90_backward(plan, atomic, q4, k4, v4, do4, o_4d)
+    o_sm90 = _sm90_backward_o(plan, atomic, q4, k4, v4, do4, o)
+    gluon_dq = o_sm90 is not None and flash_sm90_dq.ENABLED
+    gluon_dkdv = o_sm90 is not None and flash_sm90_dkdv.ENABLED
     if atomic:
         key = (*key[:5], True, key[6])
         dq_acc = f32[_aligned(bh * n_q) :]
         dq_acc.zero_()
         pre_block = 16 if _INTERPRET else 128
         _bwd_preprocess[(triton.cdiv(n_q, pre_block), bh)](
-            o4, do4, f32, *plan.o_strides, *do_strides[:3], plan.scalars[0], n_q,
+            o, do4, f32, *plan.o_strides, *do_strides[:3], plan.scalars[0], n_q,
             HEAD_DIM=plan.d, D_PAD=plan.d_pad, BLOCK_M=pre_block, ACC64=plan.dtype == torch.float32,
         )  # fmt: skip
+        _LAST_KERNELS["dq"] = "triton-atomic"
     else:  # the dQ kernel computes D for its rows and stores it: it runs first
         dq_acc = plan.dq_acc
-        if sm90 and flash_sm90_dq.ENABLED:
-            flash_sm90_dq.dq(q4, k4, v4, do4, o_4d, lse, f32, _as4d(dq), key[1], *plan.scalars[3:5])
-            _LAST_KERNELS["dq"] = "gluon-sm90"
+        if gluon_dq:
+            flash_sm90_dq.dq(q4, k4, v4, do4, o_sm90, lse, f32, _as4d(dq), key[1], *plan.scalars[3:5])
         else:
-            _DQ_LAUNCH(key, n_q, bh, (q4, k4, v4, do4, o4, lse, f32, dq), dq_args)
-            _LAST_KERNELS["dq"] = "triton"
-    _LAST_KERNELS["dkdv"] = "gluon-sm90" if sm90 and flash_sm90_dkdv.ENABLED else "triton"
-    if atomic:
-        _LAST_KERNELS["dq"] = "triton-atomic"
-    if sm90 and flash_sm90_dkdv.ENABLED:
-        flash_sm90_dkdv.dkdv(q4, k4, v4, do4, lse, f32, _as4d(dk), _as4d(dv), plan.key[1], plan.scalars[3],
-                             plan.scalars[4])  # fmt: skip
+            _DQ_LAUNCH(key, n_q, bh, (q4, k4, v4, do4, o, lse, f32, dq), dq_args)
+        _LAST_KERNELS["dq"] = "gluon-sm90" if gluon_dq else "triton"
+    if gluon_dkdv:
+        flash_sm90_dkdv.dkdv(q4, k4, v4, do4, lse, f32, _as4d(dk), _as4d(dv), key[1], *plan.scalars[3:5])
     else:
         dkdv_tensors = (q4, k4, v4, do4, lse, f32, dk, dv, dq_acc)
         _DKDV_LAUNCH(key, plan.scalars[2], bh, dkdv_tensors, dkdv_args)
+    _LAST_KERNELS["dkdv"] = "gluon-sm90" if gluon_dkdv else "triton"
     if atomic:
         acc = dq_acc[: bh * n_q * plan.d_pad].view(bh, n_q, plan.d_pad)[..., : plan.d]
         dq.copy_((acc * plan.scalars[4]).reshape(dq.shape))
     return dq, dk, dv
 
 
-def _sm90_backward(plan: _Plan, atomic: bool, q4, k4, v4, do4, o4) -> bool:
-    """Whether the Gluon dQ and dK/dV kernels may serve this backward (each has its own switch
-    too): with the Gluon forward's plans, in separate dQ mode, for tensors TMA can describe
-    (dO and O may each have their own axis order)."""
-    return (
-        plan.sm90
-        and not atomic
-        and type(q4) is torch.Tensor
-        and flash_sm90.describable(q4, k4, v4)
-        and flash_sm90.describable(do4)
-        and flash_sm90.describable(o4)
-    )
+def _sm90_backward_o(plan: _Plan, atomic: bool, q4, k4, v4, do4, o) -> torch.Tensor | None:
+    """O's 4-d view when the Gluon dQ and dK/dV kernels may serve this backward (each has its own
+    switch too), else None: with the Gluon forward's plans, in separate dQ mode, for tensors TMA
+    can describe (dO and O may each have their own axis order). O comes as it was saved (the
+    Triton kernels take it by pointer and the plan's strides); the descriptors need its view."""
+    if not plan.sm90 or atomic or type(q4) is not torch.Tensor:
+        return None
+    o4 = _as4d(o)
+    if flash_sm90.describable(q4, k4, v4) and flash_sm90.describable(do4) and flash_sm90.describable(o4):
+        return o4
+    return None
 
 
 def _is_atomic(dq_mode: str | None) -> bool:

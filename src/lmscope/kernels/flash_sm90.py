@@ -99,6 +99,15 @@ if HAVE_GLUON:
             mbarrier.invalidate(bars.index(i))
 
     @gluon.jit
+    def _query_block(H, BLOCK_M: gl.constexpr):
+        """(batch*head, batch, head, first query row) of this program on a (batch*heads, query
+        blocks) grid, query blocks in reverse: under causal masking the last ones do the most
+        work, and every head's heaviest start before any head's lighter ones."""
+        off_bh = gl.program_id(0)
+        start_m = (gl.num_programs(1) - 1 - gl.program_id(1)) * BLOCK_M
+        return off_bh, off_bh // H, off_bh % H, start_m
+
+    @gluon.jit
     def _key_tiles(start_m, n_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
         """(key tiles a query tile at start_m visits, first key of the tiles that need the mask)."""
         if CAUSAL:
@@ -247,12 +256,7 @@ if HAVE_GLUON:
         HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, TOKEN_MAJOR: gl.constexpr, O_TOKEN_MAJOR: gl.constexpr,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr,
     ):  # fmt: skip
-        # Heaviest causal tiles first; every head's before any head's lighter ones.
-        pid_m = gl.num_programs(1) - 1 - gl.program_id(1)
-        off_bh = gl.program_id(0)
-        z = off_bh // H
-        h = off_bh % H
-        start_m = pid_m * BLOCK_M
+        off_bh, z, h, start_m = _query_block(H, BLOCK_M)
         ROWS: gl.constexpr = BLOCK_M // 2
         dtype: gl.constexpr = q_desc.dtype
 

@@ -45,6 +45,7 @@ if HAVE_GLUON:
         _invalidate,
         _key_tiles,
         _mma_layout,
+        _query_block,
         _tile,
         _tma_load,
         _tma_store,
@@ -164,12 +165,7 @@ if HAVE_GLUON:
         DO_TOKEN_MAJOR: gl.constexpr, O_TOKEN_MAJOR: gl.constexpr, BLOCK_M: gl.constexpr,
         BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     ):  # fmt: skip
-        # Heaviest causal tiles first; every head's before any head's lighter ones.
-        pid_m = gl.num_programs(1) - 1 - gl.program_id(1)
-        off_bh = gl.program_id(0)
-        z = off_bh // H
-        h = off_bh % H
-        start_m = pid_m * BLOCK_M
+        off_bh, z, h, start_m = _query_block(H, BLOCK_M)
         ROWS: gl.constexpr = BLOCK_M // 2
         dtype: gl.constexpr = q_desc.dtype
 

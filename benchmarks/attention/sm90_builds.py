@@ -99,52 +99,37 @@ def _tensor(head_dim: int, token_major: bool):
     return torch.empty(1, 2, 256, head_dim, dtype=torch.bfloat16)
 
 
-def _describe(x, rows: int):
-    return flash_sm90._descriptor(x, rows, flash_sm90._layout(x, rows))
-
-
 def gluon_build(name: str, head_dim: int, causal: bool = True) -> tuple[str, int]:
     """(PTX, shared bytes) of one Gluon kernel ("forward", "dq" or "dkdv") built for sm_90 from
-    host-side descriptors: Q, K, V in (B, H, n, d) memory, O and dO in (B, n, H, d) memory."""
+    the arguments its real launch would get (the modules' ``*_launch``): Q, K, V and the
+    gradients in (B, H, n, d) memory, O and dO in (B, n, H, d) memory, CPU stand-ins."""
+    import torch
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
 
     x, y = _tensor(head_dim, False), _tensor(head_dim, True)
-    flags = dict(HEAD_DIM=head_dim, CAUSAL=causal, TOKEN_MAJOR=False)
-    scalars = dict(LSE="*fp32", DELTA="*fp32", H="i32", n_q="i32", n_k="i32", qk_scale="fp32",
-                   sm_scale="fp32")  # fmt: skip
+    rows = torch.empty(256, dtype=torch.float32)  # L and D
     if name == "forward":
-        m = flash_sm90
-        rows, keys = m.BLOCK_M // 2, m.BLOCK_N
-        kernel = m._attn_fwd_sm90
-        descriptors = dict(q_desc=_describe(x, rows), k_desc=_describe(x, keys), v_desc=_describe(x, keys),
-                           o_desc=_describe(y, rows))  # fmt: skip
-        constants = dict(**flags, O_TOKEN_MAJOR=True, BLOCK_M=m.BLOCK_M, BLOCK_N=keys,
-                         STAGES=m.STAGES[head_dim], PINGPONG=m.PINGPONG)  # fmt: skip
+        module, kernel = flash_sm90, flash_sm90._attn_fwd_sm90
+        _, args = flash_sm90.forward_launch(x, x, x, y, rows, causal, 1.0)
     elif name == "dq":
-        m = flash_sm90_dq
-        rows, keys = m.BLOCK_M // 2, m.BLOCK_N
-        kernel = m._attn_bwd_dq_sm90
-        descriptors = dict(q_desc=_describe(x, rows), k_desc=_describe(x, keys), v_desc=_describe(x, keys),
-                           do_desc=_describe(y, rows), o_desc=_describe(y, rows),
-                           dq_desc=_describe(x, rows))  # fmt: skip
-        constants = dict(**flags, DO_TOKEN_MAJOR=True, O_TOKEN_MAJOR=True, BLOCK_M=m.BLOCK_M, BLOCK_N=keys,
-                         STAGES=m.STAGES)  # fmt: skip
+        module, kernel = flash_sm90_dq, flash_sm90_dq._attn_bwd_dq_sm90
+        _, args = flash_sm90_dq.dq_launch(x, x, x, y, y, rows, rows, x, causal, 1.0, 1.0)
     else:
-        m = flash_sm90_dkdv
-        rows, queries = m.BLOCK_N // 2, m.BLOCK_M
-        kernel = m._attn_bwd_dkdv_sm90
-        descriptors = dict(q_desc=_describe(x, queries), k_desc=_describe(x, rows), v_desc=_describe(x, rows),
-                           do_desc=_describe(y, queries), dk_desc=_describe(x, rows),
-                           dv_desc=_describe(x, rows))  # fmt: skip
-        constants = dict(**flags, DO_TOKEN_MAJOR=True, BLOCK_M=queries, BLOCK_N=m.BLOCK_N, STAGES=m.STAGES)
+        module, kernel = flash_sm90_dkdv, flash_sm90_dkdv._attn_bwd_dkdv_sm90
+        _, args = flash_sm90_dkdv.dkdv_launch(x, x, x, y, rows, rows, x, x, causal, 1.0, 1.0)
+    if set(args) != set(kernel.arg_names):  # the launch names the kernel's arguments, all of them
+        odd = sorted(set(args) ^ set(kernel.arg_names))
+        raise ValueError(f"{name}: the launch's arguments and the kernel's differ in {odd}")
     names = kernel.arg_names
-    signature = {n: mangle_type(desc) for n, desc in descriptors.items()}
-    signature.update({n: kind for n, kind in scalars.items() if n in names})
-    signature.update(dict.fromkeys(constants, "constexpr"))
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, kind in signature.items() if kind == "*fp32"}
-    source = GluonASTSource(kernel, signature, {(names.index(n),): v for n, v in constants.items()}, attrs)
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": m.NUM_WARPS})
+    constant = {p.name for p in kernel.params if p.is_constexpr}
+    signature = {n: "constexpr" if n in constant else mangle_type(args[n]) for n in names}
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, kind in signature.items()
+             if kind.startswith("*")}  # fmt: skip
+    constexprs = {(names.index(n),): args[n] for n in names if n in constant}
+    source = GluonASTSource(kernel, signature, constexprs, attrs)
+    options = {"num_warps": module.NUM_WARPS}
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
     return compiled.asm["ptx"], compiled.metadata.shared
 
 

@@ -169,12 +169,17 @@ VARIANTS = {
 }
 
 
-def variants(rows: list) -> None:
+def _long_context():
+    """Per shape of SHAPES, in mode gluon-all: ((b, h, n, d), leaves q, k, v, dO), causal inputs in
+    (B, T, H, d) memory."""
     set_mode("gluon-all")
     for b, h, n, d in SHAPES:
         q, k, v = _inputs(b, h, n, n, d, True)
-        do = torch.randn_like(q)
-        leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+        yield (b, h, n, d), [t.detach().requires_grad_(True) for t in (q, k, v)], torch.randn_like(q)
+
+
+def variants(rows: list) -> None:
+    for (b, h, n, d), leaves, do in _long_context():
         for name, overrides in VARIANTS.items():
             saved = {key: getattr(*key) for key in overrides}
             for (module, attr), value in overrides.items():
@@ -197,11 +202,7 @@ def profile(rows: list) -> None:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    set_mode("gluon-all")
-    for b, h, n, d in SHAPES:
-        q, k, v = _inputs(b, h, n, n, d, True)
-        do = torch.randn_like(q)
-        leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+    for (b, h, n, d), leaves, do in _long_context():
         for _ in range(3):
             torch.autograd.backward(attention(*leaves, True), do)
         torch.cuda.synchronize()

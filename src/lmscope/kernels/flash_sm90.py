@@ -86,6 +86,11 @@ if HAVE_GLUON:
                                          instr_shape=[16, n, 16])  # fmt: skip
 
     @gluon.jit
+    def _tiles(desc, n: gl.constexpr):
+        """n shared-memory buffers for tiles of ``desc`` (its block shape and swizzled layout)."""
+        return gl.allocate_shared_memory(desc.dtype, [n] + desc.block_type.shape, desc.layout)
+
+    @gluon.jit
     def _barriers(n: gl.constexpr, count: gl.constexpr):
         """n mbarriers in shared memory, each completing a phase after ``count`` arrivals."""
         bars = gl.allocate_shared_memory(gl.int64, [n, 1], mbarrier.MBarrierLayout())
@@ -258,11 +263,10 @@ if HAVE_GLUON:
     ):  # fmt: skip
         off_bh, z, h, start_m = _query_block(H, BLOCK_M)
         ROWS: gl.constexpr = BLOCK_M // 2
-        dtype: gl.constexpr = q_desc.dtype
 
-        q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
-        k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
-        v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+        q_smem = _tiles(q_desc, 2)
+        k_smem = _tiles(k_desc, STAGES)
+        v_smem = _tiles(v_desc, STAGES)
         q_bars = _barriers(1, 1)
         q_bar = q_bars.index(0)
         ready = _barriers(STAGES, 1)
@@ -324,33 +328,38 @@ def serves(q: torch.Tensor, work: int) -> bool:
     )
 
 
-def _descriptor(x: torch.Tensor, rows: int, layout) -> TensorDescriptor:
+def describe(x: torch.Tensor, rows: int) -> TensorDescriptor:
+    """The TMA descriptor of a (Z, H, n, d) tensor's (rows, d) tiles, 4-d in its memory order,
+    with the default swizzled shared-memory layout for that tile."""
     z, h, n, d = x.shape
     sz, sh, sn, _ = x.stride()
-    if token_major(x):
-        return TensorDescriptor(x, [z, n, h, d], [sz, sn, sh, 1], [1, rows, 1, d], layout)
-    return TensorDescriptor(x, [z, h, n, d], [sz, sh, sn, 1], [1, 1, rows, d], layout)
-
-
-def _layout(x: torch.Tensor, rows: int):
     gl_dtype = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
-    shape = [1, rows, 1, x.shape[-1]] if token_major(x) else [1, 1, rows, x.shape[-1]]
-    return gl.NVMMASharedLayout.get_default_for(shape, gl_dtype)
+    if token_major(x):
+        block = [1, rows, 1, d]
+        return TensorDescriptor(x, [z, n, h, d], [sz, sn, sh, 1], block,
+                                gl.NVMMASharedLayout.get_default_for(block, gl_dtype))  # fmt: skip
+    block = [1, 1, rows, d]
+    return TensorDescriptor(x, [z, h, n, d], [sz, sh, sn, 1], block,
+                            gl.NVMMASharedLayout.get_default_for(block, gl_dtype))  # fmt: skip
+
+
+def forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                   causal: bool, qk_scale: float, pingpong: bool = PINGPONG,
+                   stages: int | None = None) -> tuple[tuple[int, int], dict]:  # fmt: skip
+    """(grid, every argument by name) of the forward's launch for these (Z, H, n, d) tensors;
+    ``forward`` launches it, ``benchmarks/attention/sm90_builds.py`` builds it offline."""
+    z, h, n_q, d = q.shape
+    rows = BLOCK_M // 2
+    args = dict(q_desc=describe(q, rows), k_desc=describe(k, BLOCK_N), v_desc=describe(v, BLOCK_N),
+                o_desc=describe(o, rows), LSE=lse, H=h, n_q=n_q, n_k=k.shape[2], qk_scale=qk_scale,
+                HEAD_DIM=d, CAUSAL=bool(causal), TOKEN_MAJOR=token_major(q), O_TOKEN_MAJOR=token_major(o),
+                BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages or STAGES[d], PINGPONG=pingpong)  # fmt: skip
+    return (z * h, (n_q + BLOCK_M - 1) // BLOCK_M), args
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
             causal: bool, qk_scale: float, pingpong: bool = PINGPONG,
             stages: int | None = None) -> None:  # fmt: skip
     """O and L of (Z, H, n, d) q, k, v into o and lse (float32, (Z*H*n_q) at its head)."""
-    z, h, n_q, d = q.shape
-    n_k = k.shape[2]
-    q_layout = _layout(q, BLOCK_M // 2)
-    kv_layout = _layout(k, BLOCK_N)
-    grid = (z * h, (n_q + BLOCK_M - 1) // BLOCK_M)
-    _attn_fwd_sm90[grid](
-        _descriptor(q, BLOCK_M // 2, q_layout), _descriptor(k, BLOCK_N, kv_layout),
-        _descriptor(v, BLOCK_N, kv_layout), _descriptor(o, BLOCK_M // 2, _layout(o, BLOCK_M // 2)), lse,
-        h, n_q, n_k, qk_scale,
-        HEAD_DIM=d, CAUSAL=bool(causal), TOKEN_MAJOR=token_major(q), O_TOKEN_MAJOR=token_major(o),
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages or STAGES[d], PINGPONG=pingpong, num_warps=NUM_WARPS,
-    )  # fmt: skip
+    grid, args = forward_launch(q, k, v, o, lse, causal, qk_scale, pingpong, stages)
+    _attn_fwd_sm90[grid](**args, num_warps=NUM_WARPS)

@@ -51,6 +51,7 @@ if HAVE_GLUON:
         _invalidate,
         _mma_layout,
         _tile,
+        _tiles,
         _tma_load,
         _tma_store,
         _warps_barrier,
@@ -160,12 +161,11 @@ if HAVE_GLUON:
         z = off_bh // H
         h = off_bh % H
         ROWS: gl.constexpr = BLOCK_N // 2
-        dtype: gl.constexpr = q_desc.dtype
 
-        q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
-        do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
-        k_smem = gl.allocate_shared_memory(dtype, [2] + k_desc.block_type.shape, k_desc.layout)
-        v_smem = gl.allocate_shared_memory(dtype, [2] + v_desc.block_type.shape, v_desc.layout)
+        q_smem = _tiles(q_desc, STAGES)
+        do_smem = _tiles(do_desc, STAGES)
+        k_smem = _tiles(k_desc, 2)
+        v_smem = _tiles(v_desc, 2)
         kv_bars = _barriers(1, 1)
         kv_bar = kv_bars.index(0)
         ready = _barriers(STAGES, 1)
@@ -200,25 +200,26 @@ if HAVE_GLUON:
         _invalidate(empty, STAGES)
 
 
+def dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse: torch.Tensor,
+                delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, causal: bool, qk_scale: float,
+                sm_scale: float, stages: int | None = None) -> tuple[tuple[int, int], dict]:  # fmt: skip
+    """(grid, every argument by name) of the dK/dV kernel's launch for these (Z, H, n, d) tensors."""
+    z, h, n_q, d = q.shape
+    n_k = k.shape[2]
+    rows = BLOCK_N // 2
+    describe, token_major = flash_sm90.describe, flash_sm90.token_major
+    args = dict(q_desc=describe(q, BLOCK_M), k_desc=describe(k, rows), v_desc=describe(v, rows),
+                do_desc=describe(do, BLOCK_M), dk_desc=describe(dk, rows), dv_desc=describe(dv, rows),
+                LSE=lse, DELTA=delta, H=h, n_q=n_q, n_k=n_k, qk_scale=qk_scale, sm_scale=sm_scale,
+                HEAD_DIM=d, CAUSAL=bool(causal), TOKEN_MAJOR=token_major(q), DO_TOKEN_MAJOR=token_major(do),
+                BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages or STAGES)  # fmt: skip
+    return (z * h, (n_k + BLOCK_N - 1) // BLOCK_N), args
+
+
 def dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse: torch.Tensor,
          delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, causal: bool, qk_scale: float,
          sm_scale: float, stages: int | None = None) -> None:  # fmt: skip
     """dK, dV of (Z, H, n, d) q, k, v, do into contiguous (Z, H, n_k, d) dk, dv; lse and delta
     float32 with (Z*H*n_q) at their heads."""
-    z, h, n_q, d = q.shape
-    n_k = k.shape[2]
-    rows = BLOCK_N // 2
-    q_layout = flash_sm90._layout(q, BLOCK_M)
-    do_layout = flash_sm90._layout(do, BLOCK_M)
-    kv_layout = flash_sm90._layout(k, rows)
-    out_layout = flash_sm90._layout(dk, rows)
-    grid = (z * h, (n_k + BLOCK_N - 1) // BLOCK_N)
-    _attn_bwd_dkdv_sm90[grid](
-        flash_sm90._descriptor(q, BLOCK_M, q_layout), flash_sm90._descriptor(k, rows, kv_layout),
-        flash_sm90._descriptor(v, rows, kv_layout), flash_sm90._descriptor(do, BLOCK_M, do_layout),
-        flash_sm90._descriptor(dk, rows, out_layout), flash_sm90._descriptor(dv, rows, out_layout),
-        lse, delta, h, n_q, n_k, qk_scale, sm_scale,
-        HEAD_DIM=d, CAUSAL=bool(causal), TOKEN_MAJOR=flash_sm90.token_major(q),
-        DO_TOKEN_MAJOR=flash_sm90.token_major(do), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages or STAGES,
-        num_warps=NUM_WARPS,
-    )  # fmt: skip
+    grid, args = dkdv_launch(q, k, v, do, lse, delta, dk, dv, causal, qk_scale, sm_scale, stages)
+    _attn_bwd_dkdv_sm90[grid](**args, num_warps=NUM_WARPS)

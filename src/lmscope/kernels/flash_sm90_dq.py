@@ -47,6 +47,7 @@ if HAVE_GLUON:
         _mma_layout,
         _query_block,
         _tile,
+        _tiles,
         _tma_load,
         _tma_store,
         _warps_barrier,
@@ -167,13 +168,12 @@ if HAVE_GLUON:
     ):  # fmt: skip
         off_bh, z, h, start_m = _query_block(H, BLOCK_M)
         ROWS: gl.constexpr = BLOCK_M // 2
-        dtype: gl.constexpr = q_desc.dtype
 
-        q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
-        do_smem = gl.allocate_shared_memory(dtype, [2] + do_desc.block_type.shape, do_desc.layout)
-        o_smem = gl.allocate_shared_memory(dtype, [2] + o_desc.block_type.shape, o_desc.layout)
-        k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
-        v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+        q_smem = _tiles(q_desc, 2)
+        do_smem = _tiles(do_desc, 2)
+        o_smem = _tiles(o_desc, 2)
+        k_smem = _tiles(k_desc, STAGES)
+        v_smem = _tiles(v_desc, STAGES)
         rows_bars = _barriers(1, 1)
         rows_bar = rows_bars.index(0)
         ready = _barriers(STAGES, 1)
@@ -202,23 +202,26 @@ if HAVE_GLUON:
         _invalidate(empty, STAGES)
 
 
+def dq_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, o: torch.Tensor,
+              lse: torch.Tensor, delta: torch.Tensor, dq_out: torch.Tensor, causal: bool, qk_scale: float,
+              sm_scale: float, stages: int | None = None) -> tuple[tuple[int, int], dict]:  # fmt: skip
+    """(grid, every argument by name) of the dQ kernel's launch for these (Z, H, n, d) tensors."""
+    z, h, n_q, d = q.shape
+    rows = BLOCK_M // 2
+    describe, token_major = flash_sm90.describe, flash_sm90.token_major
+    args = dict(q_desc=describe(q, rows), k_desc=describe(k, BLOCK_N), v_desc=describe(v, BLOCK_N),
+                do_desc=describe(do, rows), o_desc=describe(o, rows), dq_desc=describe(dq_out, rows),
+                LSE=lse, DELTA=delta, H=h, n_q=n_q, n_k=k.shape[2], qk_scale=qk_scale, sm_scale=sm_scale,
+                HEAD_DIM=d, CAUSAL=bool(causal), TOKEN_MAJOR=token_major(q), DO_TOKEN_MAJOR=token_major(do),
+                O_TOKEN_MAJOR=token_major(o), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                STAGES=stages or STAGES)  # fmt: skip
+    return (z * h, (n_q + BLOCK_M - 1) // BLOCK_M), args
+
+
 def dq(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, o: torch.Tensor,
        lse: torch.Tensor, delta: torch.Tensor, dq_out: torch.Tensor, causal: bool, qk_scale: float,
        sm_scale: float, stages: int | None = None) -> None:  # fmt: skip
     """dQ of (Z, H, n, d) q, k, v, do, o into contiguous (Z, H, n_q, d) dq_out, and D into
     delta; lse and delta float32 with (Z*H*n_q) at their heads."""
-    z, h, n_q, d = q.shape
-    n_k = k.shape[2]
-    rows = BLOCK_M // 2
-
-    def describe(x: torch.Tensor, n: int):
-        return flash_sm90._descriptor(x, n, flash_sm90._layout(x, n))
-
-    grid = (z * h, (n_q + BLOCK_M - 1) // BLOCK_M)
-    _attn_bwd_dq_sm90[grid](
-        describe(q, rows), describe(k, BLOCK_N), describe(v, BLOCK_N), describe(do, rows), describe(o, rows),
-        describe(dq_out, rows), lse, delta, h, n_q, n_k, qk_scale, sm_scale,
-        HEAD_DIM=d, CAUSAL=bool(causal), TOKEN_MAJOR=flash_sm90.token_major(q),
-        DO_TOKEN_MAJOR=flash_sm90.token_major(do), O_TOKEN_MAJOR=flash_sm90.token_major(o),
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages or STAGES, num_warps=NUM_WARPS,
-    )  # fmt: skip
+    grid, args = dq_launch(q, k, v, do, o, lse, delta, dq_out, causal, qk_scale, sm_scale, stages)
+    _attn_bwd_dq_sm90[grid](**args, num_warps=NUM_WARPS)

@@ -280,6 +280,42 @@ def attention_sm90_bwd(rows: Rows) -> str:
     return _sm90_against_triton(rows, "bwd_ms")
 
 
+SM90_THRESHOLD_RUNS = (
+    (f"{ATTENTION}/29-round-h100/classic.jsonl", "Triton kernels only"),
+    (f"{ATTENTION}/30-round-h100/earlier/classic_b3c52fd.jsonl", "Gluon from 4096 keys"),
+    (f"{ATTENTION}/30-round-h100/earlier/classic_38ba77d.jsonl", "Gluon from 2^29 of B*H*n_q*n_k"),
+    (f"{ATTENTION}/30-round-h100/classic.jsonl", "Gluon from 2^36 of B*H*n_q*n_k*d (final)"),
+)
+"""The classic grid's bf16 runs under each choice of calls for the Gluon kernels, in order."""
+
+
+@claim("attention-sm90-threshold")
+def attention_sm90_threshold(rows: Rows) -> str:
+    """flash-triton at the classic grid's batch-8 points near the Gluon kernels' work threshold,
+    in the run of each threshold, with cuDNN of the same run beside it."""
+    body, runs = [], []
+    for path, rule in SM90_THRESHOLD_RUNS:
+        used = []
+        for d, n in ((64, 4096), (128, 4096), (64, 8192), (128, 8192)):
+            point = dict(dtype="bf16", head_dim=d, seq_len=n)
+            ours = rows.one(path, impl="flash-triton", **point)
+            cudnn = rows.one(path, impl="sdpa-cudnn", **point)
+            used += [ours, cudnn]
+            kernels = (ours.get("flash_kernels") or {}).get("forward", "triton")
+            body.append([rule, str(d), str(n), kernels, fmt(ours["fwd_ms"]), fmt(ours["fwd_bwd_ms"]),
+                         fmt(cudnn["fwd_bwd_ms"]), ratio(ours, cudnn, key="fwd_bwd_ms", times=None)])
+        runs.append(f"{rule}: {provenance(used)}.")
+    return claim_block(
+        "Classic grid (batch 8, one head, 3-d inputs: the Python Function), bf16, causal; `do_bench` "
+        "medians in ms; ours / cuDNN in the same run (above 1: ours slower). Rows without "
+        "`flash_kernels` predate the Gluon kernels. Each run is another call (machine), so "
+        "compare runs by their ours / cuDNN column.",
+        table(["choice of calls", "d", "seq", "kernels", "ours fwd", "ours fwd+bwd", "cuDNN fwd+bwd",
+               "ours / cuDNN"], body),
+        *runs,
+    )
+
+
 BEFORE_AFTER = ("after", "before", "after2")
 """The passes of benchmarks/attention/before_after.sh, in the order they ran in one session."""
 

@@ -59,8 +59,8 @@ ENABLED = env_flag("LMSCOPE_FLASH_SM90", default=True)
 # time is proportional) keep the Triton kernels: they are bound by host time, which the Python
 # launches here (descriptors built per call, Triton's JIT launch path) add to; the C++ host path
 # serves only Triton kernels. The classic grid's batch-8 points at 4096 tokens, and at 8192 with
-# head dim 64, were host-bound with these kernels (benchmarks/results/attention/30-round-h100/
-# README.md); 8192 tokens at head dim 128 (this threshold) were faster with them.
+# head dim 64, are host-bound and were no faster with these kernels; 8192 tokens at head dim 128
+# (this threshold) were (docs/kernels/flash_attention_backward_notes.md, variant 8, step 7).
 MIN_WORK = 1 << 36
 PINGPONG = True  # the two consumer warpgroups take turns at the tensor cores
 STAGES = {64: 3, 128: 3}  # K/V ring depth per head dim (shared memory: Q + 2 * STAGES tiles)

@@ -344,8 +344,8 @@ def describe(x: torch.Tensor, rows: int) -> TensorDescriptor:
 
 
 def forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
-                   causal: bool, qk_scale: float, pingpong: bool = PINGPONG,
-                   stages: int | None = None) -> tuple[tuple[int, int], dict]:  # fmt: skip
+                   causal: bool, qk_scale: float,
+                   pingpong: bool = PINGPONG) -> tuple[tuple[int, int], dict]:  # fmt: skip
     """(grid, every argument by name) of the forward's launch for these (Z, H, n, d) tensors;
     ``forward`` launches it, ``benchmarks/attention/sm90_builds.py`` builds it offline."""
     z, h, n_q, d = q.shape
@@ -353,13 +353,12 @@ def forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
     args = dict(q_desc=describe(q, rows), k_desc=describe(k, BLOCK_N), v_desc=describe(v, BLOCK_N),
                 o_desc=describe(o, rows), LSE=lse, H=h, n_q=n_q, n_k=k.shape[2], qk_scale=qk_scale,
                 HEAD_DIM=d, CAUSAL=bool(causal), TOKEN_MAJOR=token_major(q), O_TOKEN_MAJOR=token_major(o),
-                BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages or STAGES[d], PINGPONG=pingpong)  # fmt: skip
+                BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES[d], PINGPONG=pingpong)  # fmt: skip
     return (z * h, (n_q + BLOCK_M - 1) // BLOCK_M), args
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
-            causal: bool, qk_scale: float, pingpong: bool = PINGPONG,
-            stages: int | None = None) -> None:  # fmt: skip
+            causal: bool, qk_scale: float, pingpong: bool = PINGPONG) -> None:  # fmt: skip
     """O and L of (Z, H, n, d) q, k, v into o and lse (float32, (Z*H*n_q) at its head)."""
-    grid, args = forward_launch(q, k, v, o, lse, causal, qk_scale, pingpong, stages)
+    grid, args = forward_launch(q, k, v, o, lse, causal, qk_scale, pingpong)
     _attn_fwd_sm90[grid](**args, num_warps=NUM_WARPS)

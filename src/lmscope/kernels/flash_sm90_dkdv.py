@@ -202,7 +202,7 @@ if HAVE_GLUON:
 
 def dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse: torch.Tensor,
                 delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, causal: bool, qk_scale: float,
-                sm_scale: float, stages: int | None = None) -> tuple[tuple[int, int], dict]:  # fmt: skip
+                sm_scale: float) -> tuple[tuple[int, int], dict]:  # fmt: skip
     """(grid, every argument by name) of the dK/dV kernel's launch for these (Z, H, n, d) tensors."""
     z, h, n_q, d = q.shape
     n_k = k.shape[2]
@@ -212,14 +212,14 @@ def dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Ten
                 do_desc=describe(do, BLOCK_M), dk_desc=describe(dk, rows), dv_desc=describe(dv, rows),
                 LSE=lse, DELTA=delta, H=h, n_q=n_q, n_k=n_k, qk_scale=qk_scale, sm_scale=sm_scale,
                 HEAD_DIM=d, CAUSAL=bool(causal), TOKEN_MAJOR=token_major(q), DO_TOKEN_MAJOR=token_major(do),
-                BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages or STAGES)  # fmt: skip
+                BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES)  # fmt: skip
     return (z * h, (n_k + BLOCK_N - 1) // BLOCK_N), args
 
 
 def dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse: torch.Tensor,
          delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, causal: bool, qk_scale: float,
-         sm_scale: float, stages: int | None = None) -> None:  # fmt: skip
+         sm_scale: float) -> None:  # fmt: skip
     """dK, dV of (Z, H, n, d) q, k, v, do into contiguous (Z, H, n_k, d) dk, dv; lse and delta
     float32 with (Z*H*n_q) at their heads."""
-    grid, args = dkdv_launch(q, k, v, do, lse, delta, dk, dv, causal, qk_scale, sm_scale, stages)
+    grid, args = dkdv_launch(q, k, v, do, lse, delta, dk, dv, causal, qk_scale, sm_scale)
     _attn_bwd_dkdv_sm90[grid](**args, num_warps=NUM_WARPS)

@@ -204,7 +204,7 @@ if HAVE_GLUON:
 
 def dq_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, o: torch.Tensor,
               lse: torch.Tensor, delta: torch.Tensor, dq_out: torch.Tensor, causal: bool, qk_scale: float,
-              sm_scale: float, stages: int | None = None) -> tuple[tuple[int, int], dict]:  # fmt: skip
+              sm_scale: float) -> tuple[tuple[int, int], dict]:  # fmt: skip
     """(grid, every argument by name) of the dQ kernel's launch for these (Z, H, n, d) tensors."""
     z, h, n_q, d = q.shape
     rows = BLOCK_M // 2
@@ -214,14 +214,14 @@ def dq_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tenso
                 LSE=lse, DELTA=delta, H=h, n_q=n_q, n_k=k.shape[2], qk_scale=qk_scale, sm_scale=sm_scale,
                 HEAD_DIM=d, CAUSAL=bool(causal), TOKEN_MAJOR=token_major(q), DO_TOKEN_MAJOR=token_major(do),
                 O_TOKEN_MAJOR=token_major(o), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-                STAGES=stages or STAGES)  # fmt: skip
+                STAGES=STAGES)  # fmt: skip
     return (z * h, (n_q + BLOCK_M - 1) // BLOCK_M), args
 
 
 def dq(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, o: torch.Tensor,
        lse: torch.Tensor, delta: torch.Tensor, dq_out: torch.Tensor, causal: bool, qk_scale: float,
-       sm_scale: float, stages: int | None = None) -> None:  # fmt: skip
+       sm_scale: float) -> None:  # fmt: skip
     """dQ of (Z, H, n, d) q, k, v, do, o into contiguous (Z, H, n_q, d) dq_out, and D into
     delta; lse and delta float32 with (Z*H*n_q) at their heads."""
-    grid, args = dq_launch(q, k, v, do, o, lse, delta, dq_out, causal, qk_scale, sm_scale, stages)
+    grid, args = dq_launch(q, k, v, do, o, lse, delta, dq_out, causal, qk_scale, sm_scale)
     _attn_bwd_dq_sm90[grid](**args, num_warps=NUM_WARPS)

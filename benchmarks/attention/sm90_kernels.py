@@ -12,6 +12,7 @@ shape and mode) under --out.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -91,7 +92,7 @@ def _inputs(b, h, n_q, n_k, d, token_major, dtype=torch.bfloat16):
     return one(n_q), one(n_k), one(n_k)
 
 
-def check(rows: list) -> None:
+def check(rows: list, modes=tuple(MODES)) -> None:
     for case in CASES:
         b, h, n_q, n_k, d, causal, tm = case
         torch.manual_seed(len(rows))
@@ -102,7 +103,7 @@ def check(rows: list) -> None:
         naive_o = attention_naive(*leaves, causal)
         naive = (naive_o, *torch.autograd.grad(naive_o, leaves, do))
         visible = ref_l.isfinite()
-        for mode in MODES:
+        for mode in modes:
             set_mode(mode)
             leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
             before = dict(CALLS)
@@ -159,14 +160,30 @@ def times(rows: list) -> None:
             print(row, flush=True)
 
 
-# Tile and ring-depth variants of the Gluon kernels, timed fwd+bwd in mode gluon-all: the host
-# functions read these module attributes at each call.
+# Variants of the Gluon kernels, checked and timed (fwd+bwd) in mode gluon-all: the host functions
+# read these module attributes at each call.
 VARIANTS = {
     "default": {},
-    "dkdv 4 stages": {(flash_sm90_dkdv, "STAGES"): 4},
-    "dq 4 stages": {(flash_sm90_dq, "STAGES"): 4},
-    "fwd 4 stages at d 64": {(flash_sm90, "STAGES"): {64: 4, 128: 3}},
+    "dq 128 keys at d 64": {(flash_sm90_dq, "BLOCK_N"): {64: 128, 128: 64}},
+    "dq 128 keys at d 64, 2 stages": {(flash_sm90_dq, "BLOCK_N"): {64: 128, 128: 64},
+                                      (flash_sm90_dq, "STAGES"): 2},
+    "dkdv L, D a tile ahead": {(flash_sm90_dkdv, "PREFETCH"): {64: True, 128: True}},
+    "both at d 64": {(flash_sm90_dq, "BLOCK_N"): {64: 128, 128: 64},
+                     (flash_sm90_dkdv, "PREFETCH"): {64: True, 128: False}},
 }
+
+
+@contextlib.contextmanager
+def _overridden(overrides: dict):
+    """The module attributes of one variant set, restored on exit."""
+    saved = {key: getattr(*key) for key in overrides}
+    for (module, attr), value in overrides.items():
+        setattr(module, attr, value)
+    try:
+        yield
+    finally:
+        for (module, attr), value in saved.items():
+            setattr(module, attr, value)
 
 
 def _long_context():
@@ -179,26 +196,38 @@ def _long_context():
 
 
 def variants(rows: list) -> None:
+    for name, overrides in VARIANTS.items():  # correctness first: every case, mode gluon-all
+        with _overridden(overrides):
+            checked: list[dict] = []
+            check(checked, modes=["gluon-all"])
+        rows.extend(dict(r, variant=name) for r in checked)
+    broken = {r["variant"] for r in rows if not r["ok"]}
     for (b, h, n, d), leaves, do in _long_context():
         for name, overrides in VARIANTS.items():
-            saved = {key: getattr(*key) for key in overrides}
-            for (module, attr), value in overrides.items():
-                setattr(module, attr, value)
+            if name in broken:
+                continue
             try:
-                both = _median(lambda x=leaves, g=do: torch.autograd.backward(attention(*x, True), g))
+                with _overridden(overrides):
+                    both = _median(lambda x=leaves, g=do: torch.autograd.backward(attention(*x, True), g))
                 row = dict(shape=[b, h, n, d], variant=name, fwd_bwd_ms=both[0], fwd_bwd_p20=both[1],
                            fwd_bwd_p80=both[2], status="ok")  # fmt: skip
             except Exception as error:  # a variant that does not build or fit: a row, and on
                 row = dict(shape=[b, h, n, d], variant=name, status="error", error=repr(error)[:300])
-            finally:
-                for (module, attr), value in saved.items():
-                    setattr(module, attr, value)
             rows.append(row)
             print(row, flush=True)
 
 
 def profile(rows: list) -> None:
-    """Kernel times of one fwd+bwd per shape in mode gluon-all (torch.profiler)."""
+    """Kernel times of one fwd+bwd per shape and variant that passed its check, in mode gluon-all
+    (torch.profiler)."""
+    broken = {r["variant"] for r in rows if "ok" in r and not r["ok"]}
+    for name, overrides in VARIANTS.items():
+        if name not in broken:
+            with _overridden(overrides):
+                _profile_variant(rows, name)
+
+
+def _profile_variant(rows: list, variant: str) -> None:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
@@ -214,7 +243,7 @@ def profile(rows: list) -> None:
             if event.device_type.name == "CUDA" or "CUDA" in str(event.device_type):
                 ms = getattr(event, "device_time_total", getattr(event, "cuda_time_total", 0)) / 1e3 / 5
                 if ms > 0:
-                    row = dict(shape=[b, h, n, d], kernel=event.key[:80], ms_per_call=ms)
+                    row = dict(shape=[b, h, n, d], variant=variant, kernel=event.key[:80], ms_per_call=ms)
                     rows.append(row)
                     print(row, flush=True)
 

@@ -31,6 +31,7 @@ ENABLED = env_flag("LMSCOPE_FLASH_SM90_DKDV", default=True)  # off: the Triton d
 BLOCK_M = 64  # queries per step
 BLOCK_N = 128  # keys per program: two warpgroups of 64
 STAGES = 3  # Q/dO ring depth
+PREFETCH = {64: False, 128: False}  # per head dim: each query tile's L and D loaded a tile ahead
 NUM_WARPS = 4  # the default partition: the first consumer warpgroup
 
 if HAVE_GLUON:
@@ -78,6 +79,13 @@ if HAVE_GLUON:
             _tma_load(do_desc, _tile(do_desc, z, h, row, DO_TOKEN_MAJOR), bar, do_smem.index(stage))
 
     @gluon.jit
+    def _rows(LSE, DELTA, row_base, offs_m, n_q):
+        """(L log2 e, D) of the queries offs_m (zero past n_q)."""
+        m_ok = offs_m < n_q
+        lse2 = gl.load(LSE + row_base + offs_m, mask=m_ok, other=0.0) * 1.4426950408889634
+        return lse2, gl.load(DELTA + row_base + offs_m, mask=m_ok, other=0.0)
+
+    @gluon.jit
     def _probabilities(s_t, lse2, m_ok, offs_m, offs_n, start_m, mask_below, n_q, qk_scale,
                        CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr):  # fmt: skip
         """P^T of one query tile, masked on the diagonal tiles and at the ragged end."""
@@ -93,7 +101,7 @@ if HAVE_GLUON:
     def _consumer(q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, dk_desc, dv_desc, LSE, DELTA,
                   z, h, off_bh, start_n, m_lo, n_steps, mask_below, n_q, n_k, qk_scale, sm_scale,
                   WG: gl.constexpr, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, ROWS: gl.constexpr,
-                  BLOCK_M: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
+                  BLOCK_M: gl.constexpr, STAGES: gl.constexpr, PREFETCH: gl.constexpr):  # fmt: skip
         """One warpgroup's ROWS keys: dK, dV over the query tiles, then stored by TMA."""
         num_warps: gl.constexpr = gl.num_warps()
         dtype: gl.constexpr = dk_desc.dtype
@@ -113,6 +121,8 @@ if HAVE_GLUON:
         dv = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=acc_layout)
         s_zero = gl.zeros([ROWS, BLOCK_M], gl.float32, layout=s_layout)
 
+        if PREFETCH:
+            lse2_next, delta_next = _rows(LSE, DELTA, row_base, m_lo + offs_mb, n_q)
         mbarrier.wait(kv_bar, 0)
         for j in range(n_steps):
             stage = j % STAGES
@@ -124,8 +134,11 @@ if HAVE_GLUON:
             start_m = m_lo + j * BLOCK_M
             offs_m = start_m + offs_mb
             m_ok = offs_m < n_q
-            lse2 = gl.load(LSE + row_base + offs_m, mask=m_ok, other=0.0) * 1.4426950408889634
-            delta = gl.load(DELTA + row_base + offs_m, mask=m_ok, other=0.0)
+            if PREFETCH:  # this tile's L, D came one tile ahead; the next tile's load now
+                lse2, delta = lse2_next, delta_next
+                lse2_next, delta_next = _rows(LSE, DELTA, row_base, offs_m + BLOCK_M, n_q)
+            else:
+                lse2, delta = _rows(LSE, DELTA, row_base, offs_m, n_q)
             # P^T as soon as S^T is done; dV += P^T dO runs while dS^T is formed
             s_t = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
             p_t = _probabilities(s_t, lse2, m_ok, offs_m, offs_n, start_m, mask_below, n_q, qk_scale,
@@ -153,7 +166,7 @@ if HAVE_GLUON:
         H, n_q, n_k, qk_scale, sm_scale,
         HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, TOKEN_MAJOR: gl.constexpr,
         DO_TOKEN_MAJOR: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-        STAGES: gl.constexpr,
+        STAGES: gl.constexpr, PREFETCH: gl.constexpr,
     ):  # fmt: skip
         # Every head's first key block (the most queries, under causal masking) first.
         off_bh = gl.program_id(0)
@@ -183,10 +196,10 @@ if HAVE_GLUON:
             [
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, dk_desc, dv_desc, LSE,
                              DELTA, z, h, off_bh, start_n, m_lo, n_steps, mask_below, n_q, n_k, qk_scale,
-                             sm_scale, 0, HEAD_DIM, CAUSAL, ROWS, BLOCK_M, STAGES)),
+                             sm_scale, 0, HEAD_DIM, CAUSAL, ROWS, BLOCK_M, STAGES, PREFETCH)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, dk_desc, dv_desc, LSE,
                              DELTA, z, h, off_bh, start_n, m_lo, n_steps, mask_below, n_q, n_k, qk_scale,
-                             sm_scale, 1, HEAD_DIM, CAUSAL, ROWS, BLOCK_M, STAGES)),
+                             sm_scale, 1, HEAD_DIM, CAUSAL, ROWS, BLOCK_M, STAGES, PREFETCH)),
                 (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready,
                            empty, z, h, start_n, m_lo, n_steps, TOKEN_MAJOR, DO_TOKEN_MAJOR, ROWS, BLOCK_M,
                            STAGES)),
@@ -212,7 +225,7 @@ def dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Ten
                 do_desc=describe(do, BLOCK_M), dk_desc=describe(dk, rows), dv_desc=describe(dv, rows),
                 LSE=lse, DELTA=delta, H=h, n_q=n_q, n_k=n_k, qk_scale=qk_scale, sm_scale=sm_scale,
                 HEAD_DIM=d, CAUSAL=bool(causal), TOKEN_MAJOR=token_major(q), DO_TOKEN_MAJOR=token_major(do),
-                BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES)  # fmt: skip
+                BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES, PREFETCH=PREFETCH[d])  # fmt: skip
     return (z * h, (n_k + BLOCK_N - 1) // BLOCK_N), args
 
 

@@ -115,9 +115,10 @@ def gluon_build(name: str, head_dim: int, causal: bool = True) -> tuple[str, int
     elif name == "dq":
         module, kernel = flash_sm90_dq, flash_sm90_dq._attn_bwd_dq_sm90
         _, args = flash_sm90_dq.dq_launch(x, x, x, y, y, rows, rows, x, causal, 1.0, 1.0)
-    else:
+    else:  # "dkdv", or "dkdv-atomic": dQ added by atomics too
         module, kernel = flash_sm90_dkdv, flash_sm90_dkdv._attn_bwd_dkdv_sm90
-        _, args = flash_sm90_dkdv.dkdv_launch(x, x, x, y, rows, rows, x, x, causal, 1.0, 1.0)
+        dq_acc = torch.empty(x.numel(), dtype=torch.float32) if name == "dkdv-atomic" else None
+        _, args = flash_sm90_dkdv.dkdv_launch(x, x, x, y, rows, rows, x, x, causal, 1.0, 1.0, dq_acc)
     if set(args) != set(kernel.arg_names):  # the launch names the kernel's arguments, all of them
         odd = sorted(set(args) ^ set(kernel.arg_names))
         raise ValueError(f"{name}: the launch's arguments and the kernel's differ in {odd}")
@@ -134,7 +135,7 @@ def gluon_build(name: str, head_dim: int, causal: bool = True) -> tuple[str, int
 
 
 def _gluon_report(head_dim: int, causal: bool) -> None:
-    for name in ("forward", "dq", "dkdv"):
+    for name in ("forward", "dq", "dkdv", "dkdv-atomic"):
         ptx, shared = gluon_build(name, head_dim, causal)
         report = _ptxas_report(ptx)
         spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)

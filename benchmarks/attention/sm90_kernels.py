@@ -165,11 +165,12 @@ def times(rows: list) -> None:
 VARIANTS = {
     "default": {},
     "dq 128 keys at d 64": {(flash_sm90_dq, "BLOCK_N"): {64: 128, 128: 64}},
-    "dq 128 keys at d 64, 2 stages": {(flash_sm90_dq, "BLOCK_N"): {64: 128, 128: 64},
-                                      (flash_sm90_dq, "STAGES"): 2},
-    "dkdv L, D a tile ahead": {(flash_sm90_dkdv, "PREFETCH"): {64: True, 128: True}},
+    "dkdv L, D a tile ahead at d 64": {(flash_sm90_dkdv, "PREFETCH"): {64: True, 128: False}},
     "both at d 64": {(flash_sm90_dq, "BLOCK_N"): {64: 128, 128: 64},
                      (flash_sm90_dkdv, "PREFETCH"): {64: True, 128: False}},
+    "atomic dQ (TMA reduce-adds)": {(fa, "DQ_MODE"): "atomic"},
+    "atomic dQ, L, D a tile ahead at d 64": {(fa, "DQ_MODE"): "atomic",
+                                             (flash_sm90_dkdv, "PREFETCH"): {64: True, 128: False}},
 }
 
 

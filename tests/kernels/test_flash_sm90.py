@@ -173,17 +173,29 @@ def _float64_stand_ins(monkeypatch) -> dict:
         dq_out.copy_(grads(q, k, v, do, lse, causal)[0])
         delta.view(-1)[: q.shape[:-1].numel()].copy_((do.double() * o.double()).sum(-1).flatten())
 
-    def dkdv(q, k, v, do, lse, delta, dk, dv, causal, qk_scale, sm_scale):
+    def dkdv(q, k, v, do, lse, delta, dk, dv, causal, qk_scale, sm_scale, dq_acc=None):
         assert dk.shape == dv.shape == k.shape and dk.is_contiguous()
         calls["dkdv"] += 1
-        _, ref_dk, ref_dv = grads(q, k, v, do, lse, causal)
+        ref_dq, ref_dk, ref_dv = grads(q, k, v, do, lse, causal)
         dk.copy_(ref_dk)
         dv.copy_(ref_dv)
+        if dq_acc is not None:  # dQ / sm_scale added to the zeroed float32 rows
+            dq_acc[: ref_dq.numel()].view(ref_dq.shape).add_(ref_dq.double() / sm_scale)
+
+    class Preprocess:
+        """The Triton D = rowsum(dO * O) kernel of the atomic dQ mode, by its launch arguments."""
+
+        def __getitem__(self, grid):
+            def launch(o, do, delta, *args, **constants):
+                delta[: do.shape[:-1].numel()].copy_((do.double() * fa._as4d(o).double()).sum(-1).flatten())
+
+            return launch
 
     monkeypatch.setattr(flash_sm90, "serves", lambda q, work: True)
     monkeypatch.setattr(flash_sm90, "forward", forward)
     monkeypatch.setattr(flash_sm90_dq, "dq", dq)
     monkeypatch.setattr(flash_sm90_dkdv, "dkdv", dkdv)
+    monkeypatch.setattr(fa, "_bwd_preprocess", Preprocess())
     monkeypatch.setattr(fa, "_INTERPRET", True)  # let CPU tensors through the input check
     fa._PLANS.clear()
     return calls
@@ -211,14 +223,18 @@ def test_dispatch_to_the_gluon_kernels_on_the_cpu(shape, monkeypatch):
     fa._PLANS.clear()
 
 
-def test_the_atomic_dq_mode_keeps_the_triton_backward(monkeypatch):
-    """The Gluon backward kernels serve the separate dQ mode only."""
-    _float64_stand_ins(monkeypatch)
-    q = torch.zeros(1, 2, 16, 64, dtype=torch.bfloat16)
-    plan = fa._plan_for(q, q, q, True)
-    assert plan.sm90
-    assert fa._sm90_backward_o(plan, True, q, q, q, q, q) is None
-    assert fa._sm90_backward_o(plan, False, q, q, q, q, q) is not None
+@pytest.mark.parametrize("shape", [(3, 40, 64), (2, 3, 37, 128)], ids=["3d", "4d"])
+def test_atomic_dq_mode_dispatches_to_the_gluon_dkdv_kernel_on_the_cpu(shape, monkeypatch):
+    """In the atomic dQ mode the Gluon dK/dV kernel also accumulates dQ (no dQ kernel): D from the
+    preprocess, dQ from the float32 rows it adds to, scaled and cast; float64 stand-ins."""
+    calls = _float64_stand_ins(monkeypatch)
+    gen = torch.Generator().manual_seed(len(shape) + 11)
+    q, k, v, do = (torch.randn(*shape, generator=gen, dtype=torch.bfloat16) for _ in range(4))
+    o, lse = fa.flash_attention_forward(q, k, v, True)
+    grads = fa.flash_attention_backward(do, q, k, v, o, lse, True, dq_mode="atomic")
+    assert calls == {"forward": 1, "dq": 0, "dkdv": 1}
+    assert fa.last_kernels() == {"forward": "gluon-sm90", "dq": "gluon-sm90-atomic", "dkdv": "gluon-sm90"}
+    _assert_within_twice_torch(q, k, v, do, True, o, grads, lse)
     fa._PLANS.clear()
 
 
@@ -254,6 +270,26 @@ def test_gpu_gluon_kernels_match_reference(case, monkeypatch):
     grads = fa.flash_attention_backward(do, q, k, v, o, lse, causal)
     fa._PLANS.clear()
     assert calls == {"forward": 1, "dq": 1, "dkdv": 1}
+    _assert_within_twice_torch(q, k, v, do, causal, o, grads, lse)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[2]}x{c[3]}-d{c[4]}-c{int(c[5])}-t{int(c[6])}")
+def test_gpu_gluon_atomic_dq_matches_reference(case, monkeypatch):
+    """The atomic dQ mode: the Gluon dK/dV kernel adds each tile's dS K to dQ by float32
+    atomics; dQ, dK, dV within 2x torch's same-dtype error of float64."""
+    b, h, n_q, n_k, d, causal, token_major, dtype = case
+    monkeypatch.setattr(flash_sm90, "MIN_WORK", 1)
+    fa._PLANS.clear()
+    calls = _count_gluon_launches(monkeypatch)
+    q, k, v = _inputs(b, h, n_q, n_k, d, token_major, dtype, seed=5 * n_q + n_k + d)
+    do = torch.randn_like(q)
+    o, lse = fa.flash_attention_forward(q, k, v, causal)
+    grads = fa.flash_attention_backward(do, q, k, v, o, lse, causal, dq_mode="atomic")
+    fa._PLANS.clear()
+    assert calls == {"forward": 1, "dq": 0, "dkdv": 1}
+    assert fa.last_kernels()["dq"] == "gluon-sm90-atomic"
     _assert_within_twice_torch(q, k, v, do, causal, o, grads, lse)
 
 
@@ -304,7 +340,7 @@ def test_gpu_flash_attention_takes_the_gluon_kernels_and_keeps_the_gradients(tok
 
 
 @pytest.mark.parametrize("head_dim", flash_sm90.HEAD_DIMS)
-@pytest.mark.parametrize("kernel", ["forward", "dq", "dkdv"])
+@pytest.mark.parametrize("kernel", ["forward", "dq", "dkdv", "dkdv-atomic"])
 def test_compiles_for_sm90_without_a_gpu(kernel, head_dim):
     """Each kernel builds for sm_90 with the installed Triton (its Gluon API moves between
     releases) into warp-specialised wgmma code fed by TMA; on the CPU, from host-side
@@ -317,4 +353,5 @@ def test_compiles_for_sm90_without_a_gpu(kernel, head_dim):
     builds = load_script("benchmarks/attention/sm90_builds.py", "sm90_builds")
     ptx, shared = builds.gluon_build(kernel, head_dim)
     assert "wgmma.mma_async" in ptx and "setmaxnreg" in ptx and "cp.async.bulk.tensor" in ptx
+    assert ("cp.reduce.async.bulk.tensor" in ptx) == (kernel == "dkdv-atomic")  # dQ's TMA reduce-adds
     assert 0 < shared <= 232448  # sm_90's shared memory per block

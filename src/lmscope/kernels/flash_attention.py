@@ -1171,9 +1171,9 @@ def _backward(
     dk = torch.empty(plan.k_shape, dtype=plan.dtype, device=plan.device)
     dv = torch.empty(plan.k_shape, dtype=plan.dtype, device=plan.device)
     key = plan.key
-    o_sm90 = _sm90_backward_o(plan, atomic, q4, k4, v4, do4, o)
-    gluon_dq = o_sm90 is not None and flash_sm90_dq.ENABLED
-    gluon_dkdv = o_sm90 is not None and flash_sm90_dkdv.ENABLED
+    gluon_dkdv = flash_sm90_dkdv.ENABLED and _sm90_backward_serves(plan, q4, k4, v4, do4)
+    o_sm90 = None if atomic or not flash_sm90_dq.ENABLED else _sm90_backward_o(plan, q4, k4, v4, do4, o)
+    gluon_dq = o_sm90 is not None
     if atomic:
         key = (*key[:5], True, key[6])
         dq_acc = f32[_aligned(bh * n_q) :]
@@ -1183,7 +1183,7 @@ def _backward(
             o, do4, f32, *plan.o_strides, *do_strides[:3], plan.scalars[0], n_q,
             HEAD_DIM=plan.d, D_PAD=plan.d_pad, BLOCK_M=pre_block, ACC64=plan.dtype == torch.float32,
         )  # fmt: skip
-        _LAST_KERNELS["dq"] = "triton-atomic"
+        _LAST_KERNELS["dq"] = "gluon-sm90-atomic" if gluon_dkdv else "triton-atomic"
     else:  # the dQ kernel computes D for its rows and stores it: it runs first
         dq_acc = plan.dq_acc
         if gluon_dq:
@@ -1192,7 +1192,8 @@ def _backward(
             _DQ_LAUNCH(key, n_q, bh, (q4, k4, v4, do4, o, lse, f32, dq), dq_args)
         _LAST_KERNELS["dq"] = "gluon-sm90" if gluon_dq else "triton"
     if gluon_dkdv:
-        flash_sm90_dkdv.dkdv(q4, k4, v4, do4, lse, f32, _as4d(dk), _as4d(dv), key[1], *plan.scalars[3:5])
+        flash_sm90_dkdv.dkdv(q4, k4, v4, do4, lse, f32, _as4d(dk), _as4d(dv), key[1], *plan.scalars[3:5],
+                             dq_acc=dq_acc if atomic else None)  # fmt: skip
     else:
         dkdv_tensors = (q4, k4, v4, do4, lse, f32, dk, dv, dq_acc)
         _DKDV_LAUNCH(key, plan.scalars[2], bh, dkdv_tensors, dkdv_args)
@@ -1203,17 +1204,21 @@ def _backward(
     return dq, dk, dv
 
 
-def _sm90_backward_o(plan: _Plan, atomic: bool, q4, k4, v4, do4, o) -> torch.Tensor | None:
-    """O's 4-d view when the Gluon dQ and dK/dV kernels may serve this backward (each has its own
-    switch too), else None: with the Gluon forward's plans, in separate dQ mode, for tensors TMA
-    can describe (dO and O may each have their own axis order). O comes as it was saved (the
-    Triton kernels take it by pointer and the plan's strides); the descriptors need its view."""
-    if not plan.sm90 or atomic or type(q4) is not torch.Tensor:
+def _sm90_backward_serves(plan: _Plan, q4, k4, v4, do4) -> bool:
+    """Whether the Gluon backward kernels may serve this backward (each has its own switch too):
+    with the Gluon forward's plans, for tensors TMA can describe (dO may have its own axis order)."""
+    return (plan.sm90 and type(q4) is torch.Tensor and flash_sm90.describable(q4, k4, v4)
+            and flash_sm90.describable(do4))  # fmt: skip
+
+
+def _sm90_backward_o(plan: _Plan, q4, k4, v4, do4, o) -> torch.Tensor | None:
+    """O's 4-d view when the Gluon dQ kernel may serve this backward (separate dQ mode), else
+    None: it reads O by TMA too, in its own axis order. O comes as it was saved (the Triton
+    kernels take it by pointer and the plan's strides); the descriptor needs its view."""
+    if not _sm90_backward_serves(plan, q4, k4, v4, do4):
         return None
     o4 = _as4d(o)
-    if flash_sm90.describable(q4, k4, v4) and flash_sm90.describable(do4) and flash_sm90.describable(o4):
-        return o4
-    return None
+    return o4 if flash_sm90.describable(o4) else None
 
 
 def _is_atomic(dq_mode: str | None) -> bool:

@@ -35,8 +35,10 @@ import torch
 from lmscope.envflags import env_flag
 
 try:  # Triton >= 3.5 ships Gluon; older ones keep the Triton forward everywhere
+    from triton._C.libtriton import ir
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language._core import builtin as gl_builtin
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared,
         mbarrier,
@@ -74,6 +76,17 @@ if HAVE_GLUON:
     # async_load / async_store since
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+
+    @gl_builtin
+    def _tma_reduce_add_36(tensor_desc, coord, src, _semantic=None):
+        """TMA reduce-add of a shared-memory tile into global memory (``cp.reduce.async.bulk``):
+        Triton 3.6's Gluon builds the op (``create_async_tma_reduce``) but names no function for
+        it; later ones call it ``tma.async_atomic_add``."""
+        coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+        _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord,
+                                                  src.handle)  # fmt: skip
+
+    _tma_reduce_add = getattr(tma, "async_atomic_add", None) or _tma_reduce_add_36
     # setmaxnreg of the worker partitions (the first consumer warpgroup, the default partition,
     # gets what is left): the second consumer warpgroup, then the load warp
     REGS_CONSUMER = gl.constexpr(240)
@@ -333,7 +346,7 @@ def describe(x: torch.Tensor, rows: int) -> TensorDescriptor:
     with the default swizzled shared-memory layout for that tile."""
     z, h, n, d = x.shape
     sz, sh, sn, _ = x.stride()
-    gl_dtype = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
+    gl_dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[x.dtype]
     if token_major(x):
         block = [1, rows, 1, d]
         return TensorDescriptor(x, [z, n, h, d], [sz, sn, sh, 1], block,

@@ -31,6 +31,7 @@ ENABLED = env_flag("LMSCOPE_FLASH_SM90_DKDV", default=True)  # off: the Triton d
 BLOCK_M = 64  # queries per step
 BLOCK_N = 128  # keys per program: two warpgroups of 64
 STAGES = 3  # Q/dO ring depth
+ATOMIC_STAGES = {64: 3, 128: 2}  # the ring with dQ's reduce-adds (their buffers take shared memory)
 PREFETCH = {64: False, 128: False}  # per head dim: each query tile's L and D loaded a tile ahead
 NUM_WARPS = 4  # the default partition: the first consumer warpgroup
 
@@ -54,6 +55,7 @@ if HAVE_GLUON:
         _tile,
         _tiles,
         _tma_load,
+        _tma_reduce_add,
         _tma_store,
         _warps_barrier,
     )
@@ -98,11 +100,14 @@ if HAVE_GLUON:
         return p_t
 
     @gluon.jit
-    def _consumer(q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, dk_desc, dv_desc, LSE, DELTA,
-                  z, h, off_bh, start_n, m_lo, n_steps, mask_below, n_q, n_k, qk_scale, sm_scale,
-                  WG: gl.constexpr, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, ROWS: gl.constexpr,
-                  BLOCK_M: gl.constexpr, STAGES: gl.constexpr, PREFETCH: gl.constexpr):  # fmt: skip
-        """One warpgroup's ROWS keys: dK, dV over the query tiles, then stored by TMA."""
+    def _consumer(q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready, empty, dk_desc, dv_desc,
+                  dq_desc, LSE, DELTA, z, h, off_bh, start_n, m_lo, n_steps, mask_below, n_q, n_k, qk_scale,
+                  sm_scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr,
+                  ROWS: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, PREFETCH: gl.constexpr,
+                  ATOMIC_DQ: gl.constexpr):  # fmt: skip
+        """One warpgroup's ROWS keys: dK, dV over the query tiles, then stored by TMA. With
+        ATOMIC_DQ also each query tile's share of dQ, ``dS K``, added to dq_desc's float32 rows
+        by a TMA reduce-add (FlashAttention-2's five-matmul backward; no dQ kernel)."""
         num_warps: gl.constexpr = gl.num_warps()
         dtype: gl.constexpr = dk_desc.dtype
         s_layout: gl.constexpr = _mma_layout(num_warps, BLOCK_M)
@@ -120,6 +125,10 @@ if HAVE_GLUON:
         dk = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=acc_layout)
         dv = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=acc_layout)
         s_zero = gl.zeros([ROWS, BLOCK_M], gl.float32, layout=s_layout)
+        if ATOMIC_DQ:
+            ds_buf = ds_smem.index(WG)
+            dq_buf = dq_smem.index(WG)
+            dq_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=acc_layout)
 
         if PREFETCH:
             lse2_next, delta_next = _rows(LSE, DELTA, row_base, m_lo + offs_mb, n_q)
@@ -146,10 +155,23 @@ if HAVE_GLUON:
             p_op = gl.convert_layout(p_t.to(dtype), op_layout)
             dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)
             dp_t = warpgroup_mma_wait(num_outstanding=1, deps=(dp_tok,))
-            ds_op = gl.convert_layout((p_t * (dp_t - gl.expand_dims(delta, 0))).to(dtype), op_layout)
+            ds_t = (p_t * (dp_t - gl.expand_dims(delta, 0))).to(dtype)
+            ds_op = gl.convert_layout(ds_t, op_layout)
             dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)
-            dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p_op, ds_op))
+            if ATOMIC_DQ:  # dS K takes dS, not dS^T, as its left operand: through shared memory
+                tma.store_wait(pendings=0)  # the last tile's reduce-add has read dq_buf
+                ds_buf.store(ds_t)
+                fence_async_shared()
+                _warps_barrier()
+                dq_tok = warpgroup_mma(ds_buf.permute((1, 0)), k, dq_zero, use_acc=False, is_async=True)
+                dv, dk, p_op, ds_op, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p_op, ds_op, dq_tok))
+                dq_buf.reshape([BLOCK_M, HEAD_DIM]).store(dq)
+                fence_async_shared()
+            else:
+                dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p_op, ds_op))
             _warps_barrier()  # this warpgroup's four warps are past tile j: release its stage
+            if ATOMIC_DQ:
+                _tma_reduce_add(dq_desc, [0, off_bh, start_m, 0], dq_buf)
             mbarrier.arrive(empty.index(stage))
 
         # dK, dV through this warpgroup's K and V buffers (no longer read), clipped at n_k.
@@ -162,11 +184,11 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _attn_bwd_dkdv_sm90(
-        q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, DELTA,
+        q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, DELTA,
         H, n_q, n_k, qk_scale, sm_scale,
         HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, TOKEN_MAJOR: gl.constexpr,
         DO_TOKEN_MAJOR: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-        STAGES: gl.constexpr, PREFETCH: gl.constexpr,
+        STAGES: gl.constexpr, PREFETCH: gl.constexpr, ATOMIC_DQ: gl.constexpr,
     ):  # fmt: skip
         # Every head's first key block (the most queries, under causal masking) first.
         off_bh = gl.program_id(0)
@@ -179,6 +201,13 @@ if HAVE_GLUON:
         do_smem = _tiles(do_desc, STAGES)
         k_smem = _tiles(k_desc, 2)
         v_smem = _tiles(v_desc, 2)
+        if ATOMIC_DQ:  # per warpgroup: its dS^T tile (dS K's left operand) and its dS K tile
+            ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, BLOCK_M], dk_desc.dtype)
+            ds_smem = gl.allocate_shared_memory(dk_desc.dtype, [2, ROWS, BLOCK_M], ds_layout)
+            dq_smem = _tiles(dq_desc, 2)
+        else:
+            ds_smem = k_smem  # unused
+            dq_smem = k_smem
         kv_bars = _barriers(1, 1)
         kv_bar = kv_bars.index(0)
         ready = _barriers(STAGES, 1)
@@ -194,12 +223,14 @@ if HAVE_GLUON:
 
         gl.warp_specialize(
             [
-                (_consumer, (q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, dk_desc, dv_desc, LSE,
-                             DELTA, z, h, off_bh, start_n, m_lo, n_steps, mask_below, n_q, n_k, qk_scale,
-                             sm_scale, 0, HEAD_DIM, CAUSAL, ROWS, BLOCK_M, STAGES, PREFETCH)),
-                (_consumer, (q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, dk_desc, dv_desc, LSE,
-                             DELTA, z, h, off_bh, start_n, m_lo, n_steps, mask_below, n_q, n_k, qk_scale,
-                             sm_scale, 1, HEAD_DIM, CAUSAL, ROWS, BLOCK_M, STAGES, PREFETCH)),
+                (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready, empty, dk_desc,
+                             dv_desc, dq_desc, LSE, DELTA, z, h, off_bh, start_n, m_lo, n_steps, mask_below,
+                             n_q, n_k, qk_scale, sm_scale, 0, HEAD_DIM, CAUSAL, ROWS, BLOCK_M, STAGES,
+                             PREFETCH, ATOMIC_DQ)),
+                (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready, empty, dk_desc,
+                             dv_desc, dq_desc, LSE, DELTA, z, h, off_bh, start_n, m_lo, n_steps, mask_below,
+                             n_q, n_k, qk_scale, sm_scale, 1, HEAD_DIM, CAUSAL, ROWS, BLOCK_M, STAGES,
+                             PREFETCH, ATOMIC_DQ)),
                 (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready,
                            empty, z, h, start_n, m_lo, n_steps, TOKEN_MAJOR, DO_TOKEN_MAJOR, ROWS, BLOCK_M,
                            STAGES)),
@@ -215,24 +246,29 @@ if HAVE_GLUON:
 
 def dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse: torch.Tensor,
                 delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, causal: bool, qk_scale: float,
-                sm_scale: float) -> tuple[tuple[int, int], dict]:  # fmt: skip
-    """(grid, every argument by name) of the dK/dV kernel's launch for these (Z, H, n, d) tensors."""
+                sm_scale: float, dq_acc: torch.Tensor | None = None
+                ) -> tuple[tuple[int, int], dict]:  # fmt: skip
+    """(grid, every argument by name) of the dK/dV kernel's launch for these (Z, H, n, d) tensors;
+    with ``dq_acc`` (float32, (Z*H*n_q*d) at its head, zeroed) it also adds dQ / sm_scale there."""
     z, h, n_q, d = q.shape
     n_k = k.shape[2]
     rows = BLOCK_N // 2
     describe, token_major = flash_sm90.describe, flash_sm90.token_major
+    dq_desc = None if dq_acc is None else describe(dq_acc[: z * h * n_q * d].view(1, z * h, n_q, d), BLOCK_M)
     args = dict(q_desc=describe(q, BLOCK_M), k_desc=describe(k, rows), v_desc=describe(v, rows),
                 do_desc=describe(do, BLOCK_M), dk_desc=describe(dk, rows), dv_desc=describe(dv, rows),
-                LSE=lse, DELTA=delta, H=h, n_q=n_q, n_k=n_k, qk_scale=qk_scale, sm_scale=sm_scale,
+                dq_desc=dq_desc, LSE=lse, DELTA=delta, H=h, n_q=n_q, n_k=n_k, qk_scale=qk_scale,
+                sm_scale=sm_scale,
                 HEAD_DIM=d, CAUSAL=bool(causal), TOKEN_MAJOR=token_major(q), DO_TOKEN_MAJOR=token_major(do),
-                BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES, PREFETCH=PREFETCH[d])  # fmt: skip
+                BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES if dq_acc is None else ATOMIC_STAGES[d],
+                PREFETCH=PREFETCH[d], ATOMIC_DQ=dq_acc is not None)  # fmt: skip
     return (z * h, (n_k + BLOCK_N - 1) // BLOCK_N), args
 
 
 def dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse: torch.Tensor,
          delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, causal: bool, qk_scale: float,
-         sm_scale: float) -> None:  # fmt: skip
+         sm_scale: float, dq_acc: torch.Tensor | None = None) -> None:  # fmt: skip
     """dK, dV of (Z, H, n, d) q, k, v, do into contiguous (Z, H, n_k, d) dk, dv; lse and delta
-    float32 with (Z*H*n_q) at their heads."""
-    grid, args = dkdv_launch(q, k, v, do, lse, delta, dk, dv, causal, qk_scale, sm_scale)
+    float32 with (Z*H*n_q) at their heads; with ``dq_acc``, dQ / sm_scale added there too."""
+    grid, args = dkdv_launch(q, k, v, do, lse, delta, dk, dv, causal, qk_scale, sm_scale, dq_acc)
     _attn_bwd_dkdv_sm90[grid](**args, num_warps=NUM_WARPS)

@@ -100,14 +100,17 @@ if HAVE_GLUON:
         return p_t
 
     @gluon.jit
-    def _consumer(q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready, empty, dk_desc, dv_desc,
-                  dq_desc, LSE, DELTA, z, h, off_bh, start_n, m_lo, n_steps, mask_below, n_q, n_k, qk_scale,
-                  sm_scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr,
-                  ROWS: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, PREFETCH: gl.constexpr,
-                  ATOMIC_DQ: gl.constexpr):  # fmt: skip
+    def _consumer(q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready, empty, ds_full, ds_empty,
+                  dk_desc, dv_desc, dq_desc, LSE, DELTA, z, h, off_bh, start_n, m_lo, n_steps, mask_below,
+                  n_q, n_k, qk_scale, sm_scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr,
+                  CAUSAL: gl.constexpr, ROWS: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                  PREFETCH: gl.constexpr, ATOMIC_DQ: gl.constexpr):  # fmt: skip
         """One warpgroup's ROWS keys: dK, dV over the query tiles, then stored by TMA. With
-        ATOMIC_DQ also each query tile's share of dQ, ``dS K``, added to dq_desc's float32 rows
-        by a TMA reduce-add (FlashAttention-2's five-matmul backward; no dQ kernel)."""
+        ATOMIC_DQ also the program's share of dQ, ``dS K`` over both warpgroups' keys, added to
+        dq_desc's float32 rows by a TMA reduce-add (the five-matmul backward; no dQ kernel): each
+        warpgroup writes its dS^T rows to shared memory (``ds_full``), and the warpgroup whose
+        turn it is (query tile j: warpgroup j % 2) multiplies all of them, reduces the result
+        and frees the buffer (``ds_empty``)."""
         num_warps: gl.constexpr = gl.num_warps()
         dtype: gl.constexpr = dk_desc.dtype
         s_layout: gl.constexpr = _mma_layout(num_warps, BLOCK_M)
@@ -126,7 +129,7 @@ if HAVE_GLUON:
         dv = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=acc_layout)
         s_zero = gl.zeros([ROWS, BLOCK_M], gl.float32, layout=s_layout)
         if ATOMIC_DQ:
-            ds_buf = ds_smem.index(WG)
+            k_other = k_smem.index(1 - WG).reshape([ROWS, HEAD_DIM])
             dq_buf = dq_smem.index(WG)
             dq_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=acc_layout)
 
@@ -159,19 +162,34 @@ if HAVE_GLUON:
             ds_op = gl.convert_layout(ds_t, op_layout)
             dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)
             if ATOMIC_DQ:  # dS K takes dS, not dS^T, as its left operand: through shared memory
-                tma.store_wait(pendings=0)  # the last tile's reduce-add has read dq_buf
-                ds_buf.store(ds_t)
+                buf = j % 2
+                mine = buf == WG
+                mbarrier.wait(ds_empty.index(buf), ((j // 2) - 1) & 1, pred=j >= 2)
+                tma.store_wait(pendings=0)  # this warpgroup's last reduce-add has read dq_buf
+                ds_smem.index(2 * buf + WG).store(ds_t)
                 fence_async_shared()
                 _warps_barrier()
-                dq_tok = warpgroup_mma(ds_buf.permute((1, 0)), k, dq_zero, use_acc=False, is_async=True)
-                dv, dk, p_op, ds_op, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p_op, ds_op, dq_tok))
-                dq_buf.reshape([BLOCK_M, HEAD_DIM]).store(dq)
-                fence_async_shared()
+                mbarrier.arrive(ds_full.index(buf))
+                if mine:
+                    mbarrier.wait(ds_full.index(buf), (j // 2) & 1)
+                    # dS K over both warpgroups' keys: two dots
+                    ds_mine = ds_smem.index(2 * buf + WG).permute((1, 0))
+                    ds_other = ds_smem.index(2 * buf + 1 - WG).permute((1, 0))
+                    dq_tok = warpgroup_mma(ds_mine, k, dq_zero, use_acc=False, is_async=True)
+                    dq_tok = warpgroup_mma(ds_other, k_other, dq_tok, is_async=True)
+                    dv, dk, p_op, ds_op, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p_op, ds_op,
+                                                                          dq_tok))  # fmt: skip
+                    dq_buf.reshape([BLOCK_M, HEAD_DIM]).store(dq)
+                    fence_async_shared()
+                else:
+                    dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p_op, ds_op))
             else:
                 dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p_op, ds_op))
             _warps_barrier()  # this warpgroup's four warps are past tile j: release its stage
-            if ATOMIC_DQ:
-                _tma_reduce_add(dq_desc, [0, off_bh, start_m, 0], dq_buf)
+            if ATOMIC_DQ:  # noqa: SIM102 - a compile-time branch around a run-time one
+                if mine:  # dS K done: the dS buffer is free, dQ's share goes out
+                    mbarrier.arrive(ds_empty.index(buf))
+                    _tma_reduce_add(dq_desc, [0, off_bh, start_m, 0], dq_buf)
             mbarrier.arrive(empty.index(stage))
 
         # dK, dV through this warpgroup's K and V buffers (no longer read), clipped at n_k.
@@ -201,17 +219,21 @@ if HAVE_GLUON:
         do_smem = _tiles(do_desc, STAGES)
         k_smem = _tiles(k_desc, 2)
         v_smem = _tiles(v_desc, 2)
-        if ATOMIC_DQ:  # per warpgroup: its dS^T tile (dS K's left operand) and its dS K tile
-            ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, BLOCK_M], dk_desc.dtype)
-            ds_smem = gl.allocate_shared_memory(dk_desc.dtype, [2, ROWS, BLOCK_M], ds_layout)
-            dq_smem = _tiles(dq_desc, 2)
-        else:
-            ds_smem = k_smem  # unused
-            dq_smem = k_smem
         kv_bars = _barriers(1, 1)
         kv_bar = kv_bars.index(0)
         ready = _barriers(STAGES, 1)
         empty = _barriers(STAGES, 2)  # one arrival per consumer warpgroup
+        if ATOMIC_DQ:  # two buffers of both warpgroups' dS^T rows; each warpgroup's dS K tile
+            ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, BLOCK_M], dk_desc.dtype)
+            ds_smem = gl.allocate_shared_memory(dk_desc.dtype, [4, ROWS, BLOCK_M], ds_layout)  # buffer*2 + WG
+            dq_smem = _tiles(dq_desc, 2)
+            ds_full = _barriers(2, 2)  # both warpgroups' rows written
+            ds_empty = _barriers(2, 1)  # dS K read them
+        else:
+            ds_smem = k_smem  # unused
+            dq_smem = k_smem
+            ds_full = ready
+            ds_empty = ready
 
         if CAUSAL:
             m_lo = (gl.minimum(start_n, n_q) // BLOCK_M) * BLOCK_M  # queries before see none of these keys
@@ -223,14 +245,14 @@ if HAVE_GLUON:
 
         gl.warp_specialize(
             [
-                (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready, empty, dk_desc,
-                             dv_desc, dq_desc, LSE, DELTA, z, h, off_bh, start_n, m_lo, n_steps, mask_below,
-                             n_q, n_k, qk_scale, sm_scale, 0, HEAD_DIM, CAUSAL, ROWS, BLOCK_M, STAGES,
-                             PREFETCH, ATOMIC_DQ)),
-                (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready, empty, dk_desc,
-                             dv_desc, dq_desc, LSE, DELTA, z, h, off_bh, start_n, m_lo, n_steps, mask_below,
-                             n_q, n_k, qk_scale, sm_scale, 1, HEAD_DIM, CAUSAL, ROWS, BLOCK_M, STAGES,
-                             PREFETCH, ATOMIC_DQ)),
+                (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready, empty, ds_full,
+                             ds_empty, dk_desc, dv_desc, dq_desc, LSE, DELTA, z, h, off_bh, start_n, m_lo,
+                             n_steps, mask_below, n_q, n_k, qk_scale, sm_scale, 0, HEAD_DIM, CAUSAL, ROWS,
+                             BLOCK_M, STAGES, PREFETCH, ATOMIC_DQ)),
+                (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready, empty, ds_full,
+                             ds_empty, dk_desc, dv_desc, dq_desc, LSE, DELTA, z, h, off_bh, start_n, m_lo,
+                             n_steps, mask_below, n_q, n_k, qk_scale, sm_scale, 1, HEAD_DIM, CAUSAL, ROWS,
+                             BLOCK_M, STAGES, PREFETCH, ATOMIC_DQ)),
                 (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready,
                            empty, z, h, start_n, m_lo, n_steps, TOKEN_MAJOR, DO_TOKEN_MAJOR, ROWS, BLOCK_M,
                            STAGES)),
@@ -242,6 +264,9 @@ if HAVE_GLUON:
         _invalidate(kv_bars, 1)
         _invalidate(ready, STAGES)
         _invalidate(empty, STAGES)
+        if ATOMIC_DQ:
+            _invalidate(ds_full, 2)
+            _invalidate(ds_empty, 2)
 
 
 def dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse: torch.Tensor,

@@ -192,6 +192,10 @@ if HAVE_GLUON:
                     _tma_reduce_add(dq_desc, [0, off_bh, start_m, 0], dq_buf)
             mbarrier.arrive(empty.index(stage))
 
+        if ATOMIC_DQ:  # the other warpgroup's dS K reads this K: wait until its last one is done
+            for back in gl.static_range(1, 3):
+                last = gl.maximum(n_steps - back, 0)
+                mbarrier.wait(ds_empty.index(last % 2), (last // 2) & 1, pred=n_steps >= back)
         # dK, dV through this warpgroup's K and V buffers (no longer read), clipped at n_k.
         k.store((dk * sm_scale).to(dtype))
         v.store(dv.to(dtype))

@@ -164,13 +164,11 @@ def times(rows: list) -> None:
 # read these module attributes at each call.
 VARIANTS = {
     "default": {},
-    "dq 128 keys at d 64": {(flash_sm90_dq, "BLOCK_N"): {64: 128, 128: 64}},
-    "dkdv L, D a tile ahead at d 64": {(flash_sm90_dkdv, "PREFETCH"): {64: True, 128: False}},
-    "both at d 64": {(flash_sm90_dq, "BLOCK_N"): {64: 128, 128: 64},
-                     (flash_sm90_dkdv, "PREFETCH"): {64: True, 128: False}},
-    "atomic dQ (TMA reduce-adds)": {(fa, "DQ_MODE"): "atomic"},
-    "atomic dQ, L, D a tile ahead at d 64": {(fa, "DQ_MODE"): "atomic",
-                                             (flash_sm90_dkdv, "PREFETCH"): {64: True, 128: False}},
+    "separate dQ": {(fa, "DQ_MODE"): "separate"},
+    "separate dQ, L, D not ahead": {(fa, "DQ_MODE"): "separate",
+                                    (flash_sm90_dkdv, "PREFETCH"): {64: False, 128: False}},
+    "atomic dQ a tile late": {(flash_sm90_dkdv, "DQ_LAG"): 1},
+    "atomic dQ, L, D not ahead": {(flash_sm90_dkdv, "PREFETCH"): {64: False, 128: False}},
 }
 
 

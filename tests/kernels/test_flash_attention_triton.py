@@ -385,7 +385,7 @@ def test_gpu_atomic_dq_mode(case):
 
 
 def _launchers():
-    names = ["_FWD_LAUNCH", "_DKDV_LAUNCH"] + (["_DQ_LAUNCH"] if fa.DQ_MODE == "separate" else [])
+    names = ["_FWD_LAUNCH", "_DKDV_LAUNCH"] + (["_DQ_LAUNCH"] if fa.DQ_MODE != "atomic" else [])
     return [getattr(fa, name).compiled for name in names]
 
 
@@ -484,7 +484,7 @@ def test_gpu_launch_hooks_see_every_kernel():
     finally:
         chain.remove(hook)
     assert [launcher.direct for launcher in _launchers()] == before
-    expected = ["_attn_fwd", "_attn_bwd_dq", "_attn_bwd_dkdv"] if fa.DQ_MODE == "separate" else [
+    expected = ["_attn_fwd", "_attn_bwd_dq", "_attn_bwd_dkdv"] if fa.DQ_MODE != "atomic" else [
         "_attn_fwd", "_attn_bwd_dkdv"]  # fmt: skip
     seen = [n for n in names if "_attn_" in n]
     assert len(seen) == len(expected), names

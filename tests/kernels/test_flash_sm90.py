@@ -14,7 +14,7 @@ import torch
 pytest.importorskip("triton")
 
 from lmscope.kernels import flash_attention as fa  # noqa: E402
-from lmscope.kernels import flash_sm90  # noqa: E402
+from lmscope.kernels import flash_sm90, flash_sm90_dkdv  # noqa: E402
 from lmscope.kernels.attention_reference import (  # noqa: E402
     attention_naive,
     reference_with_grads,
@@ -214,8 +214,10 @@ def test_dispatch_to_the_gluon_kernels_on_the_cpu(shape, monkeypatch):
     leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
     o = fa.FlashAttentionTriton.apply(*leaves, True)
     o.backward(do)
-    assert calls == {"forward": 1, "dq": 1, "dkdv": 1}
-    assert fa.last_kernels() == {"forward": "gluon-sm90", "dq": "gluon-sm90", "dkdv": "gluon-sm90"}
+    atomic = shape[-1] in flash_sm90_dkdv.ATOMIC_HEAD_DIMS  # the "auto" dQ mode's choice
+    assert calls == {"forward": 1, "dq": int(not atomic), "dkdv": 1}
+    dq_kind = "gluon-sm90-atomic" if atomic else "gluon-sm90"
+    assert fa.last_kernels() == {"forward": "gluon-sm90", "dq": dq_kind, "dkdv": "gluon-sm90"}
     _assert_within_twice_torch(q, k, v, do, True, o, [t.grad for t in leaves])
     o2, lse = fa.flash_attention_forward(q, k, v, True)
     grads = fa.flash_attention_backward(do, q, k, v, o2, lse, True)
@@ -267,7 +269,7 @@ def test_gpu_gluon_kernels_match_reference(case, monkeypatch):
     q, k, v = _inputs(b, h, n_q, n_k, d, token_major, dtype, seed=3 * n_q + n_k + d)
     do = torch.randn_like(q)
     o, lse = fa.flash_attention_forward(q, k, v, causal)
-    grads = fa.flash_attention_backward(do, q, k, v, o, lse, causal)
+    grads = fa.flash_attention_backward(do, q, k, v, o, lse, causal, dq_mode="separate")
     fa._PLANS.clear()
     assert calls == {"forward": 1, "dq": 1, "dkdv": 1}
     _assert_within_twice_torch(q, k, v, do, causal, o, grads, lse)
@@ -308,7 +310,8 @@ def test_gpu_gluon_kernels_serve_inputs_of_other_ranks(shape, monkeypatch):
     o = fa.flash_attention(*leaves, causal=True)
     o.backward(do)
     fa._PLANS.clear()
-    assert calls == {"forward": 1, "dq": 1, "dkdv": 1}
+    atomic = shape[-1] in flash_sm90_dkdv.ATOMIC_HEAD_DIMS  # the "auto" dQ mode's choice
+    assert calls == {"forward": 1, "dq": int(not atomic), "dkdv": 1}
     _assert_within_twice_torch(q, k, v, do, True, o, [t.grad for t in leaves])
 
 

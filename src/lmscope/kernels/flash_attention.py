@@ -118,13 +118,15 @@ LN2 = 0.6931471805599453  # ln(2)
 MAX_HEAD_DIM = 128
 
 # "separate": dQ by its own kernel (no atomics); "atomic": dQ accumulated by the dK/dV kernel
-# with per-element fp32 atomics. (A third mode, one TMA reduce-add per dQ tile, measured slower
-# and was removed: docs/kernels/flash_attention_backward_notes.md, variant 2.)
-DQ_MODE = os.environ.get("LMSCOPE_FLASH_DQ", "separate")
+# (the Triton kernel: per-element fp32 atomics; the Gluon sm_90 kernel: one TMA reduce-add per
+# query tile and key block); "auto": atomic where the Gluon dK/dV kernel serves a head dim in
+# flash_sm90_dkdv.ATOMIC_HEAD_DIMS, separate elsewhere (docs/kernels/flash_attention_backward_notes.md,
+# variants 2 and 9).
+DQ_MODE = os.environ.get("LMSCOPE_FLASH_DQ", "auto")
 # Head dims that are not powers of two (80, 96, ...) as two column tiles, not one padded tile
 # (split_head_dim); LMSCOPE_FLASH_SPLIT=0: one padded tile, the kernels' earlier layout.
 SPLIT_HEAD_DIM = env_flag("LMSCOPE_FLASH_SPLIT", default=True)
-_DQ_MODES = ("separate", "atomic")
+_DQ_MODES = ("auto", "separate", "atomic")
 
 _INTERPRET = env_flag("TRITON_INTERPRET")
 # Triton's CPU interpreter mis-computes bfloat16 dots (seen with Triton 3.9): there, dot operands
@@ -1200,7 +1202,7 @@ def _backward(
     _LAST_KERNELS["dkdv"] = "gluon-sm90" if gluon_dkdv else "triton"
     if atomic:
         acc = dq_acc[: bh * n_q * plan.d_pad].view(bh, n_q, plan.d_pad)[..., : plan.d]
-        dq.copy_((acc * plan.scalars[4]).reshape(dq.shape))
+        torch.mul(acc, plan.scalars[4], out=dq.view(acc.shape))  # scaled and cast in one pass
     return dq, dk, dv
 
 
@@ -1221,11 +1223,19 @@ def _sm90_backward_o(plan: _Plan, q4, k4, v4, do4, o) -> torch.Tensor | None:
     return o4 if flash_sm90.describable(o4) else None
 
 
-def _is_atomic(dq_mode: str | None) -> bool:
-    """True for atomic dQ (``dq_mode``, default ``DQ_MODE``); ValueError for an unknown mode."""
+def _dq_mode(dq_mode: str | None) -> str:
+    """``dq_mode``, default ``DQ_MODE``; ValueError for an unknown mode."""
     mode = dq_mode or DQ_MODE
     if mode not in _DQ_MODES:
         raise ValueError(f"dq_mode must be one of {', '.join(_DQ_MODES)}, got {mode!r}")
+    return mode
+
+
+def _atomic_dq(mode: str, plan: _Plan, q4, k4, v4, do4) -> bool:
+    """Whether this backward accumulates dQ in the dK/dV kernel (``mode`` from ``_dq_mode``)."""
+    if mode == "auto":
+        return (plan.d in flash_sm90_dkdv.ATOMIC_HEAD_DIMS and flash_sm90_dkdv.ENABLED
+                and _sm90_backward_serves(plan, q4, k4, v4, do4))  # fmt: skip
     return mode == "atomic"
 
 
@@ -1240,7 +1250,7 @@ def flash_attention_backward(
     dq_mode: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward kernels. Returns (dQ, dK, dV) with the shapes and dtype of q, k, v."""
-    atomic = _is_atomic(dq_mode)
+    mode = _dq_mode(dq_mode)
     if do.shape != o.shape:
         raise ValueError(f"dO shape {tuple(do.shape)} != O shape {tuple(o.shape)}")
     plan = _plan_for(q, k, v, bool(causal))
@@ -1250,8 +1260,10 @@ def flash_attention_backward(
     q4, k4, v4 = (q, k, v) if plan.as_is else (_as4d(q), _as4d(k), _as4d(v))
     if not lse.is_contiguous():  # read as (batch*heads, n_q) rows
         lse = lse.contiguous()
+    do4 = _prepared_do(do, plan)
+    atomic = _atomic_dq(mode, plan, q4, k4, v4, do4)
     f32 = torch.empty(_scratch(plan, atomic), dtype=torch.float32, device=plan.device)
-    return _backward(_prepared_do(do, plan), q4, k4, v4, o4, lse, f32, plan, atomic)
+    return _backward(do4, q4, k4, v4, o4, lse, f32, plan, atomic)
 
 
 class FlashAttentionTriton(torch.autograd.Function):
@@ -1264,22 +1276,23 @@ class FlashAttentionTriton(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False):
-        atomic = _is_atomic(None)
-        o, stats, (q4, k4, v4), plan = _forward(q, k, v, is_causal, not atomic)
+        mode = _dq_mode(None)
+        o, stats, (q4, k4, v4), plan = _forward(q, k, v, is_causal, mode != "atomic")
         ctx.save_for_backward(q4, k4, v4, o, stats)
         ctx.plan = plan
-        ctx.atomic = atomic
+        ctx.dq_mode = mode
         return o
 
     @staticmethod
     def backward(ctx, do: torch.Tensor):
         q4, k4, v4, o, stats = ctx.saved_tensors
-        plan, atomic = _plan_of_saved(ctx.plan, q4, k4, v4, o), ctx.atomic
+        plan = _plan_of_saved(ctx.plan, q4, k4, v4, o)
+        do4 = _prepared_do(do, plan)
+        atomic = _atomic_dq(ctx.dq_mode, plan, q4, k4, v4, do4)
         if atomic:  # its dQ accumulator is not kept from forward to backward
             f32 = torch.empty(_scratch(plan, True), dtype=torch.float32, device=plan.device)
         else:
             f32 = stats[plan.l_size :]
-        do4 = _prepared_do(do, plan)
         # the kernels take O and L by pointer: the saved tensors serve as they are
         grads = _backward(do4, q4, k4, v4, o, stats, f32, plan, atomic)
         if plan is not ctx.plan:  # planned for the 4-d views: the inputs' own shapes back

@@ -31,8 +31,13 @@ ENABLED = env_flag("LMSCOPE_FLASH_SM90_DKDV", default=True)  # off: the Triton d
 BLOCK_M = 64  # queries per step
 BLOCK_N = 128  # keys per program: two warpgroups of 64
 STAGES = 3  # Q/dO ring depth
+# Head dims where flash_attention's "auto" dQ mode takes the atomic path with this kernel: at 64
+# its reduce-adds beat the separate dQ kernel, at 128 they lose (registers spill, two ring
+# stages); docs/kernels/flash_attention_backward_notes.md, variant 9.
+ATOMIC_HEAD_DIMS = (64,)
 ATOMIC_STAGES = {64: 3, 128: 2}  # the ring with dQ's reduce-adds (their buffers take shared memory)
-PREFETCH = {64: False, 128: False}  # per head dim: each query tile's L and D loaded a tile ahead
+PREFETCH = {64: True, 128: False}  # per head dim: each query tile's L and D loaded a tile ahead
+DQ_LAG = 0  # atomic dQ: tile j's dS K done at the end of tile j + DQ_LAG
 NUM_WARPS = 4  # the default partition: the first consumer warpgroup
 
 if HAVE_GLUON:
@@ -100,11 +105,31 @@ if HAVE_GLUON:
         return p_t
 
     @gluon.jit
+    def _dq_share(ds_smem, k, k_other, dq_buf, dq_zero, ds_full, ds_empty, dq_desc, off_bh, t, m_lo, turn,
+                  WG: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr):  # fmt: skip
+        """On this warpgroup's turn (query tile t with t % 2 == WG): dS K of tile t over both
+        warpgroups' keys, added to dQ's float32 rows by a TMA reduce-add; frees tile t's dS
+        buffers. (The barrier stays outside the branches: ptxas 12.8 fails on it inside.)"""
+        buf = t % 2
+        if turn:
+            mbarrier.wait(ds_full.index(buf), (t // 2) & 1)
+            tok = warpgroup_mma(ds_smem.index(2 * buf + WG).permute((1, 0)), k, dq_zero, use_acc=False,
+                                is_async=True)  # fmt: skip
+            tok = warpgroup_mma(ds_smem.index(2 * buf + 1 - WG).permute((1, 0)), k_other, tok, is_async=True)
+            dq = warpgroup_mma_wait(0, deps=(tok,))
+            dq_buf.reshape([BLOCK_M, HEAD_DIM]).store(dq)
+            fence_async_shared()
+        _warps_barrier()
+        if turn:
+            mbarrier.arrive(ds_empty.index(buf))
+            _tma_reduce_add(dq_desc, [0, off_bh, m_lo + t * BLOCK_M, 0], dq_buf)
+
+    @gluon.jit
     def _consumer(q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready, empty, ds_full, ds_empty,
                   dk_desc, dv_desc, dq_desc, LSE, DELTA, z, h, off_bh, start_n, m_lo, n_steps, mask_below,
                   n_q, n_k, qk_scale, sm_scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr,
                   CAUSAL: gl.constexpr, ROWS: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-                  PREFETCH: gl.constexpr, ATOMIC_DQ: gl.constexpr):  # fmt: skip
+                  PREFETCH: gl.constexpr, ATOMIC_DQ: gl.constexpr, DQ_LAG: gl.constexpr):  # fmt: skip
         """One warpgroup's ROWS keys: dK, dV over the query tiles, then stored by TMA. With
         ATOMIC_DQ also the program's share of dQ, ``dS K`` over both warpgroups' keys, added to
         dq_desc's float32 rows by a TMA reduce-add (the five-matmul backward; no dQ kernel): each
@@ -161,38 +186,28 @@ if HAVE_GLUON:
             ds_t = (p_t * (dp_t - gl.expand_dims(delta, 0))).to(dtype)
             ds_op = gl.convert_layout(ds_t, op_layout)
             dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)
+            dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p_op, ds_op))
             if ATOMIC_DQ:  # dS K takes dS, not dS^T, as its left operand: through shared memory
+                # (stored after the wait: ptxas 12.8 crashes on a shared store and fence before it)
                 buf = j % 2
-                mine = buf == WG
                 mbarrier.wait(ds_empty.index(buf), ((j // 2) - 1) & 1, pred=j >= 2)
                 tma.store_wait(pendings=0)  # this warpgroup's last reduce-add has read dq_buf
                 ds_smem.index(2 * buf + WG).store(ds_t)
                 fence_async_shared()
-                _warps_barrier()
-                mbarrier.arrive(ds_full.index(buf))
-                if mine:
-                    mbarrier.wait(ds_full.index(buf), (j // 2) & 1)
-                    # dS K over both warpgroups' keys: two dots
-                    ds_mine = ds_smem.index(2 * buf + WG).permute((1, 0))
-                    ds_other = ds_smem.index(2 * buf + 1 - WG).permute((1, 0))
-                    dq_tok = warpgroup_mma(ds_mine, k, dq_zero, use_acc=False, is_async=True)
-                    dq_tok = warpgroup_mma(ds_other, k_other, dq_tok, is_async=True)
-                    dv, dk, p_op, ds_op, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p_op, ds_op,
-                                                                          dq_tok))  # fmt: skip
-                    dq_buf.reshape([BLOCK_M, HEAD_DIM]).store(dq)
-                    fence_async_shared()
-                else:
-                    dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p_op, ds_op))
-            else:
-                dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p_op, ds_op))
             _warps_barrier()  # this warpgroup's four warps are past tile j: release its stage
-            if ATOMIC_DQ:  # noqa: SIM102 - a compile-time branch around a run-time one
-                if mine:  # dS K done: the dS buffer is free, dQ's share goes out
-                    mbarrier.arrive(ds_empty.index(buf))
-                    _tma_reduce_add(dq_desc, [0, off_bh, start_m, 0], dq_buf)
             mbarrier.arrive(empty.index(stage))
+            if ATOMIC_DQ:
+                mbarrier.arrive(ds_full.index(buf))
+                t = j - DQ_LAG
+                _dq_share(ds_smem, k, k_other, dq_buf, dq_zero, ds_full, ds_empty, dq_desc, off_bh, t, m_lo,
+                          (t >= 0) & (t % 2 == WG), WG, BLOCK_M, HEAD_DIM)  # fmt: skip
 
-        if ATOMIC_DQ:  # the other warpgroup's dS K reads this K: wait until its last one is done
+        if ATOMIC_DQ:
+            if DQ_LAG:  # the last tile's share
+                last = n_steps - 1
+                _dq_share(ds_smem, k, k_other, dq_buf, dq_zero, ds_full, ds_empty, dq_desc, off_bh, last,
+                          m_lo, (last >= 0) & (last % 2 == WG), WG, BLOCK_M, HEAD_DIM)  # fmt: skip
+            # the other warpgroup's dS K reads this K: wait until its last one is done
             for back in gl.static_range(1, 3):
                 last = gl.maximum(n_steps - back, 0)
                 mbarrier.wait(ds_empty.index(last % 2), (last // 2) & 1, pred=n_steps >= back)
@@ -210,7 +225,7 @@ if HAVE_GLUON:
         H, n_q, n_k, qk_scale, sm_scale,
         HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, TOKEN_MAJOR: gl.constexpr,
         DO_TOKEN_MAJOR: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-        STAGES: gl.constexpr, PREFETCH: gl.constexpr, ATOMIC_DQ: gl.constexpr,
+        STAGES: gl.constexpr, PREFETCH: gl.constexpr, ATOMIC_DQ: gl.constexpr, DQ_LAG: gl.constexpr,
     ):  # fmt: skip
         # Every head's first key block (the most queries, under causal masking) first.
         off_bh = gl.program_id(0)
@@ -252,11 +267,11 @@ if HAVE_GLUON:
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready, empty, ds_full,
                              ds_empty, dk_desc, dv_desc, dq_desc, LSE, DELTA, z, h, off_bh, start_n, m_lo,
                              n_steps, mask_below, n_q, n_k, qk_scale, sm_scale, 0, HEAD_DIM, CAUSAL, ROWS,
-                             BLOCK_M, STAGES, PREFETCH, ATOMIC_DQ)),
+                             BLOCK_M, STAGES, PREFETCH, ATOMIC_DQ, DQ_LAG)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready, empty, ds_full,
                              ds_empty, dk_desc, dv_desc, dq_desc, LSE, DELTA, z, h, off_bh, start_n, m_lo,
                              n_steps, mask_below, n_q, n_k, qk_scale, sm_scale, 1, HEAD_DIM, CAUSAL, ROWS,
-                             BLOCK_M, STAGES, PREFETCH, ATOMIC_DQ)),
+                             BLOCK_M, STAGES, PREFETCH, ATOMIC_DQ, DQ_LAG)),
                 (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready,
                            empty, z, h, start_n, m_lo, n_steps, TOKEN_MAJOR, DO_TOKEN_MAJOR, ROWS, BLOCK_M,
                            STAGES)),
@@ -290,7 +305,7 @@ def dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Ten
                 sm_scale=sm_scale,
                 HEAD_DIM=d, CAUSAL=bool(causal), TOKEN_MAJOR=token_major(q), DO_TOKEN_MAJOR=token_major(do),
                 BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES if dq_acc is None else ATOMIC_STAGES[d],
-                PREFETCH=PREFETCH[d], ATOMIC_DQ=dq_acc is not None)  # fmt: skip
+                PREFETCH=PREFETCH[d], ATOMIC_DQ=dq_acc is not None, DQ_LAG=DQ_LAG)  # fmt: skip
     return (z * h, (n_k + BLOCK_N - 1) // BLOCK_N), args
 
 

@@ -23,7 +23,7 @@ from lmscope.kernels.flash_sm90 import HAVE_GLUON
 
 ENABLED = env_flag("LMSCOPE_FLASH_SM90_DQ", default=True)  # off: the Triton dQ kernel
 BLOCK_M = 128  # query rows per program: two warpgroups of 64
-BLOCK_N = {64: 64, 128: 64}  # keys per step, per head dim
+BLOCK_N = 64  # keys per step
 STAGES = 3  # K/V ring depth
 NUM_WARPS = 4  # the default partition: the first consumer warpgroup
 
@@ -209,12 +209,11 @@ def dq_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tenso
     z, h, n_q, d = q.shape
     rows = BLOCK_M // 2
     describe, token_major = flash_sm90.describe, flash_sm90.token_major
-    keys = BLOCK_N[d]
-    args = dict(q_desc=describe(q, rows), k_desc=describe(k, keys), v_desc=describe(v, keys),
+    args = dict(q_desc=describe(q, rows), k_desc=describe(k, BLOCK_N), v_desc=describe(v, BLOCK_N),
                 do_desc=describe(do, rows), o_desc=describe(o, rows), dq_desc=describe(dq_out, rows),
                 LSE=lse, DELTA=delta, H=h, n_q=n_q, n_k=k.shape[2], qk_scale=qk_scale, sm_scale=sm_scale,
                 HEAD_DIM=d, CAUSAL=bool(causal), TOKEN_MAJOR=token_major(q), DO_TOKEN_MAJOR=token_major(do),
-                O_TOKEN_MAJOR=token_major(o), BLOCK_M=BLOCK_M, BLOCK_N=keys,
+                O_TOKEN_MAJOR=token_major(o), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
                 STAGES=STAGES)  # fmt: skip
     return (z * h, (n_q + BLOCK_M - 1) // BLOCK_M), args
 

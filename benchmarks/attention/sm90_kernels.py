@@ -165,10 +165,9 @@ def times(rows: list) -> None:
 VARIANTS = {
     "default": {},
     "separate dQ": {(fa, "DQ_MODE"): "separate"},
-    "separate dQ, L, D not ahead": {(fa, "DQ_MODE"): "separate",
-                                    (flash_sm90_dkdv, "PREFETCH"): {64: False, 128: False}},
-    "atomic dQ a tile late": {(flash_sm90_dkdv, "DQ_LAG"): 1},
-    "atomic dQ, L, D not ahead": {(flash_sm90_dkdv, "PREFETCH"): {64: False, 128: False}},
+    "atomic dQ on time": {(flash_sm90_dkdv, "DQ_LAG"): 0},
+    "atomic dQ, 2 stages": {(flash_sm90_dkdv, "ATOMIC_STAGES"): {64: 2, 128: 2}},
+    "atomic dQ, 4 stages": {(flash_sm90_dkdv, "ATOMIC_STAGES"): {64: 4, 128: 2}},
 }
 
 

@@ -183,11 +183,14 @@ def _float64_stand_ins(monkeypatch) -> dict:
             dq_acc[: ref_dq.numel()].view(ref_dq.shape).add_(ref_dq.double() / sm_scale)
 
     class Preprocess:
-        """The Triton D = rowsum(dO * O) kernel of the atomic dQ mode, by its launch arguments."""
+        """The Triton kernel of the atomic dQ mode that computes D = rowsum(dO * O) and zeroes
+        the dQ accumulator, by its launch arguments."""
 
         def __getitem__(self, grid):
-            def launch(o, do, delta, *args, **constants):
+            def launch(o, do, delta, dq_acc, *args, **constants):
                 delta[: do.shape[:-1].numel()].copy_((do.double() * fa._as4d(o).double()).sum(-1).flatten())
+                dq_acc.fill_(float("nan"))  # the kernel zeroes the rows dQ's shares are added to
+                dq_acc[: do.numel()].zero_()
 
             return launch
 

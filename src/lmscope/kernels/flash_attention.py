@@ -461,7 +461,7 @@ def _row_dot(o, do, ACC64: tl.constexpr):
 
 @triton.jit(do_not_specialize=["H", "n_q"])
 def _bwd_preprocess(
-    O, DO, DELTA,
+    O, DO, DELTA, DQ_ACC,
     stride_oz, stride_oh, stride_om,
     stride_dz, stride_dh, stride_dm,
     H, n_q,
@@ -478,7 +478,11 @@ def _bwd_preprocess(
     do = tl.load(DO + off_z * stride_dz + off_h * stride_dh
                  + offs_m[:, None] * stride_dm + offs_d[None, :], mask=mask, other=0.0)  # fmt: skip
     delta = _row_dot(o, do, ACC64)
-    tl.store(DELTA + off_bh.to(tl.int64) * n_q + offs_m, delta, mask=offs_m < n_q)
+    rows = off_bh.to(tl.int64) * n_q + offs_m
+    tl.store(DELTA + rows, delta, mask=offs_m < n_q)
+    # the atomic-mode dQ accumulator's rows zeroed here: no memset launch of its own
+    tl.store(DQ_ACC + rows[:, None] * D_PAD + offs_d[None, :], tl.zeros([BLOCK_M, D_PAD], tl.float32),
+             mask=offs_m[:, None] < n_q)  # fmt: skip
 
 
 @triton.jit
@@ -1179,10 +1183,9 @@ def _backward(
     if atomic:
         key = (*key[:5], True, key[6])
         dq_acc = f32[_aligned(bh * n_q) :]
-        dq_acc.zero_()
         pre_block = 16 if _INTERPRET else 128
         _bwd_preprocess[(triton.cdiv(n_q, pre_block), bh)](
-            o, do4, f32, *plan.o_strides, *do_strides[:3], plan.scalars[0], n_q,
+            o, do4, f32, dq_acc, *plan.o_strides, *do_strides[:3], plan.scalars[0], n_q,
             HEAD_DIM=plan.d, D_PAD=plan.d_pad, BLOCK_M=pre_block, ACC64=plan.dtype == torch.float32,
         )  # fmt: skip
         _LAST_KERNELS["dq"] = "gluon-sm90-atomic" if gluon_dkdv else "triton-atomic"

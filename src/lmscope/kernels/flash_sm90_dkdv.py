@@ -37,7 +37,8 @@ STAGES = 3  # Q/dO ring depth
 ATOMIC_HEAD_DIMS = (64,)
 ATOMIC_STAGES = {64: 3, 128: 2}  # the ring with dQ's reduce-adds (their buffers take shared memory)
 PREFETCH = {64: True, 128: False}  # per head dim: each query tile's L and D loaded a tile ahead
-DQ_LAG = 0  # atomic dQ: tile j's dS K done at the end of tile j + DQ_LAG
+DQ_LAG = 1  # atomic dQ: tile j's dS K done at the end of tile j + DQ_LAG (1: its dS^T halves are
+# long written when the warpgroup whose turn it is gets to them)
 NUM_WARPS = 4  # the default partition: the first consumer warpgroup
 
 if HAVE_GLUON:

@@ -1401,13 +1401,14 @@ def python_path() -> Iterator[None]:
 
 def _native_allowed() -> bool:
     """Whether the C++ path may launch now: nobody asked for the Python path, no compiler is
-    tracing, the dQ mode is the separate one its plans were made in, no autotuner's cache was
-    cleared since (re-tuning: the Python path learns again and resets the C++ plans), and Triton
-    would launch the kept kernels as they are (no launch or pre-run hooks, default debug and
-    instrumentation knobs)."""
+    tracing, the dQ mode is not the atomic one (its plans were made in separate mode, which
+    "auto" is for every plan it hands over: the Gluon kernels' plans stay in Python), no
+    autotuner's cache was cleared since (re-tuning: the Python path learns again and resets the
+    C++ plans), and Triton would launch the kept kernels as they are (no launch or pre-run
+    hooks, default debug and instrumentation knobs)."""
     return (
         not _PYTHON_ONLY[0]
-        and DQ_MODE == "separate"
+        and DQ_MODE != "atomic"
         and not torch.compiler.is_compiling()
         and all(len(launcher.kernel.cache) == launcher.n_tuned for launcher in _LAUNCHERS)
         and _FWD_LAUNCH.compiled.unhooked()

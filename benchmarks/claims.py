@@ -280,6 +280,74 @@ def attention_sm90_bwd(rows: Rows) -> str:
     return _sm90_against_triton(rows, "bwd_ms")
 
 
+ROUND_31 = f"{ATTENTION}/31-round-h100"
+
+
+@claim("attention-dq-elementwise")
+def attention_dq_elementwise(rows: Rows) -> str:
+    """The first five-matmul backward (per-element fp32 atomics from the Gluon dK/dV kernel)
+    against the separate dQ kernel, one H100 call at f607aff (variant 9, step 1)."""
+    files = ("dq_elementwise_separate", "dq_elementwise_atomic")
+    names = ("separate dQ", "per-element atomics")
+    return _variant_against_default(rows, ROUND_31, files, SM90_SHAPES, names, "bwd_ms")
+
+
+def _dq_auto(rows: Rows, key: str) -> str:
+    """``key`` of ours with the separate dQ kernel (LMSCOPE_FLASH_DQ=separate) and in the default
+    auto mode (the five-matmul Gluon dK/dV kernel at head dim 64), one H100 call (variant 9)."""
+    return _variant_against_default(rows, ROUND_31, ("dq_separate", "dq_auto"), ((1, 16, 16384, 64),),
+                                    ("separate dQ", "five matmuls"), key)  # fmt: skip
+
+
+@claim("attention-dq-auto-fwd-bwd")
+def attention_dq_auto_fwd_bwd(rows: Rows) -> str:
+    """Forward+backward, the five-matmul backward against the separate dQ kernel."""
+    return _dq_auto(rows, "fwd_bwd_ms")
+
+
+@claim("attention-dq-auto-bwd")
+def attention_dq_auto_bwd(rows: Rows) -> str:
+    """Backward alone, the five-matmul backward against the separate dQ kernel."""
+    return _dq_auto(rows, "bwd_ms")
+
+
+SM90_STEPS = (  # (development call's file, its commit): benchmarks/attention/sm90_kernels.py --variants
+    ("sm90_v10_variants", "7461028"),
+    ("sm90_v11_variants", "90b9ed2"),
+    ("sm90_v13_variants", "67ab2d5"),
+    ("sm90_v14_variants", "0e340fa"),
+    ("sm90_v15_variants", "d6a6896"),
+)
+"""Variant 9's development calls, in order; each call times its variants and its default in one
+process. (v12, a1a9f65, failed its correctness check and timed nothing of the new mode.)"""
+
+
+@claim("attention-sm90-steps")
+def attention_sm90_steps(rows: Rows) -> str:
+    """fwd+bwd of each variant of the development calls at 16k d 64 and 8k d 128, over the same
+    call's default."""
+    body = []
+    for name, commit in SM90_STEPS:
+        path = f"{ROUND_31}/{name}.jsonl"
+        timed = [r for r in rows.select(path) if "fwd_bwd_ms" in r]
+        for variant in dict.fromkeys(r["variant"] for r in timed):
+            cells = [name, commit, variant]
+            for shape in ((1, 16, 16384, 64), (1, 16, 8192, 128)):
+                at = [r for r in timed if tuple(r["shape"]) == shape]
+                this = next(r for r in at if r["variant"] == variant)
+                default = next(r for r in at if r["variant"] == "default")
+                cells += [fmt(this["fwd_bwd_ms"]), ratio_text(this["fwd_bwd_ms"], default["fwd_bwd_ms"])]
+            body.append(cells)
+    return claim_block(
+        "Development calls (`benchmarks/attention/sm90_kernels.py --variants`: every variant checked "
+        "against float64 first, then timed fwd+bwd in one process, `do_bench` medians in ms, bf16, "
+        "causal; rows without provenance fields, the commit of each call beside it). "
+        "x default = over the same call's default, single medians.",
+        table(["call", "commit", "variant", "16k d 64 ms", "x default", "8k d 128 ms", "x default"], body),
+        "Rows: " + ", ".join(f"`{ROUND_31}/{name}.jsonl`" for name, _ in SM90_STEPS) + ".",
+    )
+
+
 SM90_THRESHOLD_RUNS = (
     (f"{ATTENTION}/29-round-h100/classic.jsonl", "Triton kernels only"),
     (f"{ATTENTION}/30-round-h100/earlier/classic_b3c52fd.jsonl", "Gluon from 4096 keys"),
@@ -502,9 +570,9 @@ def ratio_text(value: float, base: float) -> str:
     return f"{value / base:.2f}x"
 
 
-# The newest classic rows per dtype: bf16 at the Gluon sm_90 kernels (30-round), fp32 from the
-# grid before them (the fp32 path, Triton kernels only, has not changed since).
-CLASSIC_GRIDS = (f"{ATTENTION}/30-round-h100/classic.jsonl", f"{ATTENTION}/29-round-h100/classic.jsonl")
+# The newest classic rows per dtype: bf16 with the five-matmul backward at head dim 64 (31-round),
+# fp32 from the grid before the Gluon kernels (the fp32 path, Triton kernels only, has not changed).
+CLASSIC_GRIDS = (f"{ATTENTION}/31-round-h100/classic.jsonl", f"{ATTENTION}/29-round-h100/classic.jsonl")
 CLASSIC_PEERS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "naive", "naive-compiled",
                  "flash-torch")
 

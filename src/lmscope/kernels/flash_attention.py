@@ -46,9 +46,11 @@ Kernels
     also computes D = rowsum(dO * O) for its rows (fp64 sum for fp32 inputs: dP - D cancels)
     and stores it; (2) dK/dV kernel: one key/value tile resident, loop over query tiles,
     recompute P^T = exp2(K Q^T * c - L2), reading D. ``DQ_MODE = "atomic"`` instead computes D
-    in a preprocess kernel and adds dQ from the dK/dV kernel with fp32 atomics into a zeroed
-    buffer (one fewer matmul per tile pair); the default is the mode that measured faster on
-    H100 (docs/kernels/flash_attention.md).
+    in a preprocess kernel and adds dQ from the dK/dV kernel into a zeroed float32 buffer (two
+    fewer matmuls per tile pair): per-element atomics in the Triton kernel, which measured
+    slower, TMA reduce-adds in the Gluon sm_90 one, which measured faster at head dim 64; the
+    default ``"auto"`` takes the latter where it serves and the separate mode elsewhere
+    (docs/kernels/flash_attention_backward_notes.md, variants 2 and 9).
     Tile sizes, warps and pipeline stages are autotuned from a small list per head dim, keyed on
     head dim, causal, dtype and power-of-two buckets of the sequence lengths. Once the
     autotuner has chosen for a key, the kernels are launched with its choice, skipping

@@ -12,10 +12,16 @@ The two warpgroups run out of step, so one's exponentials overlap the other's do
 (Software pipelining across query tiles was measured and dropped: at head dim 128 it spills;
 ``docs/kernels/flash_attention_backward_notes.md``, variant 8.)
 
-It is the Triton dK/dV kernel's contract (``flash_attention._attn_bwd_dkdv``, separate dQ mode):
-L and D = rowsum(dO * O) come from the forward and the dQ kernel, indexed (batch*head, row);
-dK and dV are written contiguous (..., n_keys, d). Chosen with the Gluon forward
-(``flash_sm90.serves``) where the tensors allow (``flash_sm90.describable``).
+It is the Triton dK/dV kernel's contract (``flash_attention._attn_bwd_dkdv``): L and
+D = rowsum(dO * O) come from the forward and the dQ kernel (or the preprocess kernel), indexed
+(batch*head, row); dK and dV are written contiguous (..., n_keys, d). Chosen with the Gluon
+forward (``flash_sm90.serves``) where the tensors allow (``flash_sm90.describable``).
+
+With a dQ accumulator (``ATOMIC_DQ``, flash_attention's atomic and auto dQ modes) it is the
+five-matmul backward: each warpgroup writes its dS^T rows to shared memory, and per query tile
+the warpgroup whose turn it is multiplies both warpgroups' rows by their K tiles (``dS K``) and
+adds the result to the float32 rows by one TMA reduce-add (``_dq_share``); no dQ kernel runs
+(variant 9 of the notes above).
 """
 
 from __future__ import annotations

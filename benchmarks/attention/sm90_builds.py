@@ -12,7 +12,8 @@ the repository root (any machine; the Triton installed decides what is built):
 Prints one line per bf16 config the kernel's autotuner would try at that head dim (its "small"
 list up to 64, its "large" list above): tile sizes, warps, stages, registers, spill stores and
 loads, shared memory bytes, and whether the loads became async copies. ``--kernel sm90`` builds
-the three Gluon kernels (``lmscope.kernels.flash_sm90*``) from host-side TMA descriptors instead
+the Gluon kernels (``lmscope.kernels.flash_sm90*``; the dK/dV kernel also as ``dkdv-atomic``, with
+the atomic dQ mode's reduce-adds) from host-side TMA descriptors instead
 and prints, per kernel, the spills, the shared memory and each partition's register budget
 (``setmaxnreg``; ptxas's register count is the kernel's budget before the partitions set theirs).
 """
@@ -141,7 +142,7 @@ def _gluon_report(head_dim: int, causal: bool) -> None:
         spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
         budgets = sorted({int(n) for n in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)})
         stores, loads = spills.groups() if spills else (None, None)
-        print(f"{name:>8}  spill_stores {stores}  spill_loads {loads}  shared_bytes {shared}  "
+        print(f"{name:>11}  spill_stores {stores}  spill_loads {loads}  shared_bytes {shared}  "
               f"setmaxnreg {budgets}")  # fmt: skip
 
 

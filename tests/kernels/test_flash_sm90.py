@@ -261,40 +261,24 @@ def _count_gluon_launches(monkeypatch) -> dict:
 
 @pytest.mark.gpu
 @needs_hopper
+@pytest.mark.parametrize("dq_mode", ["separate", "atomic"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[2]}x{c[3]}-d{c[4]}-c{int(c[5])}-t{int(c[6])}")
-def test_gpu_gluon_kernels_match_reference(case, monkeypatch):
-    """Forward and backward through the three Gluon kernels (the work threshold lowered so small
-    shapes take them): O, L, dQ, dK, dV within 2x torch's same-dtype error of float64."""
+def test_gpu_gluon_kernels_match_reference(case, dq_mode, monkeypatch):
+    """Forward and backward through the Gluon kernels (the work threshold lowered so small
+    shapes take them), with the dQ kernel or with dQ's shares added by the dK/dV kernel's TMA
+    reduce-adds: O, L, dQ, dK, dV within 2x torch's same-dtype error of float64."""
     b, h, n_q, n_k, d, causal, token_major, dtype = case
     monkeypatch.setattr(flash_sm90, "MIN_WORK", 1)
     fa._PLANS.clear()
     calls = _count_gluon_launches(monkeypatch)
-    q, k, v = _inputs(b, h, n_q, n_k, d, token_major, dtype, seed=3 * n_q + n_k + d)
+    atomic = dq_mode == "atomic"
+    q, k, v = _inputs(b, h, n_q, n_k, d, token_major, dtype, seed=(5 if atomic else 3) * n_q + n_k + d)
     do = torch.randn_like(q)
     o, lse = fa.flash_attention_forward(q, k, v, causal)
-    grads = fa.flash_attention_backward(do, q, k, v, o, lse, causal, dq_mode="separate")
+    grads = fa.flash_attention_backward(do, q, k, v, o, lse, causal, dq_mode=dq_mode)
     fa._PLANS.clear()
-    assert calls == {"forward": 1, "dq": 1, "dkdv": 1}
-    _assert_within_twice_torch(q, k, v, do, causal, o, grads, lse)
-
-
-@pytest.mark.gpu
-@needs_hopper
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[2]}x{c[3]}-d{c[4]}-c{int(c[5])}-t{int(c[6])}")
-def test_gpu_gluon_atomic_dq_matches_reference(case, monkeypatch):
-    """The atomic dQ mode: the Gluon dK/dV kernel adds each tile's dS K to dQ by float32
-    atomics; dQ, dK, dV within 2x torch's same-dtype error of float64."""
-    b, h, n_q, n_k, d, causal, token_major, dtype = case
-    monkeypatch.setattr(flash_sm90, "MIN_WORK", 1)
-    fa._PLANS.clear()
-    calls = _count_gluon_launches(monkeypatch)
-    q, k, v = _inputs(b, h, n_q, n_k, d, token_major, dtype, seed=5 * n_q + n_k + d)
-    do = torch.randn_like(q)
-    o, lse = fa.flash_attention_forward(q, k, v, causal)
-    grads = fa.flash_attention_backward(do, q, k, v, o, lse, causal, dq_mode="atomic")
-    fa._PLANS.clear()
-    assert calls == {"forward": 1, "dq": 0, "dkdv": 1}
-    assert fa.last_kernels()["dq"] == "gluon-sm90-atomic"
+    assert calls == {"forward": 1, "dq": int(not atomic), "dkdv": 1}
+    assert fa.last_kernels()["dq"] == ("gluon-sm90-atomic" if atomic else "gluon-sm90")
     _assert_within_twice_torch(q, k, v, do, causal, o, grads, lse)
 
 

@@ -116,7 +116,7 @@ if HAVE_GLUON:
                   WG: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr):  # fmt: skip
         """On this warpgroup's turn (query tile t with t % 2 == WG): dS K of tile t over both
         warpgroups' keys, added to dQ's float32 rows by a TMA reduce-add; frees tile t's dS
-        buffers. (The barrier stays outside the branches: ptxas 12.8 fails on it inside.)"""
+        buffers. Both warpgroups call it each tile; ``turn`` says whose tile it is."""
         buf = t % 2
         if turn:
             mbarrier.wait(ds_full.index(buf), (t // 2) & 1)

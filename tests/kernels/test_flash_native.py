@@ -178,9 +178,10 @@ def test_cpp_path_hands_back_to_python_where_it_must(monkeypatch):
     with torch.no_grad():
         assert torch.equal(fa.flash_attention(q, k, v, True), o)
     # atomic dQ mode (its plans are never handed over): Python
+    default_mode = fa.DQ_MODE
     monkeypatch.setattr(fa, "DQ_MODE", "atomic")
     assert not _is_native(_fwd_bwd(q, k, v, do, True)[0])
-    monkeypatch.setattr(fa, "DQ_MODE", "separate")
+    monkeypatch.setattr(fa, "DQ_MODE", default_mode)
     # a cleared autotuner cache (re-tuning): Python, which learns again and resets the C++ plans
     fa._attn_fwd.cache.clear()
     assert not _is_native(_fwd_bwd(q, k, v, do, True)[0])

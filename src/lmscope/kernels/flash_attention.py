@@ -1137,8 +1137,9 @@ _LAST_KERNELS: dict[str, str] = {}
 
 
 def last_kernels() -> dict[str, str]:
-    """{"forward", "dq", "dkdv"} -> "gluon-sm90" or "triton" (or "triton-atomic" for dQ
-    accumulated by the dK/dV kernel): what the last forward and backward here launched."""
+    """{"forward", "dq", "dkdv"} -> "gluon-sm90" or "triton" (for dQ accumulated by the dK/dV
+    kernel: "gluon-sm90-atomic" or "triton-atomic"): what the last forward and backward here
+    launched."""
     return dict(_LAST_KERNELS)
 
 
@@ -1179,7 +1180,8 @@ def _backward(
     dk = torch.empty(plan.k_shape, dtype=plan.dtype, device=plan.device)
     dv = torch.empty(plan.k_shape, dtype=plan.dtype, device=plan.device)
     key = plan.key
-    gluon_dkdv = flash_sm90_dkdv.ENABLED and _sm90_backward_serves(plan, q4, k4, v4, do4)
+    gluon_dkdv = flash_sm90_dkdv.ENABLED and _sm90_backward_serves(plan, q4, k4, v4, do4) and (
+        not atomic or flash_sm90.HAVE_TMA_REDUCE)
     o_sm90 = None if atomic or not flash_sm90_dq.ENABLED else _sm90_backward_o(plan, q4, k4, v4, do4, o)
     gluon_dq = o_sm90 is not None
     if atomic:
@@ -1199,6 +1201,7 @@ def _backward(
             _DQ_LAUNCH(key, n_q, bh, (q4, k4, v4, do4, o, lse, f32, dq), dq_args)
         _LAST_KERNELS["dq"] = "gluon-sm90" if gluon_dq else "triton"
     if gluon_dkdv:
+        # its dQ rows are d floats apart: the Gluon head dims are powers of two (d_pad == d)
         flash_sm90_dkdv.dkdv(q4, k4, v4, do4, lse, f32, _as4d(dk), _as4d(dv), key[1], *plan.scalars[3:5],
                              dq_acc=dq_acc if atomic else None)  # fmt: skip
     else:
@@ -1240,7 +1243,7 @@ def _atomic_dq(mode: str, plan: _Plan, q4, k4, v4, do4) -> bool:
     """Whether this backward accumulates dQ in the dK/dV kernel (``mode`` from ``_dq_mode``)."""
     if mode == "auto":
         return (plan.d in flash_sm90_dkdv.ATOMIC_HEAD_DIMS and flash_sm90_dkdv.ENABLED
-                and _sm90_backward_serves(plan, q4, k4, v4, do4))  # fmt: skip
+                and flash_sm90.HAVE_TMA_REDUCE and _sm90_backward_serves(plan, q4, k4, v4, do4))  # fmt: skip
     return mode == "atomic"
 
 
@@ -1275,7 +1278,8 @@ class FlashAttentionTriton(torch.autograd.Function):
     """FlashAttention-2 in Triton. ``FlashAttentionTriton.apply(q, k, v, is_causal=False)``.
 
     Saves Q, K, V (as the kernels read them), O, and one float32 buffer holding the
-    log-sum-exp L (..., n_queries) and, in separate dQ mode, the backward's scratch; the
+    log-sum-exp L (..., n_queries) and, unless the dQ mode is "atomic", the separate-mode
+    backward's scratch (an atomic backward allocates its own); the
     strides, scalars and launch keys the forward computed are kept for the backward (``_Plan``).
     """
 

@@ -35,10 +35,8 @@ import torch
 from lmscope.envflags import env_flag
 
 try:  # Triton >= 3.5 ships Gluon; older ones keep the Triton forward everywhere
-    from triton._C.libtriton import ir
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language._core import builtin as gl_builtin
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared,
         mbarrier,
@@ -68,6 +66,8 @@ PINGPONG = True  # the two consumer warpgroups take turns at the tensor cores
 STAGES = {64: 3, 128: 3}  # K/V ring depth per head dim (shared memory: Q + 2 * STAGES tiles)
 
 
+HAVE_TMA_REDUCE = False  # set below where Gluon has the TMA reduce-add
+
 if HAVE_GLUON:
     # the barrier of the warps that run the calling code: gl.thread_barrier up to Triton 3.6,
     # gl.barrier since
@@ -77,16 +77,25 @@ if HAVE_GLUON:
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
 
-    @gl_builtin
-    def _tma_reduce_add_36(tensor_desc, coord, src, _semantic=None):
-        """TMA reduce-add of a shared-memory tile into global memory (``cp.reduce.async.bulk``):
-        Triton 3.6's Gluon builds the op (``create_async_tma_reduce``) but names no function for
-        it; later ones call it ``tma.async_atomic_add``."""
-        coord = _semantic._convert_to_ir_values(coord, require_i64=False)
-        _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord,
-                                                  src.handle)  # fmt: skip
+    # TMA reduce-add of a shared-memory tile into global memory (``cp.reduce.async.bulk``), for
+    # the five-matmul backward: ``tma.async_atomic_add`` in later Triton (3.9 has it); Triton 3.6's
+    # Gluon builds the op (``create_async_tma_reduce``) but names no function for it, so it is
+    # built through Gluon's private builder there. Neither: HAVE_TMA_REDUCE is False and the
+    # backward keeps the dQ kernel.
+    _tma_reduce_add = getattr(tma, "async_atomic_add", None)
+    if _tma_reduce_add is None:
+        try:
+            from triton._C.libtriton import ir
+            from triton.experimental.gluon.language._core import builtin as gl_builtin
 
-    _tma_reduce_add = getattr(tma, "async_atomic_add", None) or _tma_reduce_add_36
+            @gl_builtin
+            def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+                coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+                _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle,
+                                                          coord, src.handle)  # fmt: skip
+        except ImportError:  # pragma: no cover - depends on the installed Triton
+            pass
+    HAVE_TMA_REDUCE = _tma_reduce_add is not None
     # setmaxnreg of the worker partitions (the first consumer warpgroup, the default partition,
     # gets what is left): the second consumer warpgroup, then the load warp
     REGS_CONSUMER = gl.constexpr(240)

@@ -43,8 +43,8 @@ STAGES = 3  # Q/dO ring depth
 ATOMIC_HEAD_DIMS = (64,)
 ATOMIC_STAGES = {64: 3, 128: 2}  # the ring with dQ's reduce-adds (their buffers take shared memory)
 PREFETCH = {64: True, 128: False}  # per head dim: each query tile's L and D loaded a tile ahead
-DQ_LAG = 1  # atomic dQ: tile j's dS K done at the end of tile j + DQ_LAG (1: its dS^T halves are
-# long written when the warpgroup whose turn it is gets to them)
+DQ_LAG = 1  # atomic dQ: tile j's dS K done at the end of tile j (0) or of tile j + 1 (1: its dS^T
+# halves are long written when the warpgroup whose turn it is gets to them); no other value
 NUM_WARPS = 4  # the default partition: the first consumer warpgroup
 
 if HAVE_GLUON:
@@ -305,6 +305,8 @@ def dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Ten
     n_k = k.shape[2]
     rows = BLOCK_N // 2
     describe, token_major = flash_sm90.describe, flash_sm90.token_major
+    if DQ_LAG not in (0, 1):  # the kernel drains one late tile and waits on two dS buffers
+        raise ValueError(f"flash_sm90_dkdv.DQ_LAG must be 0 or 1, got {DQ_LAG!r}")
     dq_desc = None if dq_acc is None else describe(dq_acc[: z * h * n_q * d].view(1, z * h, n_q, d), BLOCK_M)
     args = dict(q_desc=describe(q, BLOCK_M), k_desc=describe(k, rows), v_desc=describe(v, rows),
                 do_desc=describe(do, BLOCK_M), dk_desc=describe(dk, rows), dv_desc=describe(dv, rows),

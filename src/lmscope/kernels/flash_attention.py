@@ -1120,8 +1120,7 @@ def _forward(
         stats = torch.empty(plan.l_size + _scratch(plan, False), dtype=torch.float32, device=plan.device)
     else:
         stats = torch.empty(plan.l_shape, dtype=torch.float32, device=plan.device)
-    if plan.sm90 and type(q4) is torch.Tensor and flash_sm90.describable(q4, k4, v4) and (
-            flash_sm90.describable(o4)):  # fmt: skip
+    if _gluon_serves(plan, q4, k4, v4, o4):
         flash_sm90.forward(q4, k4, v4, o4, stats, plan.key[1], plan.scalars[3])
         _LAST_KERNELS["forward"] = "gluon-sm90"
     else:
@@ -1180,8 +1179,7 @@ def _backward(
     dk = torch.empty(plan.k_shape, dtype=plan.dtype, device=plan.device)
     dv = torch.empty(plan.k_shape, dtype=plan.dtype, device=plan.device)
     key = plan.key
-    gluon_dkdv = flash_sm90_dkdv.ENABLED and _sm90_backward_serves(plan, q4, k4, v4, do4) and (
-        not atomic or flash_sm90.HAVE_TMA_REDUCE)
+    gluon_dkdv = _gluon_dkdv(plan, q4, k4, v4, do4, atomic)
     o_sm90 = None if atomic or not flash_sm90_dq.ENABLED else _sm90_backward_o(plan, q4, k4, v4, do4, o)
     gluon_dq = o_sm90 is not None
     if atomic:
@@ -1214,18 +1212,26 @@ def _backward(
     return dq, dk, dv
 
 
-def _sm90_backward_serves(plan: _Plan, q4, k4, v4, do4) -> bool:
-    """Whether the Gluon backward kernels may serve this backward (each has its own switch too):
-    with the Gluon forward's plans, for tensors TMA can describe (dO may have its own axis order)."""
+def _gluon_serves(plan: _Plan, q4, k4, v4, x: torch.Tensor) -> bool:
+    """Whether the Gluon kernels may serve this call (the backward's have their own switches
+    too): plans that chose them (``plan.sm90``), tensors TMA can describe. ``x`` is O in the
+    forward, dO in the backward; it may have its own axis order."""
     return (plan.sm90 and type(q4) is torch.Tensor and flash_sm90.describable(q4, k4, v4)
-            and flash_sm90.describable(do4))  # fmt: skip
+            and flash_sm90.describable(x))  # fmt: skip
+
+
+def _gluon_dkdv(plan: _Plan, q4, k4, v4, do4, atomic: bool) -> bool:
+    """Whether the Gluon dK/dV kernel serves this backward (in atomic mode, with dQ's TMA
+    reduce-adds, which this Triton must have)."""
+    return (flash_sm90_dkdv.ENABLED and _gluon_serves(plan, q4, k4, v4, do4)
+            and (not atomic or flash_sm90.HAVE_TMA_REDUCE))  # fmt: skip
 
 
 def _sm90_backward_o(plan: _Plan, q4, k4, v4, do4, o) -> torch.Tensor | None:
     """O's 4-d view when the Gluon dQ kernel may serve this backward (separate dQ mode), else
     None: it reads O by TMA too, in its own axis order. O comes as it was saved (the Triton
     kernels take it by pointer and the plan's strides); the descriptor needs its view."""
-    if not _sm90_backward_serves(plan, q4, k4, v4, do4):
+    if not _gluon_serves(plan, q4, k4, v4, do4):
         return None
     o4 = _as4d(o)
     return o4 if flash_sm90.describable(o4) else None
@@ -1242,8 +1248,7 @@ def _dq_mode(dq_mode: str | None) -> str:
 def _atomic_dq(mode: str, plan: _Plan, q4, k4, v4, do4) -> bool:
     """Whether this backward accumulates dQ in the dK/dV kernel (``mode`` from ``_dq_mode``)."""
     if mode == "auto":
-        return (plan.d in flash_sm90_dkdv.ATOMIC_HEAD_DIMS and flash_sm90_dkdv.ENABLED
-                and flash_sm90.HAVE_TMA_REDUCE and _sm90_backward_serves(plan, q4, k4, v4, do4))  # fmt: skip
+        return plan.d in flash_sm90_dkdv.ATOMIC_HEAD_DIMS and _gluon_dkdv(plan, q4, k4, v4, do4, True)
     return mode == "atomic"
 
 

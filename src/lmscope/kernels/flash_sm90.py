@@ -126,6 +126,18 @@ if HAVE_GLUON:
             mbarrier.invalidate(bars.index(i))
 
     @gluon.jit
+    def _ring(STAGES: gl.constexpr, FILLS: gl.constexpr = 1, FREES: gl.constexpr = 2):
+        """The (full, empty) mbarriers of a ring of STAGES shared-memory buffers: a buffer is full
+        after FILLS arrivals (by default the load warp's, with its TMA bytes) and free after FREES
+        (by default one per consumer warpgroup)."""
+        return _barriers(STAGES, FILLS), _barriers(STAGES, FREES)
+
+    @gluon.jit
+    def _free_ring(ready, empty, STAGES: gl.constexpr):
+        _invalidate(ready, STAGES)
+        _invalidate(empty, STAGES)
+
+    @gluon.jit
     def _query_block(H, BLOCK_M: gl.constexpr):
         """(batch*head, batch, head, first query row) of this program on a (batch*heads, query
         blocks) grid, query blocks in reverse: under causal masking the last ones do the most
@@ -291,8 +303,7 @@ if HAVE_GLUON:
         v_smem = _tiles(v_desc, STAGES)
         q_bars = _barriers(1, 1)
         q_bar = q_bars.index(0)
-        ready = _barriers(STAGES, 1)
-        empty = _barriers(STAGES, 2)  # one arrival per consumer warpgroup
+        ready, empty = _ring(STAGES)
         turn = _barriers(2, 1)
         n_tiles, full_hi = _key_tiles(start_m, n_k, BLOCK_M, BLOCK_N, CAUSAL)
 
@@ -312,8 +323,7 @@ if HAVE_GLUON:
         )  # fmt: skip
 
         _invalidate(q_bars, 1)
-        _invalidate(ready, STAGES)
-        _invalidate(empty, STAGES)
+        _free_ring(ready, empty, STAGES)
         _invalidate(turn, 2)
 
 

@@ -62,8 +62,10 @@ if HAVE_GLUON:
         REGS_CONSUMER,
         REGS_LOADER,
         _barriers,
+        _free_ring,
         _invalidate,
         _mma_layout,
+        _ring,
         _tile,
         _tiles,
         _tma_load,
@@ -247,14 +249,12 @@ if HAVE_GLUON:
         v_smem = _tiles(v_desc, 2)
         kv_bars = _barriers(1, 1)
         kv_bar = kv_bars.index(0)
-        ready = _barriers(STAGES, 1)
-        empty = _barriers(STAGES, 2)  # one arrival per consumer warpgroup
+        ready, empty = _ring(STAGES)
         if ATOMIC_DQ:  # two buffers of both warpgroups' dS^T rows; each warpgroup's dS K tile
             ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, BLOCK_M], dk_desc.dtype)
             ds_smem = gl.allocate_shared_memory(dk_desc.dtype, [4, ROWS, BLOCK_M], ds_layout)  # buffer*2 + WG
             dq_smem = _tiles(dq_desc, 2)
-            ds_full = _barriers(2, 2)  # both warpgroups' rows written
-            ds_empty = _barriers(2, 1)  # dS K read them
+            ds_full, ds_empty = _ring(2, FILLS=2, FREES=1)  # both warpgroups' rows written; dS K read them
         else:
             ds_smem = k_smem  # unused
             dq_smem = k_smem
@@ -288,11 +288,9 @@ if HAVE_GLUON:
         )  # fmt: skip
 
         _invalidate(kv_bars, 1)
-        _invalidate(ready, STAGES)
-        _invalidate(empty, STAGES)
+        _free_ring(ready, empty, STAGES)
         if ATOMIC_DQ:
-            _invalidate(ds_full, 2)
-            _invalidate(ds_empty, 2)
+            _free_ring(ds_full, ds_empty, 2)
 
 
 def dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse: torch.Tensor,

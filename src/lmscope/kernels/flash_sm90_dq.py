@@ -42,10 +42,12 @@ if HAVE_GLUON:
         REGS_CONSUMER,
         REGS_LOADER,
         _barriers,
+        _free_ring,
         _invalidate,
         _key_tiles,
         _mma_layout,
         _query_block,
+        _ring,
         _tile,
         _tiles,
         _tma_load,
@@ -176,8 +178,7 @@ if HAVE_GLUON:
         v_smem = _tiles(v_desc, STAGES)
         rows_bars = _barriers(1, 1)
         rows_bar = rows_bars.index(0)
-        ready = _barriers(STAGES, 1)
-        empty = _barriers(STAGES, 2)  # one arrival per consumer warpgroup
+        ready, empty = _ring(STAGES)
 
         n_tiles, full_hi = _key_tiles(start_m, n_k, BLOCK_M, BLOCK_N, CAUSAL)
 
@@ -198,8 +199,7 @@ if HAVE_GLUON:
         )  # fmt: skip
 
         _invalidate(rows_bars, 1)
-        _invalidate(ready, STAGES)
-        _invalidate(empty, STAGES)
+        _free_ring(ready, empty, STAGES)
 
 
 def dq_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, o: torch.Tensor,

@@ -164,10 +164,16 @@ def times(rows: list) -> None:
 # read these module attributes at each call.
 VARIANTS = {
     "default": {},
+    "atomic dQ": {(fa, "DQ_MODE"): "atomic"},
+    "atomic dQ, 2 stages at d 128": {(fa, "DQ_MODE"): "atomic",
+                                     (flash_sm90_dkdv, "ATOMIC_STAGES"): {64: 3, 128: 2}},
+    "atomic dQ, L, D ahead at d 128": {(fa, "DQ_MODE"): "atomic",
+                                       (flash_sm90_dkdv, "PREFETCH"): {64: True, 128: True}},
     "separate dQ": {(fa, "DQ_MODE"): "separate"},
-    "atomic dQ on time": {(flash_sm90_dkdv, "DQ_LAG"): 0},
-    "atomic dQ, 2 stages": {(flash_sm90_dkdv, "ATOMIC_STAGES"): {64: 2, 128: 2}},
-    "atomic dQ, 4 stages": {(flash_sm90_dkdv, "ATOMIC_STAGES"): {64: 4, 128: 2}},
+    "separate dQ, L, D ahead at d 128": {(fa, "DQ_MODE"): "separate",
+                                         (flash_sm90_dkdv, "PREFETCH"): {64: True, 128: True}},
+    "atomic dQ, halves at d 64": {(fa, "DQ_MODE"): "atomic",
+                                  (flash_sm90_dkdv, "DQ_SPLIT"): {64: True, 128: True}},
 }
 
 
@@ -194,6 +200,8 @@ def _long_context():
 
 
 def variants(rows: list) -> None:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     for name, overrides in VARIANTS.items():  # correctness first: every case, mode gluon-all
         with _overridden(overrides):
             checked: list[dict] = []
@@ -201,6 +209,12 @@ def variants(rows: list) -> None:
         rows.extend(dict(r, variant=name) for r in checked)
     broken = {r["variant"] for r in rows if not r["ok"]}
     for (b, h, n, d), leaves, do in _long_context():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):  # the same call's cuDNN, for scale
+            both = _median(lambda x=leaves, g=do: torch.autograd.backward(
+                torch.nn.functional.scaled_dot_product_attention(*x, is_causal=True), g))
+        rows.append(dict(shape=[b, h, n, d], variant="sdpa-cudnn", fwd_bwd_ms=both[0], fwd_bwd_p20=both[1],
+                         fwd_bwd_p80=both[2], status="ok"))  # fmt: skip
+        print(rows[-1], flush=True)
         for name, overrides in VARIANTS.items():
             if name in broken:
                 continue

@@ -360,17 +360,18 @@ def serves(q: torch.Tensor, work: int) -> bool:
     )
 
 
-def describe(x: torch.Tensor, rows: int) -> TensorDescriptor:
-    """The TMA descriptor of a (Z, H, n, d) tensor's (rows, d) tiles, 4-d in its memory order,
-    with the default swizzled shared-memory layout for that tile."""
+def describe(x: torch.Tensor, rows: int, cols: int | None = None) -> TensorDescriptor:
+    """The TMA descriptor of a (Z, H, n, d) tensor's (rows, cols) tiles (cols: all d by default),
+    4-d in its memory order, with the default swizzled shared-memory layout for that tile."""
     z, h, n, d = x.shape
+    cols = d if cols is None else cols
     sz, sh, sn, _ = x.stride()
     gl_dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[x.dtype]
     if token_major(x):
-        block = [1, rows, 1, d]
+        block = [1, rows, 1, cols]
         return TensorDescriptor(x, [z, n, h, d], [sz, sn, sh, 1], block,
                                 gl.NVMMASharedLayout.get_default_for(block, gl_dtype))  # fmt: skip
-    block = [1, 1, rows, d]
+    block = [1, 1, rows, cols]
     return TensorDescriptor(x, [z, h, n, d], [sz, sh, sn, 1], block,
                             gl.NVMMASharedLayout.get_default_for(block, gl_dtype))  # fmt: skip
 

@@ -41,10 +41,11 @@ STAGES = 3  # Q/dO ring depth
 # its reduce-adds beat the separate dQ kernel, at 128 they lose (registers spill, two ring
 # stages); docs/kernels/flash_attention_backward_notes.md, variant 9.
 ATOMIC_HEAD_DIMS = (64,)
-ATOMIC_STAGES = {64: 3, 128: 2}  # the ring with dQ's reduce-adds (their buffers take shared memory)
+ATOMIC_STAGES = {64: 3, 128: 3}  # the ring with dQ's reduce-adds (their buffers take shared memory)
 PREFETCH = {64: True, 128: False}  # per head dim: each query tile's L and D loaded a tile ahead
 DQ_LAG = 1  # atomic dQ: tile j's dS K done at the end of tile j (0) or of tile j + 1 (1: its dS^T
 # halves are long written when the warpgroup whose turn it is gets to them); no other value
+DQ_SPLIT = {64: False, 128: True}  # per head dim: both warpgroups add half of dQ's columns each tile
 NUM_WARPS = 4  # the default partition: the first consumer warpgroup
 
 if HAVE_GLUON:
@@ -96,18 +97,23 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _rows(LSE, DELTA, row_base, offs_m, n_q):
-        """(L log2 e, D) of the queries offs_m (zero past n_q)."""
+        """(L log2 e, D) of the queries offs_m (zero past n_q), in offs_m's layout. The consumers
+        load them compact (one query a thread at most) and convert them to the score tile's
+        column layout where they are used: loaded in that layout, a tile's L and D and their
+        addresses take dozens of registers a thread through the loop, and spill at head dim 128."""
         m_ok = offs_m < n_q
         lse2 = gl.load(LSE + row_base + offs_m, mask=m_ok, other=0.0) * 1.4426950408889634
         return lse2, gl.load(DELTA + row_base + offs_m, mask=m_ok, other=0.0)
 
     @gluon.jit
-    def _probabilities(s_t, lse2, m_ok, offs_m, offs_n, start_m, mask_below, n_q, qk_scale,
-                       CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr):  # fmt: skip
+    def _probabilities(s_t, lse2, offs_n, start_m, mask_below, n_q, qk_scale, CAUSAL: gl.constexpr,
+                       BLOCK_M: gl.constexpr):  # fmt: skip
         """P^T of one query tile, masked on the diagonal tiles and at the ragged end."""
-        p_t = gl.exp2(s_t * qk_scale - gl.expand_dims(lse2, 0))
+        col_s: gl.constexpr = gl.SliceLayout(0, s_t.type.layout)
+        p_t = gl.exp2(s_t * qk_scale - gl.expand_dims(gl.convert_layout(lse2, col_s), 0))
         if (start_m < mask_below) | (start_m + BLOCK_M > n_q):
-            keep = gl.expand_dims(m_ok, 0)
+            offs_m = start_m + gl.arange(0, BLOCK_M, layout=col_s)
+            keep = gl.expand_dims(offs_m < n_q, 0)
             if CAUSAL:
                 keep = keep & (gl.expand_dims(offs_m, 0) >= gl.expand_dims(offs_n, 1))
             p_t = gl.where(keep, p_t, 0.0)
@@ -134,11 +140,35 @@ if HAVE_GLUON:
             _tma_reduce_add(dq_desc, [0, off_bh, m_lo + t * BLOCK_M, 0], dq_buf)
 
     @gluon.jit
+    def _dq_half(ds_smem, k0, k1, dq_buf, ds_full, ds_empty, dq_desc, off_bh, t, m_lo, WG: gl.constexpr,
+                 BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr):  # fmt: skip
+        """This warpgroup's half of tile t's dQ share (head-dim columns WG * HEAD_DIM / 2 on):
+        dS K over both warpgroups' keys, added to dQ's float32 rows by a TMA reduce-add; frees
+        tile t's dS buffers once both halves are done (FlashAttention-3's split: half the
+        registers and shared memory of a whole share)."""
+        HALF: gl.constexpr = HEAD_DIM // 2
+        buf = t % 2
+        mbarrier.wait(ds_full.index(buf), (t // 2) & 1)
+        acc = gl.zeros([BLOCK_M, HALF], gl.float32, layout=_mma_layout(gl.num_warps(), HALF))
+        tok = warpgroup_mma(ds_smem.index(2 * buf).permute((1, 0)), k0.slice(WG * HALF, HALF, dim=1), acc,
+                            use_acc=False, is_async=True)  # fmt: skip
+        tok = warpgroup_mma(ds_smem.index(2 * buf + 1).permute((1, 0)), k1.slice(WG * HALF, HALF, dim=1), tok,
+                            is_async=True)  # fmt: skip
+        dq = warpgroup_mma_wait(0, deps=(tok,))
+        tma.store_wait(pendings=0)  # this warpgroup's last reduce-add has read dq_buf
+        dq_buf.reshape([BLOCK_M, HALF]).store(dq)
+        fence_async_shared()
+        _warps_barrier()
+        mbarrier.arrive(ds_empty.index(buf))
+        _tma_reduce_add(dq_desc, [0, off_bh, m_lo + t * BLOCK_M, WG * HALF], dq_buf)
+
+    @gluon.jit
     def _consumer(q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready, empty, ds_full, ds_empty,
                   dk_desc, dv_desc, dq_desc, LSE, DELTA, z, h, off_bh, start_n, m_lo, n_steps, mask_below,
                   n_q, n_k, qk_scale, sm_scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr,
                   CAUSAL: gl.constexpr, ROWS: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-                  PREFETCH: gl.constexpr, ATOMIC_DQ: gl.constexpr, DQ_LAG: gl.constexpr):  # fmt: skip
+                  PREFETCH: gl.constexpr, ATOMIC_DQ: gl.constexpr, DQ_LAG: gl.constexpr,
+                  DQ_SPLIT: gl.constexpr):  # fmt: skip
         """One warpgroup's ROWS keys: dK, dV over the query tiles, then stored by TMA. With
         ATOMIC_DQ also the program's share of dQ, ``dS K`` over both warpgroups' keys, added to
         dq_desc's float32 rows by a TMA reduce-add (the five-matmul backward; no dQ kernel): each
@@ -152,18 +182,21 @@ if HAVE_GLUON:
         op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
         col_s: gl.constexpr = gl.SliceLayout(0, s_layout)  # per query (columns of S^T)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)  # per key (rows of S^T)
+        flat: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])  # per query, compact
 
         first_key = start_n + WG * ROWS
         k = k_smem.index(WG).reshape([ROWS, HEAD_DIM])
         v = v_smem.index(WG).reshape([ROWS, HEAD_DIM])
         offs_n = first_key + gl.arange(0, ROWS, layout=row_s)
-        offs_mb = gl.arange(0, BLOCK_M, layout=col_s)
+        offs_mb = gl.arange(0, BLOCK_M, layout=flat)
         row_base = off_bh.to(gl.int64) * n_q
         dk = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=acc_layout)
         dv = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=acc_layout)
         s_zero = gl.zeros([ROWS, BLOCK_M], gl.float32, layout=s_layout)
         if ATOMIC_DQ:
             k_other = k_smem.index(1 - WG).reshape([ROWS, HEAD_DIM])
+            k0 = k_smem.index(0).reshape([ROWS, HEAD_DIM])
+            k1 = k_smem.index(1).reshape([ROWS, HEAD_DIM])
             dq_buf = dq_smem.index(WG)
             dq_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=acc_layout)
 
@@ -179,7 +212,6 @@ if HAVE_GLUON:
             dp_tok = warpgroup_mma(v, do.permute((1, 0)), s_zero, use_acc=False, is_async=True)
             start_m = m_lo + j * BLOCK_M
             offs_m = start_m + offs_mb
-            m_ok = offs_m < n_q
             if PREFETCH:  # this tile's L, D came one tile ahead; the next tile's load now
                 lse2, delta = lse2_next, delta_next
                 lse2_next, delta_next = _rows(LSE, DELTA, row_base, offs_m + BLOCK_M, n_q)
@@ -187,12 +219,11 @@ if HAVE_GLUON:
                 lse2, delta = _rows(LSE, DELTA, row_base, offs_m, n_q)
             # P^T as soon as S^T is done; dV += P^T dO runs while dS^T is formed
             s_t = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
-            p_t = _probabilities(s_t, lse2, m_ok, offs_m, offs_n, start_m, mask_below, n_q, qk_scale,
-                                 CAUSAL, BLOCK_M)  # fmt: skip
+            p_t = _probabilities(s_t, lse2, offs_n, start_m, mask_below, n_q, qk_scale, CAUSAL, BLOCK_M)
             p_op = gl.convert_layout(p_t.to(dtype), op_layout)
             dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)
             dp_t = warpgroup_mma_wait(num_outstanding=1, deps=(dp_tok,))
-            ds_t = (p_t * (dp_t - gl.expand_dims(delta, 0))).to(dtype)
+            ds_t = (p_t * (dp_t - gl.expand_dims(gl.convert_layout(delta, col_s), 0))).to(dtype)
             ds_op = gl.convert_layout(ds_t, op_layout)
             dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)
             dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p_op, ds_op))
@@ -200,7 +231,8 @@ if HAVE_GLUON:
                 # (stored after the wait: ptxas 12.8 crashes on a shared store and fence before it)
                 buf = j % 2
                 mbarrier.wait(ds_empty.index(buf), ((j // 2) - 1) & 1, pred=j >= 2)
-                tma.store_wait(pendings=0)  # this warpgroup's last reduce-add has read dq_buf
+                if not DQ_SPLIT:
+                    tma.store_wait(pendings=0)  # this warpgroup's last reduce-add has read dq_buf
                 ds_smem.index(2 * buf + WG).store(ds_t)
                 fence_async_shared()
             _warps_barrier()  # this warpgroup's four warps are past tile j: release its stage
@@ -208,14 +240,24 @@ if HAVE_GLUON:
             if ATOMIC_DQ:
                 mbarrier.arrive(ds_full.index(buf))
                 t = j - DQ_LAG
-                _dq_share(ds_smem, k, k_other, dq_buf, dq_zero, ds_full, ds_empty, dq_desc, off_bh, t, m_lo,
-                          (t >= 0) & (t % 2 == WG), WG, BLOCK_M, HEAD_DIM)  # fmt: skip
+                if DQ_SPLIT:
+                    if t >= 0:
+                        _dq_half(ds_smem, k0, k1, dq_buf, ds_full, ds_empty, dq_desc, off_bh, t, m_lo, WG,
+                                 BLOCK_M, HEAD_DIM)  # fmt: skip
+                else:
+                    _dq_share(ds_smem, k, k_other, dq_buf, dq_zero, ds_full, ds_empty, dq_desc, off_bh, t,
+                              m_lo, (t >= 0) & (t % 2 == WG), WG, BLOCK_M, HEAD_DIM)  # fmt: skip
 
         if ATOMIC_DQ:
             if DQ_LAG:  # the last tile's share
                 last = n_steps - 1
-                _dq_share(ds_smem, k, k_other, dq_buf, dq_zero, ds_full, ds_empty, dq_desc, off_bh, last,
-                          m_lo, (last >= 0) & (last % 2 == WG), WG, BLOCK_M, HEAD_DIM)  # fmt: skip
+                if DQ_SPLIT:
+                    if last >= 0:
+                        _dq_half(ds_smem, k0, k1, dq_buf, ds_full, ds_empty, dq_desc, off_bh, last, m_lo, WG,
+                                 BLOCK_M, HEAD_DIM)  # fmt: skip
+                else:
+                    _dq_share(ds_smem, k, k_other, dq_buf, dq_zero, ds_full, ds_empty, dq_desc, off_bh, last,
+                              m_lo, (last >= 0) & (last % 2 == WG), WG, BLOCK_M, HEAD_DIM)  # fmt: skip
             # the other warpgroup's dS K reads this K: wait until its last one is done
             for back in gl.static_range(1, 3):
                 last = gl.maximum(n_steps - back, 0)
@@ -235,6 +277,7 @@ if HAVE_GLUON:
         HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, TOKEN_MAJOR: gl.constexpr,
         DO_TOKEN_MAJOR: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
         STAGES: gl.constexpr, PREFETCH: gl.constexpr, ATOMIC_DQ: gl.constexpr, DQ_LAG: gl.constexpr,
+        DQ_SPLIT: gl.constexpr,
     ):  # fmt: skip
         # Every head's first key block (the most queries, under causal masking) first.
         off_bh = gl.program_id(0)
@@ -254,7 +297,9 @@ if HAVE_GLUON:
             ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, BLOCK_M], dk_desc.dtype)
             ds_smem = gl.allocate_shared_memory(dk_desc.dtype, [4, ROWS, BLOCK_M], ds_layout)  # buffer*2 + WG
             dq_smem = _tiles(dq_desc, 2)
-            ds_full, ds_empty = _ring(2, FILLS=2, FREES=1)  # both warpgroups' rows written; dS K read them
+            # a buffer is full once both warpgroups wrote their rows, free once dS K read them (the
+            # warpgroup whose turn it was, or both with DQ_SPLIT)
+            ds_full, ds_empty = _ring(2, FILLS=2, FREES=2 if DQ_SPLIT else 1)
         else:
             ds_smem = k_smem  # unused
             dq_smem = k_smem
@@ -274,11 +319,11 @@ if HAVE_GLUON:
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready, empty, ds_full,
                              ds_empty, dk_desc, dv_desc, dq_desc, LSE, DELTA, z, h, off_bh, start_n, m_lo,
                              n_steps, mask_below, n_q, n_k, qk_scale, sm_scale, 0, HEAD_DIM, CAUSAL, ROWS,
-                             BLOCK_M, STAGES, PREFETCH, ATOMIC_DQ, DQ_LAG)),
+                             BLOCK_M, STAGES, PREFETCH, ATOMIC_DQ, DQ_LAG, DQ_SPLIT)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready, empty, ds_full,
                              ds_empty, dk_desc, dv_desc, dq_desc, LSE, DELTA, z, h, off_bh, start_n, m_lo,
                              n_steps, mask_below, n_q, n_k, qk_scale, sm_scale, 1, HEAD_DIM, CAUSAL, ROWS,
-                             BLOCK_M, STAGES, PREFETCH, ATOMIC_DQ, DQ_LAG)),
+                             BLOCK_M, STAGES, PREFETCH, ATOMIC_DQ, DQ_LAG, DQ_SPLIT)),
                 (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready,
                            empty, z, h, start_n, m_lo, n_steps, TOKEN_MAJOR, DO_TOKEN_MAJOR, ROWS, BLOCK_M,
                            STAGES)),
@@ -305,14 +350,17 @@ def dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Ten
     describe, token_major = flash_sm90.describe, flash_sm90.token_major
     if DQ_LAG not in (0, 1):  # the kernel drains one late tile and waits on two dS buffers
         raise ValueError(f"flash_sm90_dkdv.DQ_LAG must be 0 or 1, got {DQ_LAG!r}")
-    dq_desc = None if dq_acc is None else describe(dq_acc[: z * h * n_q * d].view(1, z * h, n_q, d), BLOCK_M)
+    dq_cols = d // 2 if DQ_SPLIT[d] else d
+    dq_desc = None if dq_acc is None else describe(dq_acc[: z * h * n_q * d].view(1, z * h, n_q, d), BLOCK_M,
+                                                   dq_cols)  # fmt: skip
     args = dict(q_desc=describe(q, BLOCK_M), k_desc=describe(k, rows), v_desc=describe(v, rows),
                 do_desc=describe(do, BLOCK_M), dk_desc=describe(dk, rows), dv_desc=describe(dv, rows),
                 dq_desc=dq_desc, LSE=lse, DELTA=delta, H=h, n_q=n_q, n_k=n_k, qk_scale=qk_scale,
                 sm_scale=sm_scale,
                 HEAD_DIM=d, CAUSAL=bool(causal), TOKEN_MAJOR=token_major(q), DO_TOKEN_MAJOR=token_major(do),
                 BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES if dq_acc is None else ATOMIC_STAGES[d],
-                PREFETCH=PREFETCH[d], ATOMIC_DQ=dq_acc is not None, DQ_LAG=DQ_LAG)  # fmt: skip
+                PREFETCH=PREFETCH[d], ATOMIC_DQ=dq_acc is not None, DQ_LAG=DQ_LAG,
+                DQ_SPLIT=DQ_SPLIT[d])  # fmt: skip
     return (z * h, (n_k + BLOCK_N - 1) // BLOCK_N), args
 
 

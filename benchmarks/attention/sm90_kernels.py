@@ -164,16 +164,10 @@ def times(rows: list) -> None:
 # read these module attributes at each call.
 VARIANTS = {
     "default": {},
-    "atomic dQ": {(fa, "DQ_MODE"): "atomic"},
-    "atomic dQ, 2 stages at d 128": {(fa, "DQ_MODE"): "atomic",
-                                     (flash_sm90_dkdv, "ATOMIC_STAGES"): {64: 3, 128: 2}},
-    "atomic dQ, L, D ahead at d 128": {(fa, "DQ_MODE"): "atomic",
-                                       (flash_sm90_dkdv, "PREFETCH"): {64: True, 128: True}},
     "separate dQ": {(fa, "DQ_MODE"): "separate"},
-    "separate dQ, L, D ahead at d 128": {(fa, "DQ_MODE"): "separate",
-                                         (flash_sm90_dkdv, "PREFETCH"): {64: True, 128: True}},
-    "atomic dQ, halves at d 64": {(fa, "DQ_MODE"): "atomic",
-                                  (flash_sm90_dkdv, "DQ_SPLIT"): {64: True, 128: True}},
+    "L, D not ahead at d 128": {(flash_sm90_dkdv, "PREFETCH"): {64: True, 128: False}},
+    "L, D compact at d 64": {(flash_sm90_dkdv, "COMPACT_ROWS"): {64: True, 128: True}},
+    "L, D in the columns' layout at d 128": {(flash_sm90_dkdv, "COMPACT_ROWS"): {64: False, 128: False}},
 }
 
 

@@ -37,12 +37,16 @@ ENABLED = env_flag("LMSCOPE_FLASH_SM90_DKDV", default=True)  # off: the Triton d
 BLOCK_M = 64  # queries per step
 BLOCK_N = 128  # keys per program: two warpgroups of 64
 STAGES = 3  # Q/dO ring depth
-# Head dims where flash_attention's "auto" dQ mode takes the atomic path with this kernel: at 64
-# its reduce-adds beat the separate dQ kernel, at 128 they lose (registers spill, two ring
-# stages); docs/kernels/flash_attention_backward_notes.md, variant 9.
-ATOMIC_HEAD_DIMS = (64,)
+# Head dims where flash_attention's "auto" dQ mode takes the atomic path with this kernel (where
+# its reduce-adds beat the separate dQ kernel: docs/kernels/flash_attention_backward_notes.md,
+# variants 9 and 10).
+ATOMIC_HEAD_DIMS = (64, 128)
 ATOMIC_STAGES = {64: 3, 128: 3}  # the ring with dQ's reduce-adds (their buffers take shared memory)
-PREFETCH = {64: True, 128: False}  # per head dim: each query tile's L and D loaded a tile ahead
+PREFETCH = {64: True, 128: True}  # per head dim: each query tile's L and D loaded a tile ahead
+# per head dim: L and D loaded compact, one query a thread at most, and converted to the score
+# tile's column layout where used (at 128 loaded in that layout they spill; at 64 the conversions,
+# through shared memory, cost more than they save: variant 10 of the notes)
+COMPACT_ROWS = {64: False, 128: True}
 DQ_LAG = 1  # atomic dQ: tile j's dS K done at the end of tile j (0) or of tile j + 1 (1: its dS^T
 # halves are long written when the warpgroup whose turn it is gets to them); no other value
 DQ_SPLIT = {64: False, 128: True}  # per head dim: both warpgroups add half of dQ's columns each tile
@@ -97,10 +101,8 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _rows(LSE, DELTA, row_base, offs_m, n_q):
-        """(L log2 e, D) of the queries offs_m (zero past n_q), in offs_m's layout. The consumers
-        load them compact (one query a thread at most) and convert them to the score tile's
-        column layout where they are used: loaded in that layout, a tile's L and D and their
-        addresses take dozens of registers a thread through the loop, and spill at head dim 128."""
+        """(L log2 e, D) of the queries offs_m (zero past n_q), in offs_m's layout: the score
+        tile's column layout, or compact (``COMPACT_ROWS``) and converted where used."""
         m_ok = offs_m < n_q
         lse2 = gl.load(LSE + row_base + offs_m, mask=m_ok, other=0.0) * 1.4426950408889634
         return lse2, gl.load(DELTA + row_base + offs_m, mask=m_ok, other=0.0)
@@ -167,8 +169,8 @@ if HAVE_GLUON:
                   dk_desc, dv_desc, dq_desc, LSE, DELTA, z, h, off_bh, start_n, m_lo, n_steps, mask_below,
                   n_q, n_k, qk_scale, sm_scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr,
                   CAUSAL: gl.constexpr, ROWS: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-                  PREFETCH: gl.constexpr, ATOMIC_DQ: gl.constexpr, DQ_LAG: gl.constexpr,
-                  DQ_SPLIT: gl.constexpr):  # fmt: skip
+                  PREFETCH: gl.constexpr, COMPACT_ROWS: gl.constexpr, ATOMIC_DQ: gl.constexpr,
+                  DQ_LAG: gl.constexpr, DQ_SPLIT: gl.constexpr):  # fmt: skip
         """One warpgroup's ROWS keys: dK, dV over the query tiles, then stored by TMA. With
         ATOMIC_DQ also the program's share of dQ, ``dS K`` over both warpgroups' keys, added to
         dq_desc's float32 rows by a TMA reduce-add (the five-matmul backward; no dQ kernel): each
@@ -188,7 +190,7 @@ if HAVE_GLUON:
         k = k_smem.index(WG).reshape([ROWS, HEAD_DIM])
         v = v_smem.index(WG).reshape([ROWS, HEAD_DIM])
         offs_n = first_key + gl.arange(0, ROWS, layout=row_s)
-        offs_mb = gl.arange(0, BLOCK_M, layout=flat)
+        offs_mb = gl.arange(0, BLOCK_M, layout=flat if COMPACT_ROWS else col_s)
         row_base = off_bh.to(gl.int64) * n_q
         dk = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=acc_layout)
         dv = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=acc_layout)
@@ -276,8 +278,8 @@ if HAVE_GLUON:
         H, n_q, n_k, qk_scale, sm_scale,
         HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, TOKEN_MAJOR: gl.constexpr,
         DO_TOKEN_MAJOR: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-        STAGES: gl.constexpr, PREFETCH: gl.constexpr, ATOMIC_DQ: gl.constexpr, DQ_LAG: gl.constexpr,
-        DQ_SPLIT: gl.constexpr,
+        STAGES: gl.constexpr, PREFETCH: gl.constexpr, COMPACT_ROWS: gl.constexpr, ATOMIC_DQ: gl.constexpr,
+        DQ_LAG: gl.constexpr, DQ_SPLIT: gl.constexpr,
     ):  # fmt: skip
         # Every head's first key block (the most queries, under causal masking) first.
         off_bh = gl.program_id(0)
@@ -319,11 +321,13 @@ if HAVE_GLUON:
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready, empty, ds_full,
                              ds_empty, dk_desc, dv_desc, dq_desc, LSE, DELTA, z, h, off_bh, start_n, m_lo,
                              n_steps, mask_below, n_q, n_k, qk_scale, sm_scale, 0, HEAD_DIM, CAUSAL, ROWS,
-                             BLOCK_M, STAGES, PREFETCH, ATOMIC_DQ, DQ_LAG, DQ_SPLIT)),
+                             BLOCK_M, STAGES, PREFETCH, COMPACT_ROWS, ATOMIC_DQ, DQ_LAG,
+                             DQ_SPLIT)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready, empty, ds_full,
                              ds_empty, dk_desc, dv_desc, dq_desc, LSE, DELTA, z, h, off_bh, start_n, m_lo,
                              n_steps, mask_below, n_q, n_k, qk_scale, sm_scale, 1, HEAD_DIM, CAUSAL, ROWS,
-                             BLOCK_M, STAGES, PREFETCH, ATOMIC_DQ, DQ_LAG, DQ_SPLIT)),
+                             BLOCK_M, STAGES, PREFETCH, COMPACT_ROWS, ATOMIC_DQ, DQ_LAG,
+                             DQ_SPLIT)),
                 (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready,
                            empty, z, h, start_n, m_lo, n_steps, TOKEN_MAJOR, DO_TOKEN_MAJOR, ROWS, BLOCK_M,
                            STAGES)),
@@ -359,8 +363,8 @@ def dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Ten
                 sm_scale=sm_scale,
                 HEAD_DIM=d, CAUSAL=bool(causal), TOKEN_MAJOR=token_major(q), DO_TOKEN_MAJOR=token_major(do),
                 BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES if dq_acc is None else ATOMIC_STAGES[d],
-                PREFETCH=PREFETCH[d], ATOMIC_DQ=dq_acc is not None, DQ_LAG=DQ_LAG,
-                DQ_SPLIT=DQ_SPLIT[d])  # fmt: skip
+                PREFETCH=PREFETCH[d], COMPACT_ROWS=COMPACT_ROWS[d], ATOMIC_DQ=dq_acc is not None,
+                DQ_LAG=DQ_LAG, DQ_SPLIT=DQ_SPLIT[d])  # fmt: skip
     return (z * h, (n_k + BLOCK_N - 1) // BLOCK_N), args
 
 

@@ -9,7 +9,8 @@
 #                    FLOP counter, NVML energy, saved activations, probe, provenance, sources)
 #   attention   115  the leaderboard preset (every peer in one run), issue 19's six shapes (ours,
 #                    SDPA flash, SDPA cuDNN; fwd+bwd), and the host-time breakdown at xl's layer
-#                    (ATTENTION_S seconds: all six shapes need about 240)
+#                    (ATTENTION_S seconds: all six shapes need about 240); do_bench's rep is REP_MS
+#                    (default 1000: at do_bench's 100 a 30 ms call is timed three times)
 #   native      420  the C++ host path (lmscope.kernels.flash_native): its build, its GPU tests,
 #                    host_native.py at xl's and 2.7B's layers, the short shapes with it on and off
 #   host         40  the host-time breakdown alone (also part of attention), whole output in
@@ -32,7 +33,7 @@
 #   dq-modes    300  the long-context shapes of issue 19 (16k d64, 8k and 32k d128, 8x1024 d64):
 #                    ours in each dQ mode of DQ_MODES (default "separate atomic"; the "tma" mode
 #                    it measured first is gone since), cuDNN beside each, fwd, bwd and fwd+bwd
-#                    (DQ_MODES_S seconds); first the GPU tests of the atomic mode and of head
+#                    (DQ_MODES_S seconds, REP_MS as above); first the GPU tests of the atomic mode and of head
 #                    dims 80, 96, 128
 #   wide-small  200  the short shapes of issue 19 (8x1024 d64, xl, 2.7B): ours with the default and
 #                    the wide config lists (LMSCOPE_FLASH_WIDE=1), cuDNN and SDPA flash beside each,
@@ -82,7 +83,7 @@ if stage tests 75; then
 fi
 if stage attention "${ATTENTION_S:-115}"; then
   A=(--impl flash-triton,sdpa-flash,sdpa-cudnn --dtype bf16 --causal on --check-max-seq 2048
-     --reuse-worker --no-plot --timeout 120 --resume --out "$W/attention_shapes.jsonl")
+     --reuse-worker --no-plot --timeout 120 --resume --rep-ms "${REP_MS:-1000}" --out "$W/attention_shapes.jsonl")
   deadline=$((SECONDS + ${ATTENTION_S:-115}))
   limit 30 "${LM[@]}" attention --preset leaderboard --compare impl --reuse-worker --timeout 120 \
     --resume --out "$W/leaderboard.jsonl"
@@ -106,7 +107,7 @@ if stage dq-modes "${DQ_MODES_S:-300}"; then
   limit 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_flash_attention_triton.py \
     -k "atomic or 128 or 80 or 96" 2>&1 | tail -8
   D=(--impl flash-triton,sdpa-cudnn --dtype bf16 --causal on --check-max-seq 2048 --reuse-worker
-     --no-plot --timeout 150 --resume --passes fwd,bwd,fwd_bwd)
+     --no-plot --timeout 150 --resume --rep-ms "${REP_MS:-1000}" --passes fwd,bwd,fwd_bwd)
   for shape in "1 16 16384 64" "1 16 8192 128" "8 16 1024 64" "1 16 32768 128"; do
     set -- $shape
     for mode in ${DQ_MODES:-separate atomic}; do

@@ -322,9 +322,12 @@ def test_gpu_flash_attention_takes_the_gluon_kernels_and_keeps_the_gradients(tok
         o = fa.flash_attention(*leaves, causal=True)
         o.backward(do)
         launched = {name: calls[name] - before[name] for name in calls}
-        assert launched == dict.fromkeys(calls, int(min_work == 1))
-        kind = "gluon-sm90" if min_work == 1 else "triton"
-        assert fa.last_kernels() == {"forward": kind, "dq": kind, "dkdv": kind}
+        gluon = min_work == 1
+        atomic = gluon and 128 in flash_sm90_dkdv.ATOMIC_HEAD_DIMS  # the "auto" dQ mode's choice
+        assert launched == {"forward": int(gluon), "dq": int(gluon and not atomic), "dkdv": int(gluon)}
+        kind = "gluon-sm90" if gluon else "triton"
+        dq_kind = "gluon-sm90-atomic" if atomic else kind
+        assert fa.last_kernels() == {"forward": kind, "dq": dq_kind, "dkdv": kind}
         results.append((o.detach(), *(t.grad for t in leaves)))
     fa._PLANS.clear()
     for name, ours, triton in zip(("O", "dQ", "dK", "dV"), *results, strict=True):

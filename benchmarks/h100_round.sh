@@ -33,7 +33,8 @@
 #   dq-modes    300  the long-context shapes of issue 19 (16k d64, 8k and 32k d128, 8x1024 d64):
 #                    ours in each dQ mode of DQ_MODES (default "separate atomic"; the "tma" mode
 #                    it measured first is gone since), cuDNN beside each, fwd, bwd and fwd+bwd
-#                    (DQ_MODES_S seconds, REP_MS as above); first the GPU tests of the atomic mode and of head
+#                    (DQ_MODES_S seconds, REP_MS as above; DQ_SHAPES: other shapes, "B H S d" comma
+#                    separated); first the GPU tests of the atomic mode and of head
 #                    dims 80, 96, 128
 #   wide-small  200  the short shapes of issue 19 (8x1024 d64, xl, 2.7B): ours with the default and
 #                    the wide config lists (LMSCOPE_FLASH_WIDE=1), cuDNN and SDPA flash beside each,
@@ -108,7 +109,8 @@ if stage dq-modes "${DQ_MODES_S:-300}"; then
     -k "atomic or 128 or 80 or 96" 2>&1 | tail -8
   D=(--impl flash-triton,sdpa-cudnn --dtype bf16 --causal on --check-max-seq 2048 --reuse-worker
      --no-plot --timeout 150 --resume --rep-ms "${REP_MS:-1000}" --passes fwd,bwd,fwd_bwd)
-  for shape in "1 16 16384 64" "1 16 8192 128" "8 16 1024 64" "1 16 32768 128"; do
+  IFS=, read -ra shapes <<< "${DQ_SHAPES:-1 16 16384 64,1 16 8192 128,8 16 1024 64,1 16 32768 128}"
+  for shape in "${shapes[@]}"; do
     set -- $shape
     for mode in ${DQ_MODES:-separate atomic}; do
       left=$((deadline - SECONDS))

@@ -322,30 +322,66 @@ SM90_STEPS = (  # (development call's file, its commit): benchmarks/attention/sm
 process. (v12, a1a9f65, failed its correctness check and timed nothing of the new mode.)"""
 
 
-@claim("attention-sm90-steps")
-def attention_sm90_steps(rows: Rows) -> str:
-    """fwd+bwd of each variant of the development calls at 16k d 64 and 8k d 128, over the same
-    call's default."""
+def _development_steps(rows: Rows, folder: str, steps: tuple, shapes: tuple) -> str:
+    """fwd+bwd of each variant of the development calls ``steps`` ((file, commit), in ``folder``)
+    at ``shapes`` (B, H, S, d), over the same call's default."""
     body = []
-    for name, commit in SM90_STEPS:
-        path = f"{ROUND_31}/{name}.jsonl"
-        timed = [r for r in rows.select(path) if "fwd_bwd_ms" in r]
+    for name, commit in steps:
+        timed = [r for r in rows.select(f"{folder}/{name}.jsonl") if "fwd_bwd_ms" in r]
         for variant in dict.fromkeys(r["variant"] for r in timed):
             cells = [name, commit, variant]
-            for shape in ((1, 16, 16384, 64), (1, 16, 8192, 128)):
+            for shape in shapes:
                 at = [r for r in timed if tuple(r["shape"]) == shape]
                 this = next(r for r in at if r["variant"] == variant)
                 default = next(r for r in at if r["variant"] == "default")
                 cells += [fmt(this["fwd_bwd_ms"]), ratio_text(this["fwd_bwd_ms"], default["fwd_bwd_ms"])]
             body.append(cells)
+    columns = [c for b, h, n, d in shapes for c in (f"{n // 1024}k d {d} ms", "x default")]
     return claim_block(
         "Development calls (`benchmarks/attention/sm90_kernels.py --variants`: every variant checked "
         "against float64 first, then timed fwd+bwd in one process, `do_bench` medians in ms, bf16, "
         "causal; rows without provenance fields, the commit of each call beside it). "
         "x default = over the same call's default, single medians.",
-        table(["call", "commit", "variant", "16k d 64 ms", "x default", "8k d 128 ms", "x default"], body),
-        "Rows: " + ", ".join(f"`{ROUND_31}/{name}.jsonl`" for name, _ in SM90_STEPS) + ".",
+        table(["call", "commit", "variant", *columns], body),
+        "Rows: " + ", ".join(f"`{folder}/{name}.jsonl`" for name, _ in steps) + ".",
     )
+
+
+@claim("attention-sm90-steps")
+def attention_sm90_steps(rows: Rows) -> str:
+    """Variant 9's development calls at 16k d 64 and 8k d 128."""
+    return _development_steps(rows, ROUND_31, SM90_STEPS, ((1, 16, 16384, 64), (1, 16, 8192, 128)))
+
+
+ROUND_32 = f"{ATTENTION}/32-round-h100"
+D128_STEPS = (("sm90_v16_variants", "dd0627b"), ("sm90_v17_variants", "7a5a5e4"))
+"""Variant 10's development calls, in order (each also times cuDNN, as the variant sdpa-cudnn)."""
+
+
+@claim("attention-d128-steps")
+def attention_d128_steps(rows: Rows) -> str:
+    """Variant 10's development calls at the three long-context shapes."""
+    return _development_steps(rows, ROUND_32, D128_STEPS, SM90_SHAPES)
+
+
+def _dq_auto_d128(rows: Rows, key: str) -> str:
+    """``key`` of ours with the separate dQ kernel and in the default auto mode (the five-matmul
+    backward, now also at head dim 128), one H100 call (variant 10)."""
+    shapes = ((1, 16, 8192, 128), (1, 16, 32768, 128))
+    return _variant_against_default(rows, ROUND_32, ("dq_separate", "dq_auto"), shapes,
+                                    ("separate dQ", "five matmuls"), key)  # fmt: skip
+
+
+@claim("attention-dq-auto-d128-fwd-bwd")
+def attention_dq_auto_d128_fwd_bwd(rows: Rows) -> str:
+    """Forward+backward at head dim 128, the five-matmul backward against the separate dQ kernel."""
+    return _dq_auto_d128(rows, "fwd_bwd_ms")
+
+
+@claim("attention-dq-auto-d128-bwd")
+def attention_dq_auto_d128_bwd(rows: Rows) -> str:
+    """Backward alone at head dim 128, the five-matmul backward against the separate dQ kernel."""
+    return _dq_auto_d128(rows, "bwd_ms")
 
 
 SM90_THRESHOLD_RUNS = (
@@ -570,9 +606,10 @@ def ratio_text(value: float, base: float) -> str:
     return f"{value / base:.2f}x"
 
 
-# The newest classic rows per dtype: bf16 with the five-matmul backward at head dim 64 (31-round),
-# fp32 from the grid before the Gluon kernels (the fp32 path, Triton kernels only, has not changed).
-CLASSIC_GRIDS = (f"{ATTENTION}/31-round-h100/classic.jsonl", f"{ATTENTION}/29-round-h100/classic.jsonl")
+# The newest classic rows per dtype: bf16 with the five-matmul backward at head dims 64 and 128
+# (32-round), fp32 from the grid before the Gluon kernels (the fp32 path, Triton kernels only, has
+# not changed).
+CLASSIC_GRIDS = (f"{ATTENTION}/32-round-h100/classic.jsonl", f"{ATTENTION}/29-round-h100/classic.jsonl")
 CLASSIC_PEERS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "naive", "naive-compiled",
                  "flash-torch")
 

@@ -165,6 +165,25 @@ if HAVE_GLUON:
         _tma_reduce_add(dq_desc, [0, off_bh, m_lo + t * BLOCK_M, WG * HALF], dq_buf)
 
     @gluon.jit
+    def _dq_tile(ds_smem, k_smem, dq_buf, dq_zero, ds_full, ds_empty, dq_desc, off_bh, t, m_lo,
+                 WG: gl.constexpr, ROWS: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
+                 DQ_SPLIT: gl.constexpr):  # fmt: skip
+        """Tile t's dQ share, nothing for t < 0: this warpgroup's half of the columns (DQ_SPLIT),
+        or the whole share on this warpgroup's turn."""
+        k0 = k_smem.index(0).reshape([ROWS, HEAD_DIM])
+        k1 = k_smem.index(1).reshape([ROWS, HEAD_DIM])
+        if DQ_SPLIT:
+            if t >= 0:
+                _dq_half(ds_smem, k0, k1, dq_buf, ds_full, ds_empty, dq_desc, off_bh, t, m_lo, WG, BLOCK_M,
+                         HEAD_DIM)  # fmt: skip
+        elif WG == 0:
+            _dq_share(ds_smem, k0, k1, dq_buf, dq_zero, ds_full, ds_empty, dq_desc, off_bh, t, m_lo,
+                      (t >= 0) & (t % 2 == WG), WG, BLOCK_M, HEAD_DIM)  # fmt: skip
+        else:
+            _dq_share(ds_smem, k1, k0, dq_buf, dq_zero, ds_full, ds_empty, dq_desc, off_bh, t, m_lo,
+                      (t >= 0) & (t % 2 == WG), WG, BLOCK_M, HEAD_DIM)  # fmt: skip
+
+    @gluon.jit
     def _consumer(q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready, empty, ds_full, ds_empty,
                   dk_desc, dv_desc, dq_desc, LSE, DELTA, z, h, off_bh, start_n, m_lo, n_steps, mask_below,
                   n_q, n_k, qk_scale, sm_scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr,
@@ -196,9 +215,6 @@ if HAVE_GLUON:
         dv = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=acc_layout)
         s_zero = gl.zeros([ROWS, BLOCK_M], gl.float32, layout=s_layout)
         if ATOMIC_DQ:
-            k_other = k_smem.index(1 - WG).reshape([ROWS, HEAD_DIM])
-            k0 = k_smem.index(0).reshape([ROWS, HEAD_DIM])
-            k1 = k_smem.index(1).reshape([ROWS, HEAD_DIM])
             dq_buf = dq_smem.index(WG)
             dq_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=acc_layout)
 
@@ -242,24 +258,13 @@ if HAVE_GLUON:
             if ATOMIC_DQ:
                 mbarrier.arrive(ds_full.index(buf))
                 t = j - DQ_LAG
-                if DQ_SPLIT:
-                    if t >= 0:
-                        _dq_half(ds_smem, k0, k1, dq_buf, ds_full, ds_empty, dq_desc, off_bh, t, m_lo, WG,
-                                 BLOCK_M, HEAD_DIM)  # fmt: skip
-                else:
-                    _dq_share(ds_smem, k, k_other, dq_buf, dq_zero, ds_full, ds_empty, dq_desc, off_bh, t,
-                              m_lo, (t >= 0) & (t % 2 == WG), WG, BLOCK_M, HEAD_DIM)  # fmt: skip
+                _dq_tile(ds_smem, k_smem, dq_buf, dq_zero, ds_full, ds_empty, dq_desc, off_bh, t, m_lo, WG,
+                         ROWS, BLOCK_M, HEAD_DIM, DQ_SPLIT)  # fmt: skip
 
         if ATOMIC_DQ:
             if DQ_LAG:  # the last tile's share
-                last = n_steps - 1
-                if DQ_SPLIT:
-                    if last >= 0:
-                        _dq_half(ds_smem, k0, k1, dq_buf, ds_full, ds_empty, dq_desc, off_bh, last, m_lo, WG,
-                                 BLOCK_M, HEAD_DIM)  # fmt: skip
-                else:
-                    _dq_share(ds_smem, k, k_other, dq_buf, dq_zero, ds_full, ds_empty, dq_desc, off_bh, last,
-                              m_lo, (last >= 0) & (last % 2 == WG), WG, BLOCK_M, HEAD_DIM)  # fmt: skip
+                _dq_tile(ds_smem, k_smem, dq_buf, dq_zero, ds_full, ds_empty, dq_desc, off_bh, n_steps - 1,
+                         m_lo, WG, ROWS, BLOCK_M, HEAD_DIM, DQ_SPLIT)  # fmt: skip
             # the other warpgroup's dS K reads this K: wait until its last one is done
             for back in gl.static_range(1, 3):
                 last = gl.maximum(n_steps - back, 0)

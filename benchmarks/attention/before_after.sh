@@ -3,7 +3,8 @@
 # an earlier commit (BEFORE, e.g. `git archive <commit> src | tar -x -C runs/before`, carried to the
 # GPU machine) and with this checkout's src, in the order after, before, after again:
 #   fast   the fast training step (CUDA graphs, flash attention) of xl (head dim 64) and 2.7B
-#          (head dim 80) at context 512, batch 4, bf16
+#          (head dim 80) at context 512, batch 4, bf16 (SIZES: other presets, e.g. small,...,2.7B;
+#          FAST_S: each pass's limit, default 130 s)
 #   host   host microseconds per eager fwd+bwd, ours and SDPA's (host_public.py), at xl's layer
 #   small  `lmscope attention` fwd+bwd at the short shapes of issue 19 (8x1024 d64, xl, 2.7B),
 #          ours with SDPA flash and cuDNN
@@ -24,7 +25,7 @@ for v in after before after2; do
   export PYTHONPATH=$P:gpu_deps
   echo "== $v ($LMSCOPE_GIT_SHA, $SECONDS s elapsed)"
   part() { [[ " ${PARTS:-fast host small} " == *" $1 "* ]]; }
-  part fast && timeout -s INT 130 python3 -m lmscope bench --size xl,2.7B --context-length 512 --batch-size 4 \
+  part fast && timeout -s INT "${FAST_S:-130}" python3 -m lmscope bench --size "${SIZES:-xl,2.7B}" --context-length 512 --batch-size 4 \
     --precision bf16 --mode train-step --attention flash --fast on --reuse-worker --warmup 3 --steps 10 \
     --device cuda --out "$W/fast_$v.jsonl" | tail -4
   part host && timeout -s INT 60 python3 benchmarks/attention/host_public.py --shape 4,25,512,64 --out "$W/host_$v.jsonl"

@@ -485,10 +485,16 @@ def fast_step_native_split(rows: Rows) -> str:
     return _fast_before_after(rows, ROUND_28)
 
 
-def _fast_before_after(rows: Rows, folder: str) -> str:
-    """The before_after.sh fast-step passes of ``folder`` as a table."""
+@claim("fast-step-issue19-final")
+def fast_step_issue19_final(rows: Rows) -> str:
+    """The fast step at every size, issue 19's final code against the code before the issue."""
+    return _fast_before_after(rows, ROUND_32, ("small", "medium", "large", "xl", "2.7B"))
+
+
+def _fast_before_after(rows: Rows, folder: str, sizes: tuple[str, ...] = ("xl", "2.7B")) -> str:
+    """The before_after.sh fast-step passes of ``folder`` at ``sizes`` as a table."""
     body, used = [], {}
-    for size in ("xl", "2.7B"):
+    for size in sizes:
         found = {v: rows.one(f"{folder}/fast_{v}.jsonl", size=size) for v in BEFORE_AFTER}
         for v, r in found.items():
             used.setdefault(v, []).append(r)

@@ -20,8 +20,10 @@ forward (``flash_sm90.serves``) where the tensors allow (``flash_sm90.describabl
 With a dQ accumulator (``ATOMIC_DQ``, flash_attention's atomic and auto dQ modes) it is the
 five-matmul backward: each warpgroup writes its dS^T rows to shared memory, and per query tile
 the warpgroup whose turn it is multiplies both warpgroups' rows by their K tiles (``dS K``) and
-adds the result to the float32 rows by one TMA reduce-add (``_dq_share``); no dQ kernel runs
-(variant 9 of the notes above).
+adds the result to the float32 rows by one TMA reduce-add (``_dq_share``), or, with
+``DQ_SPLIT`` (head dim 128), both warpgroups do so each tile for half of dQ's columns
+(``_dq_half``: half the registers and staging buffers); no dQ kernel runs (variants 9 and 10 of
+the notes above).
 """
 
 from __future__ import annotations
@@ -194,8 +196,8 @@ if HAVE_GLUON:
         ATOMIC_DQ also the program's share of dQ, ``dS K`` over both warpgroups' keys, added to
         dq_desc's float32 rows by a TMA reduce-add (the five-matmul backward; no dQ kernel): each
         warpgroup writes its dS^T rows to shared memory (``ds_full``), and the warpgroup whose
-        turn it is (query tile j: warpgroup j % 2) multiplies all of them, reduces the result
-        and frees the buffer (``ds_empty``)."""
+        turn it is (query tile j: warpgroup j % 2), or with DQ_SPLIT each for half the columns,
+        multiplies all of them, reduces the result and frees the buffer (``ds_empty``)."""
         num_warps: gl.constexpr = gl.num_warps()
         dtype: gl.constexpr = dk_desc.dtype
         s_layout: gl.constexpr = _mma_layout(num_warps, BLOCK_M)

@@ -294,7 +294,8 @@ def attention_dq_elementwise(rows: Rows) -> str:
 
 def _dq_auto(rows: Rows, key: str) -> str:
     """``key`` of ours with the separate dQ kernel (LMSCOPE_FLASH_DQ=separate) and in the default
-    auto mode (the five-matmul Gluon dK/dV kernel at head dim 64), one H100 call (variant 9)."""
+    auto mode (then the five-matmul Gluon dK/dV kernel at head dim 64 only), one H100 call
+    (variant 9)."""
     return _variant_against_default(rows, ROUND_31, ("dq_separate", "dq_auto"), ((1, 16, 16384, 64),),
                                     ("separate dQ", "five matmuls"), key)  # fmt: skip
 
@@ -322,6 +323,14 @@ SM90_STEPS = (  # (development call's file, its commit): benchmarks/attention/sm
 process. (v12, a1a9f65, failed its correctness check and timed nothing of the new mode.)"""
 
 
+def _only(found: list[dict], what: str) -> dict:
+    """The one row of ``found``; ClaimError where there is none or more than one (a rerun
+    appended to the file)."""
+    if len(found) != 1:
+        raise ClaimError(f"{what}: {len(found)} rows, expected one")
+    return found[0]
+
+
 def _development_steps(rows: Rows, folder: str, steps: tuple, shapes: tuple) -> str:
     """fwd+bwd of each variant of the development calls ``steps`` ((file, commit), in ``folder``)
     at ``shapes`` (B, H, S, d), over the same call's default."""
@@ -331,9 +340,8 @@ def _development_steps(rows: Rows, folder: str, steps: tuple, shapes: tuple) -> 
         for variant in dict.fromkeys(r["variant"] for r in timed):
             cells = [name, commit, variant]
             for shape in shapes:
-                at = [r for r in timed if tuple(r["shape"]) == shape]
-                this = next(r for r in at if r["variant"] == variant)
-                default = next(r for r in at if r["variant"] == "default")
+                this, default = (_only([r for r in timed if tuple(r["shape"]) == shape and r["variant"] == v],
+                                       f"{name} {v} {shape}") for v in (variant, "default"))  # fmt: skip
                 cells += [fmt(this["fwd_bwd_ms"]), ratio_text(this["fwd_bwd_ms"], default["fwd_bwd_ms"])]
             body.append(cells)
     columns = [c for b, h, n, d in shapes for c in (f"{n // 1024}k d {d} ms", "x default")]

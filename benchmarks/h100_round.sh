@@ -10,7 +10,7 @@
 #   attention   115  the leaderboard preset (every peer in one run), issue 19's six shapes (ours,
 #                    SDPA flash, SDPA cuDNN; fwd+bwd), and the host-time breakdown at xl's layer
 #                    (ATTENTION_S seconds: all six shapes need about 240); do_bench's rep is REP_MS
-#                    (default 1000: at do_bench's 100 a 30 ms call is timed three times)
+#                    (default 1000: at do_bench's 100 a 30 ms call is timed only a handful of times)
 #   native      420  the C++ host path (lmscope.kernels.flash_native): its build, its GPU tests,
 #                    host_native.py at xl's and 2.7B's layers, the short shapes with it on and off
 #   host         40  the host-time breakdown alone (also part of attention), whole output in

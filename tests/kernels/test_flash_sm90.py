@@ -97,6 +97,7 @@ CASES = [  # (B, H, n_q, n_k, d, causal, token_major, dtype)
     (1, 1, 64, 64, 128, True, False, torch.bfloat16),
     (1, 3, 129, 4099, 64, False, True, torch.bfloat16),
     (1, 2, 256, 700, 64, True, False, torch.bfloat16),  # causal key blocks past n_q: no query tiles
+    (1, 2, 256, 700, 128, True, True, torch.bfloat16),  # the same at 128 (dQ's halves)
 ]
 
 
@@ -282,6 +283,24 @@ def test_gpu_gluon_kernels_match_reference(case, dq_mode, monkeypatch):
     assert calls == {"forward": 1, "dq": int(not atomic), "dkdv": 1}
     assert fa.last_kernels()["dq"] == ("gluon-sm90-atomic" if atomic else "gluon-sm90")
     _assert_within_twice_torch(q, k, v, do, causal, o, grads, lse)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("d", flash_sm90.HEAD_DIMS)
+def test_gpu_atomic_dq_on_time_matches_reference(d, monkeypatch):
+    """The five-matmul backward with each tile's dQ share added at the end of that tile
+    (``DQ_LAG = 0``, not the default): O and gradients within 2x torch's error of float64."""
+    monkeypatch.setattr(flash_sm90, "MIN_WORK", 1)
+    monkeypatch.setattr(flash_sm90_dkdv, "DQ_LAG", 0)
+    fa._PLANS.clear()
+    q, k, v = _inputs(1, 3, 450, 517, d, True, torch.bfloat16, seed=11 * d)
+    do = torch.randn_like(q)
+    o, lse = fa.flash_attention_forward(q, k, v, True)
+    grads = fa.flash_attention_backward(do, q, k, v, o, lse, True, dq_mode="atomic")
+    fa._PLANS.clear()
+    assert fa.last_kernels()["dq"] == "gluon-sm90-atomic"
+    _assert_within_twice_torch(q, k, v, do, True, o, grads, lse)
 
 
 @pytest.mark.gpu

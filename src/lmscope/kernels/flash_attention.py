@@ -48,9 +48,9 @@ Kernels
     recompute P^T = exp2(K Q^T * c - L2), reading D. ``DQ_MODE = "atomic"`` instead computes D
     in a preprocess kernel and adds dQ from the dK/dV kernel into a zeroed float32 buffer (two
     fewer matmuls per tile pair): per-element atomics in the Triton kernel, which measured
-    slower, TMA reduce-adds in the Gluon sm_90 one, which measured faster at head dim 64; the
-    default ``"auto"`` takes the latter where it serves and the separate mode elsewhere
-    (docs/kernels/flash_attention_backward_notes.md, variants 2 and 9).
+    slower, TMA reduce-adds in the Gluon sm_90 one, which measured faster at head dims 64 and
+    128; the default ``"auto"`` takes the latter where it serves and the separate mode elsewhere
+    (docs/kernels/flash_attention_backward_notes.md, variants 2, 9 and 10).
     Tile sizes, warps and pipeline stages are autotuned from a small list per head dim, keyed on
     head dim, causal, dtype and power-of-two buckets of the sequence lengths. Once the
     autotuner has chosen for a key, the kernels are launched with its choice, skipping
@@ -123,7 +123,7 @@ MAX_HEAD_DIM = 128
 # (the Triton kernel: per-element fp32 atomics; the Gluon sm_90 kernel: one TMA reduce-add per
 # query tile and key block); "auto": atomic where the Gluon dK/dV kernel serves a head dim in
 # flash_sm90_dkdv.ATOMIC_HEAD_DIMS, separate elsewhere (docs/kernels/flash_attention_backward_notes.md,
-# variants 2 and 9).
+# variants 2, 9 and 10).
 DQ_MODE = os.environ.get("LMSCOPE_FLASH_DQ", "auto")
 # Head dims that are not powers of two (80, 96, ...) as two column tiles, not one padded tile
 # (split_head_dim); LMSCOPE_FLASH_SPLIT=0: one padded tile, the kernels' earlier layout.

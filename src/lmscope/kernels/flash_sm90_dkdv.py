@@ -46,11 +46,11 @@ ATOMIC_HEAD_DIMS = (64, 128)
 ATOMIC_STAGES = {64: 3, 128: 3}  # the ring with dQ's reduce-adds (their buffers take shared memory)
 PREFETCH = {64: True, 128: True}  # per head dim: each query tile's L and D loaded a tile ahead
 # per head dim: L and D loaded compact, one query a thread at most, and converted to the score
-# tile's column layout where used (at 128 loaded in that layout they spill; at 64 the conversions,
-# through shared memory, cost more than they save: variant 10 of the notes)
+# tile's column layout where used (at 128 loaded in that layout they spill; at 64 they do not, and
+# compact loads, converted through shared memory, measured no faster: variant 10 of the notes)
 COMPACT_ROWS = {64: False, 128: True}
-DQ_LAG = 1  # atomic dQ: tile j's dS K done at the end of tile j (0) or of tile j + 1 (1: its dS^T
-# halves are long written when the warpgroup whose turn it is gets to them); no other value
+DQ_LAG = 1  # atomic dQ: tile j's dS K done at the end of tile j (0) or of tile j + 1 (1: both
+# warpgroups' dS^T rows of tile j are long written when a warpgroup gets to them); no other value
 DQ_SPLIT = {64: False, 128: True}  # per head dim: both warpgroups add half of dQ's columns each tile
 NUM_WARPS = 4  # the default partition: the first consumer warpgroup
 
@@ -124,7 +124,7 @@ if HAVE_GLUON:
         return p_t
 
     @gluon.jit
-    def _dq_share(ds_smem, k, k_other, dq_buf, dq_zero, ds_full, ds_empty, dq_desc, off_bh, t, m_lo, turn,
+    def _dq_share(ds_smem, k, k_other, dq_buf, ds_full, ds_empty, dq_desc, off_bh, t, m_lo, turn,
                   WG: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr):  # fmt: skip
         """On this warpgroup's turn (query tile t with t % 2 == WG): dS K of tile t over both
         warpgroups' keys, added to dQ's float32 rows by a TMA reduce-add; frees tile t's dS
@@ -132,6 +132,7 @@ if HAVE_GLUON:
         buf = t % 2
         if turn:
             mbarrier.wait(ds_full.index(buf), (t // 2) & 1)
+            dq_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=_mma_layout(gl.num_warps(), HEAD_DIM))
             tok = warpgroup_mma(ds_smem.index(2 * buf + WG).permute((1, 0)), k, dq_zero, use_acc=False,
                                 is_async=True)  # fmt: skip
             tok = warpgroup_mma(ds_smem.index(2 * buf + 1 - WG).permute((1, 0)), k_other, tok, is_async=True)
@@ -167,11 +168,11 @@ if HAVE_GLUON:
         _tma_reduce_add(dq_desc, [0, off_bh, m_lo + t * BLOCK_M, WG * HALF], dq_buf)
 
     @gluon.jit
-    def _dq_tile(ds_smem, k_smem, dq_buf, dq_zero, ds_full, ds_empty, dq_desc, off_bh, t, m_lo,
+    def _dq_tile(ds_smem, k_smem, dq_buf, ds_full, ds_empty, dq_desc, off_bh, t, m_lo,
                  WG: gl.constexpr, ROWS: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
                  DQ_SPLIT: gl.constexpr):  # fmt: skip
-        """Tile t's dQ share, nothing for t < 0: this warpgroup's half of the columns (DQ_SPLIT),
-        or the whole share on this warpgroup's turn."""
+        """Tile t's dQ share (none added for t < 0): this warpgroup's half of the columns
+        (DQ_SPLIT), or the whole share on this warpgroup's turn."""
         k0 = k_smem.index(0).reshape([ROWS, HEAD_DIM])
         k1 = k_smem.index(1).reshape([ROWS, HEAD_DIM])
         if DQ_SPLIT:
@@ -179,16 +180,16 @@ if HAVE_GLUON:
                 _dq_half(ds_smem, k0, k1, dq_buf, ds_full, ds_empty, dq_desc, off_bh, t, m_lo, WG, BLOCK_M,
                          HEAD_DIM)  # fmt: skip
         elif WG == 0:
-            _dq_share(ds_smem, k0, k1, dq_buf, dq_zero, ds_full, ds_empty, dq_desc, off_bh, t, m_lo,
+            _dq_share(ds_smem, k0, k1, dq_buf, ds_full, ds_empty, dq_desc, off_bh, t, m_lo,
                       (t >= 0) & (t % 2 == WG), WG, BLOCK_M, HEAD_DIM)  # fmt: skip
         else:
-            _dq_share(ds_smem, k1, k0, dq_buf, dq_zero, ds_full, ds_empty, dq_desc, off_bh, t, m_lo,
+            _dq_share(ds_smem, k1, k0, dq_buf, ds_full, ds_empty, dq_desc, off_bh, t, m_lo,
                       (t >= 0) & (t % 2 == WG), WG, BLOCK_M, HEAD_DIM)  # fmt: skip
 
     @gluon.jit
     def _consumer(q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready, empty, ds_full, ds_empty,
                   dk_desc, dv_desc, dq_desc, LSE, DELTA, z, h, off_bh, start_n, m_lo, n_steps, mask_below,
-                  n_q, n_k, qk_scale, sm_scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr,
+                  n_q, qk_scale, sm_scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr,
                   CAUSAL: gl.constexpr, ROWS: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                   PREFETCH: gl.constexpr, COMPACT_ROWS: gl.constexpr, ATOMIC_DQ: gl.constexpr,
                   DQ_LAG: gl.constexpr, DQ_SPLIT: gl.constexpr):  # fmt: skip
@@ -218,7 +219,6 @@ if HAVE_GLUON:
         s_zero = gl.zeros([ROWS, BLOCK_M], gl.float32, layout=s_layout)
         if ATOMIC_DQ:
             dq_buf = dq_smem.index(WG)
-            dq_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=acc_layout)
 
         if PREFETCH:
             lse2_next, delta_next = _rows(LSE, DELTA, row_base, m_lo + offs_mb, n_q)
@@ -260,18 +260,19 @@ if HAVE_GLUON:
             if ATOMIC_DQ:
                 mbarrier.arrive(ds_full.index(buf))
                 t = j - DQ_LAG
-                _dq_tile(ds_smem, k_smem, dq_buf, dq_zero, ds_full, ds_empty, dq_desc, off_bh, t, m_lo, WG,
+                _dq_tile(ds_smem, k_smem, dq_buf, ds_full, ds_empty, dq_desc, off_bh, t, m_lo, WG,
                          ROWS, BLOCK_M, HEAD_DIM, DQ_SPLIT)  # fmt: skip
 
         if ATOMIC_DQ:
             if DQ_LAG:  # the last tile's share
-                _dq_tile(ds_smem, k_smem, dq_buf, dq_zero, ds_full, ds_empty, dq_desc, off_bh, n_steps - 1,
+                _dq_tile(ds_smem, k_smem, dq_buf, ds_full, ds_empty, dq_desc, off_bh, n_steps - 1,
                          m_lo, WG, ROWS, BLOCK_M, HEAD_DIM, DQ_SPLIT)  # fmt: skip
             # the other warpgroup's dS K reads this K: wait until its last one is done
             for back in gl.static_range(1, 3):
                 last = gl.maximum(n_steps - back, 0)
                 mbarrier.wait(ds_empty.index(last % 2), (last // 2) & 1, pred=n_steps >= back)
-        # dK, dV through this warpgroup's K and V buffers (no longer read), clipped at n_k.
+        # dK, dV through this warpgroup's K and V buffers (no longer read), clipped at the keys' end
+        # by the descriptors.
         k.store((dk * sm_scale).to(dtype))
         v.store(dv.to(dtype))
         fence_async_shared()
@@ -282,7 +283,7 @@ if HAVE_GLUON:
     @gluon.jit
     def _attn_bwd_dkdv_sm90(
         q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, DELTA,
-        H, n_q, n_k, qk_scale, sm_scale,
+        H, n_q, qk_scale, sm_scale,
         HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, TOKEN_MAJOR: gl.constexpr,
         DO_TOKEN_MAJOR: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
         STAGES: gl.constexpr, PREFETCH: gl.constexpr, COMPACT_ROWS: gl.constexpr, ATOMIC_DQ: gl.constexpr,
@@ -327,12 +328,12 @@ if HAVE_GLUON:
             [
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready, empty, ds_full,
                              ds_empty, dk_desc, dv_desc, dq_desc, LSE, DELTA, z, h, off_bh, start_n, m_lo,
-                             n_steps, mask_below, n_q, n_k, qk_scale, sm_scale, 0, HEAD_DIM, CAUSAL, ROWS,
+                             n_steps, mask_below, n_q, qk_scale, sm_scale, 0, HEAD_DIM, CAUSAL, ROWS,
                              BLOCK_M, STAGES, PREFETCH, COMPACT_ROWS, ATOMIC_DQ, DQ_LAG,
                              DQ_SPLIT)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready, empty, ds_full,
                              ds_empty, dk_desc, dv_desc, dq_desc, LSE, DELTA, z, h, off_bh, start_n, m_lo,
-                             n_steps, mask_below, n_q, n_k, qk_scale, sm_scale, 1, HEAD_DIM, CAUSAL, ROWS,
+                             n_steps, mask_below, n_q, qk_scale, sm_scale, 1, HEAD_DIM, CAUSAL, ROWS,
                              BLOCK_M, STAGES, PREFETCH, COMPACT_ROWS, ATOMIC_DQ, DQ_LAG,
                              DQ_SPLIT)),
                 (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready,
@@ -366,7 +367,7 @@ def dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Ten
                                                    dq_cols)  # fmt: skip
     args = dict(q_desc=describe(q, BLOCK_M), k_desc=describe(k, rows), v_desc=describe(v, rows),
                 do_desc=describe(do, BLOCK_M), dk_desc=describe(dk, rows), dv_desc=describe(dv, rows),
-                dq_desc=dq_desc, LSE=lse, DELTA=delta, H=h, n_q=n_q, n_k=n_k, qk_scale=qk_scale,
+                dq_desc=dq_desc, LSE=lse, DELTA=delta, H=h, n_q=n_q, qk_scale=qk_scale,
                 sm_scale=sm_scale,
                 HEAD_DIM=d, CAUSAL=bool(causal), TOKEN_MAJOR=token_major(q), DO_TOKEN_MAJOR=token_major(do),
                 BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES if dq_acc is None else ATOMIC_STAGES[d],

@@ -292,24 +292,28 @@ def attention_dq_elementwise(rows: Rows) -> str:
     return _variant_against_default(rows, ROUND_31, files, SM90_SHAPES, names, "bwd_ms")
 
 
-def _dq_auto(rows: Rows, key: str) -> str:
+def _dq_modes(rows: Rows, folder: str, shapes: tuple, key: str) -> str:
     """``key`` of ours with the separate dQ kernel (LMSCOPE_FLASH_DQ=separate) and in the default
-    auto mode (then the five-matmul Gluon dK/dV kernel at head dim 64 only), one H100 call
-    (variant 9)."""
-    return _variant_against_default(rows, ROUND_31, ("dq_separate", "dq_auto"), ((1, 16, 16384, 64),),
+    auto mode (the five-matmul Gluon dK/dV kernel), one H100 call of ``h100_round.sh``'s dq-modes
+    stage in ``folder``, at ``shapes``."""
+    return _variant_against_default(rows, folder, ("dq_separate", "dq_auto"), shapes,
                                     ("separate dQ", "five matmuls"), key)  # fmt: skip
+
+
+DQ_AUTO_D64 = ((1, 16, 16384, 64),)
+"""Variant 9's call: auto took the five-matmul backward at head dim 64 only."""
 
 
 @claim("attention-dq-auto-fwd-bwd")
 def attention_dq_auto_fwd_bwd(rows: Rows) -> str:
-    """Forward+backward, the five-matmul backward against the separate dQ kernel."""
-    return _dq_auto(rows, "fwd_bwd_ms")
+    """Forward+backward, the five-matmul backward against the separate dQ kernel (variant 9)."""
+    return _dq_modes(rows, ROUND_31, DQ_AUTO_D64, "fwd_bwd_ms")
 
 
 @claim("attention-dq-auto-bwd")
 def attention_dq_auto_bwd(rows: Rows) -> str:
-    """Backward alone, the five-matmul backward against the separate dQ kernel."""
-    return _dq_auto(rows, "bwd_ms")
+    """Backward alone, the five-matmul backward against the separate dQ kernel (variant 9)."""
+    return _dq_modes(rows, ROUND_31, DQ_AUTO_D64, "bwd_ms")
 
 
 SM90_STEPS = (  # (development call's file, its commit): benchmarks/attention/sm90_kernels.py --variants
@@ -372,24 +376,20 @@ def attention_d128_steps(rows: Rows) -> str:
     return _development_steps(rows, ROUND_32, D128_STEPS, SM90_SHAPES)
 
 
-def _dq_auto_d128(rows: Rows, key: str) -> str:
-    """``key`` of ours with the separate dQ kernel and in the default auto mode (the five-matmul
-    backward, now also at head dim 128), one H100 call (variant 10)."""
-    shapes = ((1, 16, 8192, 128), (1, 16, 32768, 128))
-    return _variant_against_default(rows, ROUND_32, ("dq_separate", "dq_auto"), shapes,
-                                    ("separate dQ", "five matmuls"), key)  # fmt: skip
+DQ_AUTO_D128 = ((1, 16, 8192, 128), (1, 16, 32768, 128))
+"""Variant 10's call: the five-matmul backward at head dim 128 too."""
 
 
 @claim("attention-dq-auto-d128-fwd-bwd")
 def attention_dq_auto_d128_fwd_bwd(rows: Rows) -> str:
     """Forward+backward at head dim 128, the five-matmul backward against the separate dQ kernel."""
-    return _dq_auto_d128(rows, "fwd_bwd_ms")
+    return _dq_modes(rows, ROUND_32, DQ_AUTO_D128, "fwd_bwd_ms")
 
 
 @claim("attention-dq-auto-d128-bwd")
 def attention_dq_auto_d128_bwd(rows: Rows) -> str:
     """Backward alone at head dim 128, the five-matmul backward against the separate dQ kernel."""
-    return _dq_auto_d128(rows, "bwd_ms")
+    return _dq_modes(rows, ROUND_32, DQ_AUTO_D128, "bwd_ms")
 
 
 SM90_THRESHOLD_RUNS = (

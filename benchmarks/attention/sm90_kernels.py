@@ -165,7 +165,6 @@ def times(rows: list) -> None:
 VARIANTS = {
     "default": {},
     "separate dQ": {(fa, "DQ_MODE"): "separate"},
-    "L, D not ahead at d 128": {(flash_sm90_dkdv, "PREFETCH"): {64: True, 128: False}},
     "L, D compact at d 64": {(flash_sm90_dkdv, "COMPACT_ROWS"): {64: True, 128: True}},
     "L, D in the columns' layout at d 128": {(flash_sm90_dkdv, "COMPACT_ROWS"): {64: False, 128: False}},
 }

@@ -207,20 +207,22 @@ def _float64_stand_ins(monkeypatch) -> dict:
     return calls
 
 
+@pytest.mark.parametrize("have_reduce", [True, False], ids=["reduce", "no-reduce"])
 @pytest.mark.parametrize("shape", [(3, 40, 64), (2, 3, 1, 33, 128), (40, 64), (2, 3, 37, 64)],
                          ids=["3d", "5d", "2d", "4d"])  # fmt: skip
-def test_dispatch_to_the_gluon_kernels_on_the_cpu(shape, monkeypatch):
+def test_dispatch_to_the_gluon_kernels_on_the_cpu(shape, have_reduce, monkeypatch):
     """The plumbing around the Gluon kernels, with float64 stand-ins for them: inputs of any rank
     reach them as 4-d views (O as well, in the backward), their outputs come back in the inputs'
     shapes, through the autograd Function and the direct functions, and ``last_kernels`` says
     so. A 4-d input's O has (B, T, H, d) memory: the forward gets it in that order."""
     calls = _float64_stand_ins(monkeypatch)
+    monkeypatch.setattr(flash_sm90, "HAVE_TMA_REDUCE", have_reduce)
     gen = torch.Generator().manual_seed(len(shape))
     q, k, v, do = (torch.randn(*shape, generator=gen, dtype=torch.bfloat16) for _ in range(4))
     leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
     o = fa.FlashAttentionTriton.apply(*leaves, True)
     o.backward(do)
-    atomic = shape[-1] in flash_sm90_dkdv.ATOMIC_HEAD_DIMS  # the "auto" dQ mode's choice
+    atomic = have_reduce  # the "auto" dQ mode's choice: the reduce-adds wherever they exist
     assert calls == {"forward": 1, "dq": int(not atomic), "dkdv": 1}
     dq_kind = "gluon-sm90-atomic" if atomic else "gluon-sm90"
     assert fa.last_kernels() == {"forward": "gluon-sm90", "dq": dq_kind, "dkdv": "gluon-sm90"}
@@ -318,7 +320,7 @@ def test_gpu_gluon_kernels_serve_inputs_of_other_ranks(shape, monkeypatch):
     o = fa.flash_attention(*leaves, causal=True)
     o.backward(do)
     fa._PLANS.clear()
-    atomic = shape[-1] in flash_sm90_dkdv.ATOMIC_HEAD_DIMS  # the "auto" dQ mode's choice
+    atomic = flash_sm90.HAVE_TMA_REDUCE  # the "auto" dQ mode's choice
     assert calls == {"forward": 1, "dq": int(not atomic), "dkdv": 1}
     _assert_within_twice_torch(q, k, v, do, True, o, [t.grad for t in leaves])
 
@@ -342,7 +344,7 @@ def test_gpu_flash_attention_takes_the_gluon_kernels_and_keeps_the_gradients(tok
         o.backward(do)
         launched = {name: calls[name] - before[name] for name in calls}
         gluon = min_work == 1
-        atomic = gluon and 128 in flash_sm90_dkdv.ATOMIC_HEAD_DIMS  # the "auto" dQ mode's choice
+        atomic = gluon and flash_sm90.HAVE_TMA_REDUCE  # the "auto" dQ mode's choice
         assert launched == {"forward": int(gluon), "dq": int(gluon and not atomic), "dkdv": int(gluon)}
         kind = "gluon-sm90" if gluon else "triton"
         dq_kind = "gluon-sm90-atomic" if atomic else kind

@@ -121,9 +121,9 @@ MAX_HEAD_DIM = 128
 
 # "separate": dQ by its own kernel (no atomics); "atomic": dQ accumulated by the dK/dV kernel
 # (the Triton kernel: per-element fp32 atomics; the Gluon sm_90 kernel: one TMA reduce-add per
-# query tile and key block); "auto": atomic where the Gluon dK/dV kernel serves a head dim in
-# flash_sm90_dkdv.ATOMIC_HEAD_DIMS, separate elsewhere (docs/kernels/flash_attention_backward_notes.md,
-# variants 2, 9 and 10).
+# query tile and key block); "auto": atomic where the Gluon dK/dV kernel serves with its
+# reduce-adds (faster there at every head dim it serves), separate elsewhere
+# (docs/kernels/flash_attention_backward_notes.md, variants 2, 9 and 10).
 DQ_MODE = os.environ.get("LMSCOPE_FLASH_DQ", "auto")
 # Head dims that are not powers of two (80, 96, ...) as two column tiles, not one padded tile
 # (split_head_dim); LMSCOPE_FLASH_SPLIT=0: one padded tile, the kernels' earlier layout.
@@ -1248,7 +1248,7 @@ def _dq_mode(dq_mode: str | None) -> str:
 def _atomic_dq(mode: str, plan: _Plan, q4, k4, v4, do4) -> bool:
     """Whether this backward accumulates dQ in the dK/dV kernel (``mode`` from ``_dq_mode``)."""
     if mode == "auto":
-        return plan.d in flash_sm90_dkdv.ATOMIC_HEAD_DIMS and _gluon_dkdv(plan, q4, k4, v4, do4, True)
+        return _gluon_dkdv(plan, q4, k4, v4, do4, True)
     return mode == "atomic"
 
 

@@ -368,12 +368,10 @@ def describe(x: torch.Tensor, rows: int, cols: int | None = None) -> TensorDescr
     sz, sh, sn, _ = x.stride()
     gl_dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[x.dtype]
     if token_major(x):
-        block = [1, rows, 1, cols]
-        return TensorDescriptor(x, [z, n, h, d], [sz, sn, sh, 1], block,
-                                gl.NVMMASharedLayout.get_default_for(block, gl_dtype))  # fmt: skip
-    block = [1, 1, rows, cols]
-    return TensorDescriptor(x, [z, h, n, d], [sz, sh, sn, 1], block,
-                            gl.NVMMASharedLayout.get_default_for(block, gl_dtype))  # fmt: skip
+        shape, strides, block = [z, n, h, d], [sz, sn, sh, 1], [1, rows, 1, cols]
+    else:
+        shape, strides, block = [z, h, n, d], [sz, sh, sn, 1], [1, 1, rows, cols]
+    return TensorDescriptor(x, shape, strides, block, gl.NVMMASharedLayout.get_default_for(block, gl_dtype))
 
 
 def forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,

@@ -39,12 +39,6 @@ ENABLED = env_flag("LMSCOPE_FLASH_SM90_DKDV", default=True)  # off: the Triton d
 BLOCK_M = 64  # queries per step
 BLOCK_N = 128  # keys per program: two warpgroups of 64
 STAGES = 3  # Q/dO ring depth
-# Head dims where flash_attention's "auto" dQ mode takes the atomic path with this kernel (where
-# its reduce-adds beat the separate dQ kernel: docs/kernels/flash_attention_backward_notes.md,
-# variants 9 and 10).
-ATOMIC_HEAD_DIMS = (64, 128)
-ATOMIC_STAGES = {64: 3, 128: 3}  # the ring with dQ's reduce-adds (their buffers take shared memory)
-PREFETCH = {64: True, 128: True}  # per head dim: each query tile's L and D loaded a tile ahead
 # per head dim: L and D loaded compact, one query a thread at most, and converted to the score
 # tile's column layout where used (at 128 loaded in that layout they spill; at 64 they do not, and
 # compact loads, converted through shared memory, measured no faster: variant 10 of the notes)
@@ -191,7 +185,7 @@ if HAVE_GLUON:
                   dk_desc, dv_desc, dq_desc, LSE, DELTA, z, h, off_bh, start_n, m_lo, n_steps, mask_below,
                   n_q, qk_scale, sm_scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr,
                   CAUSAL: gl.constexpr, ROWS: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-                  PREFETCH: gl.constexpr, COMPACT_ROWS: gl.constexpr, ATOMIC_DQ: gl.constexpr,
+                  COMPACT_ROWS: gl.constexpr, ATOMIC_DQ: gl.constexpr,
                   DQ_LAG: gl.constexpr, DQ_SPLIT: gl.constexpr):  # fmt: skip
         """One warpgroup's ROWS keys: dK, dV over the query tiles, then stored by TMA. With
         ATOMIC_DQ also the program's share of dQ, ``dS K`` over both warpgroups' keys, added to
@@ -220,8 +214,8 @@ if HAVE_GLUON:
         if ATOMIC_DQ:
             dq_buf = dq_smem.index(WG)
 
-        if PREFETCH:
-            lse2_next, delta_next = _rows(LSE, DELTA, row_base, m_lo + offs_mb, n_q)
+        # each query tile's L and D are loaded a tile ahead
+        lse2_next, delta_next = _rows(LSE, DELTA, row_base, m_lo + offs_mb, n_q)
         mbarrier.wait(kv_bar, 0)
         for j in range(n_steps):
             stage = j % STAGES
@@ -232,11 +226,8 @@ if HAVE_GLUON:
             dp_tok = warpgroup_mma(v, do.permute((1, 0)), s_zero, use_acc=False, is_async=True)
             start_m = m_lo + j * BLOCK_M
             offs_m = start_m + offs_mb
-            if PREFETCH:  # this tile's L, D came one tile ahead; the next tile's load now
-                lse2, delta = lse2_next, delta_next
-                lse2_next, delta_next = _rows(LSE, DELTA, row_base, offs_m + BLOCK_M, n_q)
-            else:
-                lse2, delta = _rows(LSE, DELTA, row_base, offs_m, n_q)
+            lse2, delta = lse2_next, delta_next
+            lse2_next, delta_next = _rows(LSE, DELTA, row_base, offs_m + BLOCK_M, n_q)
             # P^T as soon as S^T is done; dV += P^T dO runs while dS^T is formed
             s_t = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
             p_t = _probabilities(s_t, lse2, offs_n, start_m, mask_below, n_q, qk_scale, CAUSAL, BLOCK_M)
@@ -286,7 +277,7 @@ if HAVE_GLUON:
         H, n_q, qk_scale, sm_scale,
         HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, TOKEN_MAJOR: gl.constexpr,
         DO_TOKEN_MAJOR: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-        STAGES: gl.constexpr, PREFETCH: gl.constexpr, COMPACT_ROWS: gl.constexpr, ATOMIC_DQ: gl.constexpr,
+        STAGES: gl.constexpr, COMPACT_ROWS: gl.constexpr, ATOMIC_DQ: gl.constexpr,
         DQ_LAG: gl.constexpr, DQ_SPLIT: gl.constexpr,
     ):  # fmt: skip
         # Every head's first key block (the most queries, under causal masking) first.
@@ -329,12 +320,12 @@ if HAVE_GLUON:
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready, empty, ds_full,
                              ds_empty, dk_desc, dv_desc, dq_desc, LSE, DELTA, z, h, off_bh, start_n, m_lo,
                              n_steps, mask_below, n_q, qk_scale, sm_scale, 0, HEAD_DIM, CAUSAL, ROWS,
-                             BLOCK_M, STAGES, PREFETCH, COMPACT_ROWS, ATOMIC_DQ, DQ_LAG,
+                             BLOCK_M, STAGES, COMPACT_ROWS, ATOMIC_DQ, DQ_LAG,
                              DQ_SPLIT)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready, empty, ds_full,
                              ds_empty, dk_desc, dv_desc, dq_desc, LSE, DELTA, z, h, off_bh, start_n, m_lo,
                              n_steps, mask_below, n_q, qk_scale, sm_scale, 1, HEAD_DIM, CAUSAL, ROWS,
-                             BLOCK_M, STAGES, PREFETCH, COMPACT_ROWS, ATOMIC_DQ, DQ_LAG,
+                             BLOCK_M, STAGES, COMPACT_ROWS, ATOMIC_DQ, DQ_LAG,
                              DQ_SPLIT)),
                 (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready,
                            empty, z, h, start_n, m_lo, n_steps, TOKEN_MAJOR, DO_TOKEN_MAJOR, ROWS, BLOCK_M,
@@ -370,8 +361,8 @@ def dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Ten
                 dq_desc=dq_desc, LSE=lse, DELTA=delta, H=h, n_q=n_q, qk_scale=qk_scale,
                 sm_scale=sm_scale,
                 HEAD_DIM=d, CAUSAL=bool(causal), TOKEN_MAJOR=token_major(q), DO_TOKEN_MAJOR=token_major(do),
-                BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES if dq_acc is None else ATOMIC_STAGES[d],
-                PREFETCH=PREFETCH[d], COMPACT_ROWS=COMPACT_ROWS[d], ATOMIC_DQ=dq_acc is not None,
+                BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES, COMPACT_ROWS=COMPACT_ROWS[d],
+                ATOMIC_DQ=dq_acc is not None,
                 DQ_LAG=DQ_LAG, DQ_SPLIT=DQ_SPLIT[d])  # fmt: skip
     return (z * h, (n_k + BLOCK_N - 1) // BLOCK_N), args
 

@@ -25,3 +25,13 @@ def fresh_torch_seed():
     seed = int(os.environ.get(SEED_ENV) or int.from_bytes(os.urandom(4), "little"))
     torch.manual_seed(seed)
     print(f"torch seed {seed} (replay with {SEED_ENV}={seed})")
+
+
+@pytest.fixture(scope="module")
+def launch_seed() -> int:
+    """The seed a module's rank processes draw their inputs from (launched ranks do not inherit
+    the test's torch seed): LMSCOPE_TEST_SEED replays it, else fresh from the OS; printed, and
+    the parallel tests put it in their failure messages."""
+    seed = int(os.environ.get(SEED_ENV) or int.from_bytes(os.urandom(4), "little")) % 10**6
+    print(f"launch seed {seed} (replay with {SEED_ENV}={seed})")
+    return seed

@@ -7,7 +7,6 @@ the test process asserts on them.
 from __future__ import annotations
 
 import copy
-import random
 
 import pytest
 import torch
@@ -291,8 +290,8 @@ def _all_checks(ctx: RankContext, seed: int) -> list[dict[str, object]]:
 
 
 @pytest.fixture(scope="module")
-def ranks() -> list[dict[str, object]]:
-    return launch(_all_checks, random.randrange(10**6), nproc=WORLD, backend="gloo", timeout_s=240,
+def ranks(launch_seed: int) -> list[dict[str, object]]:
+    return launch(_all_checks, launch_seed, nproc=WORLD, backend="gloo", timeout_s=240,
                   preload=["torch._dynamo"])
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import random
 
 import pytest
 import torch
@@ -83,11 +82,11 @@ def _checks(ctx: RankContext, seed: int) -> list[dict[str, float]]:
     return gathered
 
 
-def test_wrappers_and_sharded_optimizer_match_single_gpu_training():
-    for rank in launch(_checks, random.randrange(10**6), nproc=2, backend="nccl", timeout_s=300,
+def test_wrappers_and_sharded_optimizer_match_single_gpu_training(launch_seed):
+    for rank in launch(_checks, launch_seed, nproc=2, backend="nccl", timeout_s=300,
                        preload=["torch._dynamo"]):
         for name, diff in rank.items():
-            assert diff < 1e-10, (name, diff)
+            assert diff < 1e-10, (name, diff, launch_seed)
 
 
 @pytest.mark.parametrize("op", collectives.COLLECTIVES)

@@ -84,12 +84,34 @@ def test_unknown_autocast_dtype():
         autocast_dtypes("toy", "fp8", "cpu")
 
 
+def test_toy_model_under_cuda_fp16_autocast_on_fake_tensors(monkeypatch):
+    """CUDA autocast's dtypes without a GPU: the toy model built on fake CUDA tensors. torch turns
+    CUDA autocast off where it finds no device (told otherwise here), and the autograd engine
+    cannot run a backward on fake CUDA tensors without one (skipped: no gradient rows)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    monkeypatch.setattr(torch.cuda.amp.common, "amp_definitely_not_available", lambda: False)
+    monkeypatch.setattr(torch.Tensor, "backward", lambda self, *args, **kwargs: None)
+    with FakeTensorMode():
+        records = autocast_dtypes("toy", "fp16", "cuda")
+    assert {r["device"] for r in records} == {"cuda"}
+    assert set(rows_of(records, "parameter (inside autocast)").values()) == {"fp32"}
+    outputs = rows_of(records, "output")
+    assert outputs["fc1"] == outputs["relu"] == outputs["fc2"] == outputs["logits (model output)"] == "fp16"
+    assert outputs["ln"] == "fp32"  # CUDA autocast runs layer_norm in fp32
+    assert rows_of(records, "loss") == {"cross_entropy": "fp32"}
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_toy_model_under_cuda_fp16_autocast():
-    outputs = rows_of(autocast_dtypes("toy", "fp16", "cuda"), "output")
+    """On the device, with the backward: the fake-tensor test's dtypes, and fp32 gradients."""
+    records = autocast_dtypes("toy", "fp16", "cuda")
+    outputs = rows_of(records, "output")
     assert outputs["fc1"] == "fp16" and outputs["fc2"] == "fp16"
     assert outputs["ln"] == "fp32"  # CUDA autocast runs layer_norm in fp32
+    assert rows_of(records, "gradient") == dict.fromkeys(["fc1.weight", "ln.weight", "ln.bias", "fc2.weight"],
+                                                         "fp32")
 
 
 def test_cli_accumulate_json(capsys):

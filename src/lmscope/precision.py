@@ -114,10 +114,11 @@ def _build(model: str, device: torch.device, seed: int) -> tuple[nn.Module, torc
     generator = torch.Generator().manual_seed(seed)
     if model == "toy":
         in_features, out_features, rows = 17, 5, 7
-        net = ToyModel(in_features, out_features)
+        with device:
+            net = ToyModel(in_features, out_features)
         inputs = torch.randn(rows, in_features, generator=generator)
         targets = torch.randint(0, out_features, (rows,), generator=generator)
-        return net.to(device), inputs.to(device), targets.to(device)
+        return net, inputs.to(device), targets.to(device)
     from lmscope.config import preset
     from lmscope.model.transformer import TransformerLM
 

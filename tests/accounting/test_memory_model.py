@@ -93,6 +93,20 @@ def test_activations_are_affine_in_batch(precision, attention):
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_sdpa_keeps_what_its_cuda_kernel_keeps(precision):
+    """SDPA on a GPU runs the memory-efficient kernel in fp32: its output (B, T, H, D) is viewed by
+    the output projection (no copy) and its fp32 log-sum-exp has the rows padded to 32; in bf16
+    the flash kernel: an exact log-sum-exp, and a copy of the (B, H, T, D) output for the
+    projection. An odd sequence length shows the padding."""
+    b, t = 2, 37
+    saved = saved_activations(ODD, batch_size=b, seq_len=t, precision=precision, attention="sdpa")
+    layers, h, d = ODD.num_layers, ODD.num_heads, ODD.d_model
+    lse_rows, copy = (64, 0) if precision == "fp32" else (t, 2 * b * t * d)
+    assert saved["attn_lse"] == layers * 4 * b * h * lse_rows
+    assert saved.get("out_proj_input", 0) == layers * copy
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_naive_attention_is_quadratic_in_sequence_and_sdpa_linear(precision):
     config = ODD.replace(context_length=128)
 

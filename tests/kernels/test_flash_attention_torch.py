@@ -62,6 +62,28 @@ def test_matches_reference_within_twice_torch_error(case, dtype):
     assert (lse.double() - ref_l).abs().max().item() < 1e-5
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_equal_value_rows_give_vanishing_dq_and_dk(dtype, causal):
+    """With every value row the same, O is that row whatever Q and K are, so dQ and dK are zero.
+    The backward gets them from dS = P * (dP - D), D = rowsum(dO * O): they vanish only as far
+    as D agrees with dP. D summed in float64 leaves fp32 rounding, far under the bound; D in a
+    16-bit input dtype would leave that dtype's rounding, far over it."""
+    lead, nq, nk, d = (2, 3), 37, 29, 16
+    q, k = (torch.randn(*lead, n, d).to(dtype).requires_grad_(True) for n in (nq, nk))
+    row = 3 * torch.randn(*lead, 1, d)
+    v = row.expand(*lead, nk, d).to(dtype).contiguous().requires_grad_(True)
+    do = torch.randn(*lead, nq, d).to(dtype)
+    o = flash_attention_torch(q, k, v, causal, block_q=16, block_k=8)
+    dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
+    ref_dv = reference_with_grads(q, k, v, do, causal)[4]
+    assert relative_error(dv, ref_dv) <= 2 * relative_error(torch.autograd.grad(
+        attention_naive(q, k, v, causal), v, do)[0], ref_dv)  # fmt: skip
+    for name, grad in (("dQ", dq), ("dK", dk)):
+        size = (grad.double().norm() / dv.double().norm()).item()
+        assert size < 1e-5, f"{name} is {size:.1e} of dV's size, not ~0"
+
+
 def test_saves_q_k_v_o_and_one_fp32_lse():
     q, k, v, _ = _inputs((2, 3), 17, 21, 16, torch.bfloat16, seed=1)
     o = FlashAttentionTorch.apply(q, k, v, True)

@@ -12,6 +12,7 @@ import random
 
 import pytest
 import torch
+from flash_contract import assert_saves_lse
 from triton_child import rerun_in_interpreter, skip_in_parent
 
 pytest.importorskip("triton")
@@ -61,19 +62,26 @@ def _assert_layout(o):
 
 def _check_against_reference(q, k, v, do, causal, dq_mode=None):
     """Assert O, L, dQ, dK, dV are within 2x the error of torch's naive same-dtype attention."""
-    ref_o, ref_l, *ref_g = reference_with_grads(q, k, v, do, causal)
-    naive_o = attention_naive(q, k, v, causal)
-    naive_g = torch.autograd.grad(naive_o, (q, k, v), do)
-
     o, lse = fa.flash_attention_forward(q, k, v, causal)
     g = fa.flash_attention_backward(do, q, k, v, o, lse, causal, dq_mode=dq_mode)
 
     assert o.dtype == q.dtype and o.shape == q.shape
     _assert_layout(o)
     assert lse.dtype == torch.float32 and lse.shape == q.shape[:-1]
-    assert (lse.double() - ref_l).abs().max().item() < 1e-4
+    _assert_within_twice_torch(q, k, v, do, causal, o, g, lse)
+
+
+def _assert_within_twice_torch(q, k, v, do, causal, o, grads, lse=None):
+    """O, dQ, dK, dV within 2x the error of torch's naive same-dtype attention against float64;
+    L (if given) within 1e-4 of float64."""
+    ref_o, ref_l, *ref_g = reference_with_grads(q, k, v, do, causal)
+    leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+    naive_o = attention_naive(*leaves, causal)
+    naive_g = torch.autograd.grad(naive_o, leaves, do)
+    if lse is not None:
+        assert (lse.double() - ref_l).abs().max().item() < 1e-4
     for name, ours, theirs, ref in zip(
-        ("O", "dQ", "dK", "dV"), (o, *g), (naive_o, *naive_g), (ref_o, *ref_g), strict=True
+        ("O", "dQ", "dK", "dV"), (o, *grads), (naive_o, *naive_g), (ref_o, *ref_g), strict=True
     ):
         err, tol = relative_error(ours, ref), 2 * relative_error(theirs, ref)
         assert err <= tol, f"{name}: error {err:.2e} > 2x torch's {q.dtype} error ({tol:.2e})"
@@ -113,19 +121,36 @@ def test_unknown_dq_mode_refused_with_the_modes_there_are():
         fa.flash_attention_backward(do, q, k, v, o, lse, dq_mode="fast")
 
 
-def test_autograd_function_saves_one_fp32_buffer_and_expanded_grad():
-    """apply(q, k, v, is_causal) saves Q, K, V, O and one float32 buffer: L, then room for the
-    backward's D (16-byte aligned; the separate mode's dK/dV kernel gets the plan's unused dQ
-    accumulator); o.sum() gives backward an expanded, stride-0 dO."""
+DQ_MODES = ("auto", "separate", "atomic")
+# (leading dims, n_queries, n_keys, head dim, causal): 4-d with fewer queries than keys, and 2-d
+# with more (a 2-d input's L has n_queries floats, as many as the separate backward's scratch).
+CONTRACT_CASES = [((2, 3), 19, 26, 16, True), ((), 23, 17, 16, False)]
+
+
+@pytest.mark.parametrize("dq_mode", DQ_MODES)
+@pytest.mark.parametrize("case", CONTRACT_CASES, ids=lambda c: f"{len(c[0]) + 2}d-{c[1]}x{c[2]}-c{int(c[4])}")
+def test_function_saves_exactly_one_lse_in_every_dq_mode(case, dq_mode, monkeypatch):
+    """The documented contract (docs/kernels/flash_attention.md): among ``o.grad_fn``'s saved
+    tensors exactly one has shape (..., n_queries), and it is L, float32, equal to the float64
+    log-sum-exp of the scaled scores, whichever dQ mode the backward will take."""
+    monkeypatch.setattr(fa, "DQ_MODE", dq_mode)
+    lead, nq, nk, d, causal = case
+    q, k, v, _ = _inputs(lead, nq, nk, d, torch.float32, seed=nq + len(lead))
+    o = fa.FlashAttentionTriton.apply(q, k, v, causal)
+    assert_saves_lse(o.grad_fn.saved_tensors, q, k, causal)
+
+
+def test_saved_lse_shares_one_allocation_with_the_backward_scratch_and_expanded_grad():
+    """Separate dQ mode: L is a view of the head of one float32 buffer, saved beside it, whose
+    tail (16-byte aligned) is the backward's D (one allocation for both; the separate mode's
+    dK/dV kernel gets the plan's unused dQ accumulator); o.sum() gives backward an expanded,
+    stride-0 dO."""
     q, k, v, _ = _inputs((2, 2), 19, 26, 16, torch.float32, seed=5)
     o = fa.FlashAttentionTriton.apply(q, k, v, True)
-    saved = o.grad_fn.saved_tensors
-    assert len(saved) == 5
-    _, lse = fa.flash_attention_forward(q.detach(), k.detach(), v.detach(), True)
-    stats = saved[4]
+    *_, lse, buffer = o.grad_fn.saved_tensors
     # L (76 floats), D (76 floats) at 128
-    assert stats.dtype == torch.float32 and stats.ndim == 1 and stats.numel() == 128 + 76
-    assert torch.equal(stats[:76].view(2, 2, 19), lse)
+    assert lse.shape == (2, 2, 19) and lse.data_ptr() == buffer.data_ptr()
+    assert buffer.dtype == torch.float32 and buffer.ndim == 1 and buffer.numel() == 128 + 76
     o.sum().backward()
     q2, k2, v2 = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
     attention_reference(q2, k2, v2, True)[0].sum().backward()
@@ -382,6 +407,26 @@ def test_gpu_atomic_dq_mode(case):
     b, h, nq, nk, d, causal, dt = case
     q, k, v, do = _inputs((b, h), nq, nk, d, DTYPES[dt], seed=99 + nq + d, device="cuda")
     _check_against_reference(q, k, v, do, causal, dq_mode="atomic")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dq_mode", DQ_MODES)
+@pytest.mark.parametrize("case", [(2, 3, 517, 333, 64, True, "bf16"), (1, 2, 300, 701, 80, False, "fp16"),
+                                  (1, 2, 129, 131, 64, True, "fp32")], ids=_gpu_case_id)  # fmt: skip
+def test_gpu_function_saves_exactly_one_lse_in_every_dq_mode(case, dq_mode, monkeypatch):
+    """The saved-tensor contract with the compiled Triton kernels in each dQ mode (the Gluon
+    kernels' in tests/kernels/test_flash_sm90.py), and the backward that reads what was saved:
+    gradients within 2x torch's same-dtype error of float64."""
+    monkeypatch.setattr(fa, "DQ_MODE", dq_mode)
+    b, h, nq, nk, d, causal, dt = case
+    q, k, v, do = _inputs((b, h), nq, nk, d, DTYPES[dt], seed=7 * nq + d, device="cuda")
+    o = fa.FlashAttentionTriton.apply(q, k, v, causal)
+    assert fa.last_kernels()["forward"] == "triton"
+    assert_saves_lse(o.grad_fn.saved_tensors, q, k, causal)
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    assert fa.last_kernels()["dq"] == ("triton-atomic" if dq_mode == "atomic" else "triton")
+    _assert_within_twice_torch(q, k, v, do, causal, o, grads)
 
 
 def _launchers():

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from flash_contract import assert_saves_lse
 
 pytest.importorskip("triton")
 
@@ -133,6 +134,31 @@ CASES = [  # (q shape, k shape, dtype, causal, model layout)
     ((2, 4, 96, 64), (2, 4, 96, 64), torch.bfloat16, True, True),
     ((1, 2, 33, 16), (1, 2, 45, 16), torch.float32, True, False),
 ]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("shape_q, shape_k, dtype, causal", [
+    ((2, 3, 77, 64), (2, 3, 90, 64), torch.bfloat16, True),
+    ((1, 2, 130, 80), (1, 2, 61, 80), torch.float16, False),
+])  # fmt: skip
+def test_cpp_path_saves_exactly_one_lse(shape_q, shape_k, dtype, causal):
+    """The saved-tensor contract on the C++ path too (its node shows no saved_tensors to
+    Python; a saved-tensors hook sees what it saves): exactly one (..., n_queries) tensor, L;
+    the backward from the hook's unpacked tensors gives the Python path's bits."""
+    q, k, v, do = _tensors(shape_q, shape_k, dtype, seed=shape_q[2])
+    _register(q, k, v, do, causal)
+    with fa.python_path():
+        python = _fwd_bwd(q, k, v, do, causal)
+    saved = []
+    leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        o = fa.flash_attention(*leaves, causal)
+    assert _is_native(o)
+    assert_saves_lse(tuple(saved), q, k, causal)
+    o.backward(do)
+    for name, a, b in zip(("O", "dQ", "dK", "dV"), (o, *(t.grad for t in leaves)), python, strict=True):
+        assert torch.equal(a, b), name
 
 
 @pytest.mark.gpu

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from flash_contract import assert_saves_lse
 
 pytest.importorskip("triton")
 
@@ -248,6 +249,28 @@ def test_atomic_dq_mode_dispatches_to_the_gluon_dkdv_kernel_on_the_cpu(shape, mo
     fa._PLANS.clear()
 
 
+DQ_MODES = ("auto", "separate", "atomic")
+
+
+@pytest.mark.parametrize("dq_mode", DQ_MODES)
+@pytest.mark.parametrize("shape", [(2, 3, 37, 64), (40, 128)], ids=["4d", "2d"])
+def test_gluon_path_saves_exactly_one_lse_on_the_cpu(shape, dq_mode, monkeypatch):
+    """The saved-tensor contract (docs/kernels/flash_attention.md) where the Gluon kernels serve,
+    in every dQ mode, with float64 stand-ins for them: exactly one saved (..., n_queries) tensor,
+    float32, the log-sum-exp; the backward reads it and the scratch from what was saved."""
+    _float64_stand_ins(monkeypatch)
+    monkeypatch.setattr(fa, "DQ_MODE", dq_mode)
+    gen = torch.Generator().manual_seed(len(shape) + 17)
+    q, k, v, do = (torch.randn(*shape, generator=gen, dtype=torch.bfloat16) for _ in range(4))
+    leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+    o = fa.FlashAttentionTriton.apply(*leaves, True)
+    assert fa.last_kernels()["forward"] == "gluon-sm90"
+    assert_saves_lse(o.grad_fn.saved_tensors, q, k, True)
+    o.backward(do)
+    _assert_within_twice_torch(q, k, v, do, True, o, [t.grad for t in leaves])
+    fa._PLANS.clear()
+
+
 def _count_gluon_launches(monkeypatch) -> dict:
     """Counters of the three Gluon kernels' launches, through the module functions."""
     from lmscope.kernels import flash_sm90_dkdv, flash_sm90_dq
@@ -285,6 +308,33 @@ def test_gpu_gluon_kernels_match_reference(case, dq_mode, monkeypatch):
     assert calls == {"forward": 1, "dq": int(not atomic), "dkdv": 1}
     assert fa.last_kernels()["dq"] == ("gluon-sm90-atomic" if atomic else "gluon-sm90")
     _assert_within_twice_torch(q, k, v, do, causal, o, grads, lse)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("dq_mode", DQ_MODES)
+@pytest.mark.parametrize("case", [CASES[3], CASES[4]], ids=lambda c: f"{c[2]}x{c[3]}-d{c[4]}-c{int(c[5])}")
+def test_gpu_gluon_path_saves_exactly_one_lse_in_every_dq_mode(case, dq_mode, monkeypatch):
+    """The saved-tensor contract through the Gluon kernels (the work threshold lowered) in each
+    dQ mode: exactly one saved (..., n_queries) tensor, float32, within 1e-4 of the float64
+    log-sum-exp; the backward from what was saved within 2x torch's same-dtype error."""
+    b, h, n_q, n_k, d, causal, token_major, dtype = case
+    monkeypatch.setattr(flash_sm90, "MIN_WORK", 1)
+    monkeypatch.setattr(fa, "DQ_MODE", dq_mode)
+    fa._PLANS.clear()
+    q, k, v = _inputs(b, h, n_q, n_k, d, token_major, dtype, seed=13 * n_q + d)
+    do = torch.randn_like(q)
+    leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+    o = fa.FlashAttentionTriton.apply(*leaves, causal)
+    assert fa.last_kernels()["forward"] == "gluon-sm90"
+    assert_saves_lse(o.grad_fn.saved_tensors, q, k, causal)
+    o.backward(do)
+    fa._PLANS.clear()
+    reduce_adds = flash_sm90.HAVE_TMA_REDUCE
+    expected = {"auto": "gluon-sm90-atomic" if reduce_adds else "gluon-sm90", "separate": "gluon-sm90",
+                "atomic": "gluon-sm90-atomic" if reduce_adds else "triton-atomic"}  # fmt: skip
+    assert fa.last_kernels()["dq"] == expected[dq_mode]
+    _assert_within_twice_torch(q, k, v, do, causal, o, [t.grad for t in leaves])
 
 
 @pytest.mark.gpu

@@ -62,6 +62,61 @@ def test_sdpa_by_hand(causal: bool, n_q: int, n_k: int) -> None:
     assert counts.total == 3 * square and counts.total_causal == 3 * half
 
 
+def _cuda_sdpa(backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> list:
+    """(forward, backward) of one of SDPA's CUDA kernels, its aten ops called as SDPA's autograd
+    calls them on a GPU (the backward fed the forward's outputs)."""
+    aten, state = torch.ops.aten, {}
+    if backend == "flash":
+        def forward():
+            state["out"] = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal)
+
+        def backward():
+            o, lse, cum_q, cum_k, max_q, max_k, seed, offset = state["out"][:8]
+            aten._scaled_dot_product_flash_attention_backward(
+                o, q, k, v, o, lse, cum_q, cum_k, max_q, max_k, 0.0, causal, seed, offset)
+    elif backend == "efficient":
+        def forward():
+            state["out"] = aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, causal)
+
+        def backward():
+            o, lse, seed, offset = state["out"]
+            aten._scaled_dot_product_efficient_attention_backward(
+                o, q, k, v, None, o, lse, seed, offset, 0.0, [True, True, True, False], causal)
+    else:
+        def forward():
+            state["out"] = aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal)
+
+        def backward():
+            o, lse, cum_q, cum_k, max_q, max_k, seed, offset = state["out"][:8]
+            aten._scaled_dot_product_cudnn_attention_backward(
+                o, q, k, v, o, lse, seed, offset, None, cum_q, cum_k, max_q, max_k, 0.0, causal)
+    return [("forward", forward), ("backward", backward)]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("backend", ["flash", "efficient", "cudnn"])
+def test_cuda_sdpa_kernels_by_hand_on_fake_tensors(backend: str, causal: bool) -> None:
+    """SDPA's CUDA kernels counted without a GPU: their ops on fake CUDA tensors (their meta
+    kernels run). Model FLOPs, the full square and the causal pairs, with n_q != n_k and (where
+    the kernel allows it) a value head dim other than the query's; the backward's recomputation
+    of the scores is not counted. On a GPU, through F.scaled_dot_product_attention:
+    test_flop_count_gpu.py."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    b, h, n_q, n_k, d = 2, 3, 203, 150, 64
+    d_v = d if backend == "flash" else 48
+    with FakeTensorMode():
+        q, k, v = (torch.empty(b, h, n, dim, device="cuda", dtype=torch.bfloat16)
+                   for n, dim in ((n_q, d), (n_k, d), (n_k, d_v)))  # fmt: skip
+        counts = count_phases(_cuda_sdpa(backend, q, k, v, causal))
+    pairs = causal_pairs(n_q, n_k) if causal else n_q * n_k
+    square, half = 2 * b * h * n_q * n_k * (d + d_v), 2 * b * h * pairs * (d + d_v)
+    fwd, bwd = counts.phases["forward"], counts.phases["backward"]
+    assert (fwd.flops, bwd.flops) == (square, 2 * square)
+    assert (fwd.flops_causal, bwd.flops_causal) == (half, 2 * half)
+    assert (fwd.attention_flops, bwd.attention_flops) == (square, 2 * square)
+
+
 def test_attention_formula_with_grouped_query_heads() -> None:
     # 8 query heads over 2 key/value heads: the work is per query head
     flops = attention_flops((2, 8, 9, 4), (2, 2, 9, 4), (2, 2, 9, 4), causal=True, backward=False,

@@ -11,7 +11,7 @@ import torch
 
 from lmscope.accounting.flops import parameter_counts
 from lmscope.sources import ModelRequest, UserModel, resolve_source
-from lmscope.sources.factory import factory_kwargs, load_factory
+from lmscope.sources.factory import call_factory, factory_kwargs, load_factory
 from lmscope.workloads.model_spec import ModelPointSpec
 from lmscope.workloads.train_step import TrainStep
 
@@ -137,6 +137,22 @@ def test_factory_gets_the_arguments_its_signature_names():
     built = source.build(torch.device("cpu"))
     assert isinstance(built, UserModel) and built.model.positions.num_embeddings == 33
     assert next(built.model.parameters()).device.type == "cpu"
+
+
+def test_a_model_the_factory_made_elsewhere_is_moved_to_the_point_device():
+    """A factory may return a model it did not make under ``with device:`` (one loaded earlier on
+    the CPU, say): the source moves it to the point's device, here a fake CUDA device
+    (FakeTensorMode), so that this runs without a GPU."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    loaded = torch.nn.Linear(4, 1)  # on the CPU, before any point's device is known
+
+    def factory() -> UserModel:
+        return UserModel(model=loaded, make_batch=lambda *args: None, loss=lambda *args: None)
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        built = call_factory(factory, {}, "loaded:factory", torch.device("cuda"))
+    assert {p.device.type for p in built.model.parameters()} == {"cuda"}
 
 
 def test_factory_in_a_module_and_the_meta_check_falls_back_to_the_cpu(support_on_path):

@@ -29,8 +29,11 @@ S = batch*heads*seq^2; a = 4 bytes in fp32, 2 under bf16/fp16 autocast):
 
 Not modelled: the caching allocator's rounding (512 bytes, or a whole block when the remainder of a
 large block is under 1 MiB), cuBLAS/cuBLASLt workspaces (allocated once, a few to 32 MiB), kernels'
-internal scratch (flash split-KV accumulators, embedding backward's index sort), and torch.compile
-(which decides what to save by itself): predictions are for eager mode.
+internal scratch (flash split-KV accumulators, embedding backward's index sort; the flash backward's
+fp32 dQ accumulator, one (tokens, d_model) fp32 tensor during an attention backward, which comes
+after the same block's SwiGLU backward has reached a higher level: it sets no peak while d_ff is
+not far below d_model), and torch.compile (which decides what to save by itself): predictions are
+for eager mode.
 """
 
 from __future__ import annotations
@@ -550,9 +553,8 @@ def _naive_attention_backward(led: _Ledger, s: _Dims) -> None:
 
 def _fused_attention_backward(led: _Ledger, s: _Dims) -> None:
     """SDPA / fused kernel backward from a live grad of the output; leaves dq, dk, dv."""
-    scratch = s.res if s.kernel == "flash" else 0  # flash's fp32 dq accumulator
-    led.alloc(3 * s.act + scratch + s.lse)  # dq, dk, dv, scratch, softmax row sums
-    led.free(scratch + s.lse)
+    led.alloc(3 * s.act + s.lse)  # dq, dk, dv, softmax row sums
+    led.free(s.lse)
     led.free(s.act)  # output grad consumed
     led.free(4 * s.act + s.lse)  # release q, k, v, output, lse
 

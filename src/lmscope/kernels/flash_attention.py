@@ -981,6 +981,7 @@ class _Plan(NamedTuple):
     q_shape: torch.Size
     k_shape: torch.Size
     l_shape: torch.Size  # L's: q's without d
+    l_strides: tuple  # L's, contiguous: the strides of its view of the forward's buffer
     o_strides_nd: tuple | None  # O's strides (``_out_strides``), None: contiguous
     as_is: bool  # q, k, v (and so O) are read as they are: no 4-d view or copy to make
     bh: int  # batch * heads
@@ -1048,6 +1049,7 @@ def _plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> _P
     scalars = (h, n_q, n_k, sm_scale * LOG2E, sm_scale, nq_bucket, nk_bucket)
     return _Plan(
         dtype=q.dtype, device=q.device, q_shape=q.shape, k_shape=k.shape, l_shape=q.shape[:-1],
+        l_strides=torch.empty(q.shape[:-1], device="meta").stride(),
         o_strides_nd=o_strides_nd, as_is=q4 is q and k4 is k and v4 is v, bh=bh, n_q=n_q, d=d,
         d_pad=_bucket(d),  # max(16, next power of two): no Triton call per call
         l_size=_aligned(bh * n_q), strides=strides, o_strides=o_strides, scalars=scalars,
@@ -1100,12 +1102,12 @@ def _scratch(plan: _Plan, atomic: bool) -> int:
 
 def _forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scratch: bool
-) -> tuple[torch.Tensor, torch.Tensor, tuple, _Plan]:
-    """The forward launch. Returns (O, stats, (Q, K, V) as the kernel read them, plan).
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, tuple, _Plan]:
+    """The forward launch. Returns (O, L, buffer, (Q, K, V) as the kernel read them, plan).
 
-    Without ``scratch``, stats is L (..., n_queries); with it, a flat float32 buffer that holds
-    L at its head and the separate-mode backward's D at ``plan.l_size`` (one allocation fewer
-    per backward)."""
+    L is float32 (..., n_queries). Without ``scratch``, buffer is None and L a tensor of its own;
+    with it, buffer is one flat float32 allocation that holds L at its head (L is a view of it)
+    and the separate-mode backward's D at ``plan.l_size``: one allocation fewer per backward."""
     plan = _plan_for(q, k, v, bool(causal))
     if plan.o_strides_nd is None:
         o = torch.empty(plan.q_shape, dtype=plan.dtype, device=plan.device)
@@ -1117,16 +1119,17 @@ def _forward(
         q4, k4, v4, o4 = _as4d(q), _as4d(k), _as4d(v), _as4d(o)
     # Contiguous: the kernel indexes L by (batch*head, row) without strides.
     if scratch:
-        stats = torch.empty(plan.l_size + _scratch(plan, False), dtype=torch.float32, device=plan.device)
+        buffer = torch.empty(plan.l_size + _scratch(plan, False), dtype=torch.float32, device=plan.device)
+        lse = buffer.as_strided(plan.l_shape, plan.l_strides)
     else:
-        stats = torch.empty(plan.l_shape, dtype=torch.float32, device=plan.device)
+        buffer, lse = None, torch.empty(plan.l_shape, dtype=torch.float32, device=plan.device)
     if _gluon_serves(plan, q4, k4, v4, o4):
-        flash_sm90.forward(q4, k4, v4, o4, stats, plan.key[1], plan.scalars[3])
+        flash_sm90.forward(q4, k4, v4, o4, lse, plan.key[1], plan.scalars[3])
         _LAST_KERNELS["forward"] = "gluon-sm90"
     else:
-        _FWD_LAUNCH(plan.key, plan.n_q, plan.bh, (q4, k4, v4, o4, stats), plan.fwd)
+        _FWD_LAUNCH(plan.key, plan.n_q, plan.bh, (q4, k4, v4, o4, lse), plan.fwd)
         _LAST_KERNELS["forward"] = "triton"
-    return o, stats, (q4, k4, v4), plan
+    return o, lse, buffer, (q4, k4, v4), plan
 
 
 # Which kernels the last Python-path forward and backward launched (a benchmark row records
@@ -1148,7 +1151,7 @@ def flash_attention_forward(
     """Forward kernel only. Returns (O with q's shape and dtype, L float32 (..., n_queries)).
 
     For inputs of 4+ dims O has (..., n_queries, H, d) memory order (module docstring)."""
-    o, lse, _, _ = _forward(q, k, v, causal, False)
+    o, lse, _, _, _ = _forward(q, k, v, causal, False)
     return o, lse
 
 
@@ -1282,33 +1285,37 @@ def flash_attention_backward(
 class FlashAttentionTriton(torch.autograd.Function):
     """FlashAttention-2 in Triton. ``FlashAttentionTriton.apply(q, k, v, is_causal=False)``.
 
-    Saves Q, K, V (as the kernels read them), O, and one float32 buffer holding the
-    log-sum-exp L (..., n_queries) and, unless the dQ mode is "atomic", the separate-mode
-    backward's scratch (an atomic backward allocates its own); the
+    Saves Q, K, V (as the kernels read them), O, and exactly one log-sum-exp tensor L, float32,
+    shape (..., n_queries) (docs/kernels/flash_attention.md, "Contract"); unless the dQ mode is
+    "atomic", also the flat float32 buffer that L is a view of, whose tail is the separate-mode
+    backward's scratch (one allocation for both; an atomic backward allocates its own). The
     strides, scalars and launch keys the forward computed are kept for the backward (``_Plan``).
     """
 
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False):
         mode = _dq_mode(None)
-        o, stats, (q4, k4, v4), plan = _forward(q, k, v, is_causal, mode != "atomic")
-        ctx.save_for_backward(q4, k4, v4, o, stats)
+        o, lse, buffer, (q4, k4, v4), plan = _forward(q, k, v, is_causal, mode != "atomic")
+        if buffer is None:
+            ctx.save_for_backward(q4, k4, v4, o, lse)
+        else:
+            ctx.save_for_backward(q4, k4, v4, o, lse, buffer)
         ctx.plan = plan
         ctx.dq_mode = mode
         return o
 
     @staticmethod
     def backward(ctx, do: torch.Tensor):
-        q4, k4, v4, o, stats = ctx.saved_tensors
+        q4, k4, v4, o, lse, *buffer = ctx.saved_tensors
         plan = _plan_of_saved(ctx.plan, q4, k4, v4, o)
         do4 = _prepared_do(do, plan)
         atomic = _atomic_dq(ctx.dq_mode, plan, q4, k4, v4, do4)
         if atomic:  # its dQ accumulator is not kept from forward to backward
             f32 = torch.empty(_scratch(plan, True), dtype=torch.float32, device=plan.device)
         else:
-            f32 = stats[plan.l_size :]
+            f32 = buffer[0][plan.l_size :]
         # the kernels take O and L by pointer: the saved tensors serve as they are
-        grads = _backward(do4, q4, k4, v4, o, stats, f32, plan, atomic)
+        grads = _backward(do4, q4, k4, v4, o, lse, f32, plan, atomic)
         if plan is not ctx.plan:  # planned for the 4-d views: the inputs' own shapes back
             shapes = (ctx.plan.q_shape, ctx.plan.k_shape, ctx.plan.k_shape)
             grads = tuple(g.view(shape) for g, shape in zip(grads, shapes, strict=True))

@@ -132,6 +132,7 @@ struct NativePlan : torch::CustomClassHolder {
   std::vector<int64_t> o_strides;  // empty: contiguous
   int64_t buffer_numel = 0;        // L, then D at d_offset (floats)
   int64_t d_offset = 0;
+  std::vector<int64_t> l_sizes, l_strides;  // L's view of the buffer's head: q's sizes without d
   std::vector<int64_t> do_strides;  // the dO layout the backward kernels were built for
   at::Tensor dq_acc;                // never read or written by the separate mode's kernels
   LaunchSpec fwd, dq, dkdv;
@@ -185,7 +186,8 @@ struct FlashAttentionTritonNative : public torch::autograd::Function<FlashAttent
     at::Tensor buffer = at::empty({plan->buffer_numel}, options.dtype(at::kFloat));
     const auto ptrs = forward_table(q, k, v, o, buffer);
     launch(plan->fwd, ptrs, current_stream(plan->device));
-    ctx->save_for_backward({q, k, v, o, buffer});
+    // L saved as its own (..., n_queries) view (the documented contract), beside the buffer
+    ctx->save_for_backward({q, k, v, o, buffer.as_strided(plan->l_sizes, plan->l_strides), buffer});
     ctx->saved_data["plan"] = c10::IValue::make_capsule(plan);
     return o;
   }
@@ -194,7 +196,7 @@ struct FlashAttentionTritonNative : public torch::autograd::Function<FlashAttent
                                                  torch::autograd::variable_list grads) {
     auto plan = c10::static_intrusive_pointer_cast<NativePlan>(ctx->saved_data["plan"].toCapsule());
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &o = saved[3], &buffer = saved[4];
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &o = saved[3], &buffer = saved[5];
     c10::DeviceGuard guard(plan->device);
     ensure_context(plan->device);
     at::Tensor d_o = grads[0];
@@ -251,6 +253,11 @@ int64_t add_plan(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
   plan->o_strides = std::move(o_strides);
   plan->buffer_numel = buffer_numel;
   plan->d_offset = d_offset;
+  plan->l_sizes.assign(q.sizes().begin(), q.sizes().end() - 1);
+  plan->l_strides.assign(plan->l_sizes.size(), 1);
+  for (int64_t i = static_cast<int64_t>(plan->l_sizes.size()) - 2; i >= 0; --i) {
+    plan->l_strides[i] = plan->l_strides[i + 1] * plan->l_sizes[i + 1];
+  }
   plan->do_strides = std::move(do_strides);
   plan->dq_acc = dq_acc;
   plan->fwd = to_spec(fwd);

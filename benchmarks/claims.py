@@ -1,10 +1,13 @@
-"""Regenerate (``--write``) or check (``--check``) every generated table of numbers in the docs.
+"""Regenerate (``--write``) or check (``--check``) every generated number in the docs.
 
-The docs are README.md, docs/**/*.md and benchmarks/results/**/README.md. Each block between
-``<!-- claims: NAME -->`` and ``<!-- /claims -->`` is the output of the claim NAME below, a query
-over the committed JSONL rows under benchmarks/results/. ``--check`` exits 1 naming file and line
-when a block is stale, a claim finds no row, a ratio mixes two commits, or a measured-looking
-number sits outside a block with no link to its rows. Usage, from the repository root:
+The docs are README.md, docs/**/*.md, benchmarks/results/**/README.md and every
+benchmarks/results/**/summary.md. Each block between ``<!-- claims: NAME -->`` and
+``<!-- /claims -->`` is the output of the claim NAME below, a query over the committed JSONL rows
+under benchmarks/results/; each summary.md is the output of the script that writes it
+(`SUMMARY_SCRIPTS`) over the rows beside it. ``--check`` exits 1 naming file and line when a block
+or a summary is stale, a claim finds no row, a ratio mixes two commits, a relative link resolves to
+nothing, or a number with a unit sits outside a block where the rows its text refers to do not
+back it (`lmscope.report.claims` says what backs a number). Usage, from the repository root:
 
     uv run python benchmarks/claims.py --check
     uv run python benchmarks/claims.py --write
@@ -14,17 +17,22 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fnmatch
+import functools
+import importlib.util
 import io
 import os
 import statistics
 import sys
 from pathlib import Path
+from types import ModuleType
 
 from lmscope.provenance import code_identity
 from lmscope.report.claims import (
     ClaimError,
     Registry,
     Rows,
+    Scope,
     check_files,
     claim_block,
     fmt,
@@ -46,13 +54,53 @@ LEADERBOARD = dict(batch=1, heads=16, seq_len=16384, head_dim=64, dtype="bf16", 
 
 def doc_files(root: Path = ROOT) -> list[Path]:
     """Every doc whose numbers must come from rows."""
-    docs = [*root.glob("docs/**/*.md"), *root.glob("benchmarks/results/**/README.md")]
+    docs = [*root.glob("docs/**/*.md"), *root.glob("benchmarks/results/**/README.md"),
+            *root.glob("benchmarks/results/**/summary.md")]
     return sorted([root / "README.md", *docs])
 
 
-def is_results_readme(path: Path) -> bool:
-    """A README beside its rows: one pointer to them covers its section."""
-    return "benchmarks/results/" in path.as_posix()
+SUMMARY_SCRIPTS = (
+    ("memory/activations*", "benchmarks/memory/summarize_activations.py", "results.jsonl"),
+    ("memory", "benchmarks/memory/summarize.py", "results.jsonl"),
+    ("attention", "benchmarks/attention/summarize.py", "."),
+    ("fast", "benchmarks/fast/summarize.py", "."),
+    ("own_model", "benchmarks/own_model/summarize.py", "."),
+)
+"""(folder under benchmarks/results, first match wins; the script that writes the summary.md of a
+run there; what its `summary_text` reads, relative to the run's folder)."""
+
+
+@functools.cache
+def _script(relative: str) -> ModuleType:
+    """A summarize script as a module of its own name (the scripts share the name `summarize`)."""
+    name = "summary_" + relative.removeprefix("benchmarks/").removesuffix(".py").replace("/", "_")
+    spec = importlib.util.spec_from_file_location(name, ROOT / relative)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def summary_script(path: Path, root: Path = ROOT) -> tuple[str, Path] | None:
+    """(script, what it reads) of a summary.md under benchmarks/results; None for another doc."""
+    results = root / "benchmarks" / "results"
+    if path.name != "summary.md" or results not in path.parents:
+        return None
+    folder = path.parent.relative_to(results).as_posix()
+    for pattern, script, reads in SUMMARY_SCRIPTS:
+        if fnmatch.fnmatch(folder, pattern) or fnmatch.fnmatch(folder, pattern + "/*"):
+            return script, (path.parent / reads).resolve()
+    return None
+
+
+def scope(path: Path, root: Path = ROOT) -> Scope:
+    """A summary.md is its script's output over the rows beside it; a results README is checked
+    per section, against the rows beside it too; another doc per paragraph."""
+    written = summary_script(path, root)
+    if written is not None:
+        script, reads = written
+        return Scope(regenerate=lambda: _script(script).summary_text(reads))
+    beside = "benchmarks/results/" in path.as_posix()
+    return Scope(by_section=beside, rows_beside=beside)
 
 
 def runs_of(found: list[dict]) -> list[list[dict]]:
@@ -854,7 +902,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("files", nargs="*", type=Path, help="docs to process (default: all)")
     args = parser.parse_args(argv)
     files = [f.resolve() for f in args.files] or doc_files()
-    problems = check_files(files, REGISTRY, write=args.write, by_section=is_results_readme)
+    problems = check_files(files, REGISTRY, write=args.write, scope=scope)
     for problem in problems:
         print(problem, file=sys.stderr)
     if problems:

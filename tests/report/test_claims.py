@@ -106,6 +106,11 @@ LINK = f"([rows](../{RUN}))"
     ("batch 4, context 512, 16 heads, head dim 64, on 2x H200", False),
     ("at most 2^27 score elements", False),
     ("Run `lmscope plan flops --step-ms 41.2`.", False),
+    ("The stage's tests were cut by its 100 s limit.", False),
+    ("fp16 gives 9.953125 for a thousand 0.01s.", False),
+    ("The step is host-bound: 68.2 ms.", True),
+    ("The step is bound by the host: 68.2 ms.", True),
+    ("The test bounds the error at 15 %.", False),
 ])
 def test_measured_looking_numbers_need_a_pointer_to_rows(tmp_path: Path, line: str, flagged: bool) -> None:
     _rows(tmp_path / RUN, [_row("ours", 68.14)])

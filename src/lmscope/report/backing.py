@@ -4,11 +4,11 @@ A number N printed with d decimals (``68.1 ms``: d = 1) stands for any value wit
 of its last digit (0.05 here); values are compared by magnitude (a sign is often a word: "5.8 %
 below"). N with a unit is *backed* by the rows when
 
-- **a field of a row** rounds to it, converted into N's unit where the field's name carries a
-  unit of the same kind (`fwd_ms` backs ``0.9 s``, `saved_mib` backs GiB, `_pct` backs %,
-  `_frac` and `mfu` back % as a fraction times 100). A field whose name carries a unit of
-  another kind backs nothing in N's unit; one whose name carries none (a count, an error, a
-  ratio) backs N as it is, and % as a fraction too;
+- **a field of a row** rounds to it, converted into N's unit from the unit the field's name
+  carries (snake_case keys carry their unit: `fwd_ms` backs ``0.9 s``, `saved_mib` backs GiB,
+  `_pct` backs %, `_frac` and `mfu` back % as a fraction times 100, a field named as a ratio,
+  `speedup` or `vs_floor`, backs x). A field of another kind, or whose name carries no unit (a
+  count, a size, an error), backs nothing;
 - or, for a ratio (``2.99x``), it is the quotient a / b of two numbers printed in the same table
   row or sentence, each of which a field of the rows rounds to (``HF 203.3 ms, fast 68.1 ms:
   2.99x``), within the rounding that a and b carry into the quotient. A ratio whose operands
@@ -46,10 +46,14 @@ FIELD_UNIT = {
     "gib": ("memory", 2.0**30), "mib": ("memory", 2.0**20), "bytes": ("memory", 1.0),
     "gbps": ("bandwidth", 1e9), "tflops": ("flop rate", 1e12),
     "pct": ("percent", 1.0), "frac": ("percent", 100.0), "mfu": ("percent", 100.0),
-    "mhz": ("frequency", 1e6), "w": ("power", 1.0), "watts": ("power", 1.0),
+    "mhz": ("frequency", 1e6), "w": ("power", 1.0), "watts": ("power", 1.0), "mb": ("memory", 1e6),
 }
 """A unit word in a field's name (its last one, between '_') -> (kind, size in the kind's base
 unit); `tokens_per_s` is the token rate."""
+
+RATIO_FIELD = re.compile(r"ratio|speedup|factor|(?:^|_)vs(?:_|$)")
+"""A field whose name says it holds a ratio (`speedup`, `vs_floor`): it backs a number printed
+with x."""
 
 NUMBER = re.compile(r"(?<![\w.,^/])(\d{1,3}(?:,\d{3})+|\d+)(?:\.(\d+))?(?![\w^/]|,\d{3}|\.\d)")
 """A number as prose prints it, with or without thousands separators; not one inside a word,
@@ -57,13 +61,14 @@ a version (2.11.0), an exponent (2^27) or a path."""
 
 
 def field_unit(name: str) -> tuple[str, float] | None:
-    """(kind, size) of the unit a field's name carries, None when it names none."""
+    """(kind, size) of the unit a field's name carries ('ratio' for a ratio), None when it names
+    none."""
     if name.endswith("tokens_per_s"):
         return ("token rate", 1.0)
     for word in reversed(name.lower().split("_")):
         if word in FIELD_UNIT:
             return FIELD_UNIT[word]
-    return None
+    return ("ratio", 1.0) if RATIO_FIELD.search(name.lower()) else None
 
 
 @dataclass(frozen=True)
@@ -100,7 +105,8 @@ class Backing:
     """The values of a set of rows, sorted for the within-rounding test."""
 
     by_kind: dict[str, list[float]] = field(default_factory=dict)
-    """Kind -> absolute values in the kind's base unit ('' for fields whose name carries none)."""
+    """Kind -> absolute values in the kind's base unit ('' for fields whose name carries none:
+    they back no printed unit, only the operands of a printed ratio)."""
     raw: list[float] = field(default_factory=list)
     """Every absolute value as the row holds it (operands of a printed ratio)."""
 
@@ -121,13 +127,9 @@ class Backing:
         """Whether the rows back `number`, printed with the numbers `beside` it (module docstring)."""
         low, high = number.value - number.slack, number.value + number.slack
         if number.unit == "x":
-            return _any_in(self.by_kind.get("", []), low, high) or self._quotient(number, beside)
+            return _any_in(self.by_kind.get("ratio", []), low, high) or self._quotient(number, beside)
         kind, size = UNIT_KIND[number.unit]
-        if _any_in(self.by_kind.get(kind, []), low * size, high * size):
-            return True
-        unitless = self.by_kind.get("", [])  # a share as a percentage or as a fraction
-        return kind == "percent" and (_any_in(unitless, low, high)
-                                      or _any_in(unitless, low / 100, high / 100))
+        return _any_in(self.by_kind.get(kind, []), low * size, high * size)
 
     def holds(self, number: Printed) -> bool:
         """Whether some value of the rows, as the row holds it, rounds to `number`."""

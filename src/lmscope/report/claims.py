@@ -43,19 +43,20 @@ CLOSE = "<!-- /claims -->"
 
 MEASURED = re.compile(
     r"(?<![\w.^/,])(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
-    r"(?:x(?!\s?[A-Z]\d)|\s?(?:ms|us|µs|μs|s|%|GiB|MiB|GB/s|TB/s|TFLOP/s|tokens/s))(?![\w^/])"
+    r"(?:x(?!\s?[A-Z]\d)|\s?(?:ms|us|µs|μs|%|GiB|MiB|GB/s|TB/s|TFLOP/s|tokens/s)| s)(?![\w^/])"
 )
 """A number with a unit that a measurement gives; `2^27` or `x/y` formula text, a count of GPUs
-(`2x H200`) and a bare count do not match."""
+(`2x H200`), a plural (`0.01s`: seconds take a space) and a bare count do not match."""
 
 PREDICTION = re.compile(r"lmscope plan ")
 """The command that computes a number (a prediction, not a measurement): its paragraph is not
 checked against rows."""
 
-CONSTANT = re.compile(r"\b(?:targets?|goal|must|at most|at least|tolerance|slack|budget|bound|default|e\.g\."
-                      r"|interval|confidence|catalog|datasheet|example|predict\w*)\b"
-                      r"|>=|<=|[≥≤<>]", re.IGNORECASE)
-"""Words that make a number on the same clause a requirement or a setting, not a measurement."""
+CONSTANT = re.compile(r"\b(?:targets?|goal|must|at most|at least|tolerance|slack|budget|default"
+                      r"|e\.g\.|interval|confidence|catalog|datasheet|example|predict\w*|limits?|timeouts?)\b"
+                      r"|(?<![\w-])bounds?\b(?! by)|>=|<=|[≥≤<>]", re.IGNORECASE)
+"""Words that make a number on the same clause a requirement or a setting, not a measurement
+("bounds the error at", not "host-bound" or "bound by the host")."""
 
 
 class ClaimError(Exception):
@@ -326,8 +327,7 @@ def unbacked(path: Path, text: str, found: Sequence[tuple[str, int, int]], shown
     problems = []
     for unit in (_sections if scope.by_section else _units)(lines, inside):
         body = "\n".join(lines[i] for i in unit)
-        header = next((lines[i] for i in unit if lines[i].lstrip().startswith("|")), "")
-        if PREDICTION.search(body) or CONSTANT.search(header):  # a prediction; a table of targets
+        if PREDICTION.search(body):
             continue
         hits = _measured(body)
         if not hits:

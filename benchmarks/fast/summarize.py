@@ -293,7 +293,8 @@ def summary_text(out: Path) -> str:
              "SDPA; fast: FastTransformerLM (Triton RMSNorm, SwiGLU, RoPE, FlashAttention, fused LM "
              "head + cross-entropy), its step replayed from CUDA graphs (`--cuda-graph auto`); "
              "fast, no graphs: the same model launched eagerly. All: fp32 master weights, bf16 "
-             "compute; AdamW: torch's fused one for the peers, lmscope's FusedAdamW for fast. "
+             "compute; AdamW: torch's fused one for the peers, lmscope's FusedAdamW for fast (rows of "
+             "commits before 18a183b: torch's fused one too). "
              "MFU counts attention as the full square (as "
              "lmscope.accounting.flops does).\n"]
     lines += main_table(rows) + targets(rows, recorded_bandwidth(out)) + long_table(long_rows)

@@ -16,9 +16,10 @@ is a function registered in a `Registry` that reads JSONL rows and returns the b
   printed beside it (`lmscope.report.backing`). The unit of text is the paragraph, list item or
   table (with the paragraph above it), or in a results README the section; it refers to rows by
   a link, a code span or a ``benchmarks/results/`` path (`doc_refs.rows_files`), and a results
-  README also to the rows beside it. Not checked: a clause with a word of a requirement or a
-  setting (target, at most, default, ...), a table whose header has one, code, and a paragraph
-  that names the ``lmscope plan`` command (a prediction it computes, not a measurement).
+  README also to the rows beside it. Not checked: a clause (up to a semicolon or sentence end,
+  or a table cell) with a word of a requirement or a setting (target, at most, default, limit,
+  ...), code, and a paragraph that names the ``lmscope plan`` command (a prediction it
+  computes, not a measurement).
 """
 
 from __future__ import annotations

@@ -193,6 +193,26 @@ def test_a_relative_link_must_resolve(tmp_path: Path, target: str, broken: bool)
     assert [p.line for p in problems] == ([3] if broken else []), problems
 
 
+def test_a_link_whose_text_wraps_is_checked_on_the_line_of_its_target(tmp_path: Path) -> None:
+    doc = _doc(tmp_path, "# T\n\nSee [the two\nfiles](missing.md) and `[x](also-missing.md)` (code).\n")
+    problems = check_files([doc], _registry(tmp_path))
+    assert [(p.line, "'missing.md'" in p.message) for p in problems] == [(4, True)]
+
+
+@pytest.mark.parametrize("reference, backed", [
+    ("`benchmarks/results/x/<run>.jsonl`", True),   # <run> stands for any name: both files
+    ("`benchmarks/results/x/a.jsonl`", False),      # 203.3 is in b.jsonl only
+    ("`benchmarks/results/x/`", True),              # a folder: the rows files in it
+    ("`benchmarks/results/y/`", False),             # no such folder
+])
+def test_a_reference_names_the_rows_of_every_file_it_matches(tmp_path: Path, reference: str,
+                                                            backed: bool) -> None:
+    _rows(tmp_path / "benchmarks/results/x/a.jsonl", [_row("ours", 68.14)])
+    _rows(tmp_path / "benchmarks/results/x/b.jsonl", [_row("peer", 203.3)])
+    doc = _doc(tmp_path, f"Ours 68.1 ms, HF 203.3 ms ({reference}).\n")
+    assert (check_files([doc], _registry(tmp_path)) == []) == backed
+
+
 def test_a_summary_number_with_no_backing_fails(tmp_path: Path) -> None:
     """A summary.md that no script writes is checked against the rows beside it, per section."""
     folder = tmp_path / "benchmarks/results/x"

@@ -17,7 +17,7 @@ from functools import cache
 from pathlib import Path
 
 ROWS_SUFFIXES = (".jsonl", ".csv")
-LINK = re.compile(r"!?\[[^\]\n]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 CODE = re.compile(r"`([^`\n]+)`")
 BARE = re.compile(r"(?<![\w/`])(benchmarks/results/[\w.<>*/+-]+)")
 EXTERNAL = re.compile(r"^[a-z][a-z0-9+.-]*:", re.IGNORECASE)
@@ -25,15 +25,19 @@ PLACEHOLDER = re.compile(r"<[^<>/]+>")
 
 
 def links(lines: Sequence[str]) -> Iterator[tuple[int, str]]:
-    """(line index, target) of each markdown link outside code fences and code spans."""
+    """(line index, target) of each markdown link outside code fences and code spans; a link's
+    text may wrap across lines."""
     fence = False
-    for i, line in enumerate(lines):
+    prose = []
+    for line in lines:
         if line.strip().startswith("```"):
             fence = not fence
-            continue
-        if not fence:
-            for match in LINK.finditer(CODE.sub(lambda m: " " * len(m.group(0)), line)):
-                yield i, match.group(1)
+            prose.append("")
+        else:
+            prose.append("" if fence else CODE.sub(lambda m: " " * len(m.group(0)), line))
+    text = "\n".join(prose)
+    for match in LINK.finditer(text):
+        yield text.count("\n", 0, match.start(1)), match.group(1)
 
 
 def broken(doc: Path, target: str) -> str | None:

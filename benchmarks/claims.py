@@ -1,10 +1,13 @@
-"""Regenerate (``--write``) or check (``--check``) every generated table of numbers in the docs.
+"""Regenerate (``--write``) or check (``--check``) every generated number in the docs.
 
-The docs are README.md, docs/**/*.md and benchmarks/results/**/README.md. Each block between
-``<!-- claims: NAME -->`` and ``<!-- /claims -->`` is the output of the claim NAME below, a query
-over the committed JSONL rows under benchmarks/results/. ``--check`` exits 1 naming file and line
-when a block is stale, a claim finds no row, a ratio mixes two commits, or a measured-looking
-number sits outside a block with no link to its rows. Usage, from the repository root:
+The docs are README.md, docs/**/*.md, benchmarks/results/**/README.md and every
+benchmarks/results/**/summary.md. Each block between ``<!-- claims: NAME -->`` and
+``<!-- /claims -->`` is the output of the claim NAME below, a query over the committed JSONL rows
+under benchmarks/results/; each summary.md is the output of the script that writes it
+(`SUMMARY_SCRIPTS`) over the rows beside it. ``--check`` exits 1 naming file and line when a block
+or a summary is stale, a claim finds no row, a ratio mixes two commits, a relative link resolves to
+nothing, or a number with a unit sits outside a block where the rows its text refers to do not
+back it (`lmscope.report.claims` says what backs a number). Usage, from the repository root:
 
     uv run python benchmarks/claims.py --check
     uv run python benchmarks/claims.py --write
@@ -14,17 +17,22 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fnmatch
+import functools
+import importlib.util
 import io
 import os
 import statistics
 import sys
 from pathlib import Path
+from types import ModuleType
 
 from lmscope.provenance import code_identity
 from lmscope.report.claims import (
     ClaimError,
     Registry,
     Rows,
+    Scope,
     check_files,
     claim_block,
     fmt,
@@ -46,13 +54,53 @@ LEADERBOARD = dict(batch=1, heads=16, seq_len=16384, head_dim=64, dtype="bf16", 
 
 def doc_files(root: Path = ROOT) -> list[Path]:
     """Every doc whose numbers must come from rows."""
-    docs = [*root.glob("docs/**/*.md"), *root.glob("benchmarks/results/**/README.md")]
+    docs = [*root.glob("docs/**/*.md"), *root.glob("benchmarks/results/**/README.md"),
+            *root.glob("benchmarks/results/**/summary.md")]
     return sorted([root / "README.md", *docs])
 
 
-def is_results_readme(path: Path) -> bool:
-    """A README beside its rows: one pointer to them covers its section."""
-    return "benchmarks/results/" in path.as_posix()
+SUMMARY_SCRIPTS = (
+    ("memory/activations*", "benchmarks/memory/summarize_activations.py", "results.jsonl"),
+    ("memory", "benchmarks/memory/summarize.py", "results.jsonl"),
+    ("attention", "benchmarks/attention/summarize.py", "."),
+    ("fast", "benchmarks/fast/summarize.py", "."),
+    ("own_model", "benchmarks/own_model/summarize.py", "."),
+)
+"""(folder under benchmarks/results, first match wins; the script that writes the summary.md of a
+run there; what its `summary_text` reads, relative to the run's folder)."""
+
+
+@functools.cache
+def _script(relative: str) -> ModuleType:
+    """A summarize script as a module of its own name (the scripts share the name `summarize`)."""
+    name = "summary_" + relative.removeprefix("benchmarks/").removesuffix(".py").replace("/", "_")
+    spec = importlib.util.spec_from_file_location(name, ROOT / relative)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def summary_script(path: Path, root: Path = ROOT) -> tuple[str, Path] | None:
+    """(script, what it reads) of a summary.md under benchmarks/results; None for another doc."""
+    results = root / "benchmarks" / "results"
+    if path.name != "summary.md" or results not in path.parents:
+        return None
+    folder = path.parent.relative_to(results).as_posix()
+    for pattern, script, reads in SUMMARY_SCRIPTS:
+        if fnmatch.fnmatch(folder, pattern) or fnmatch.fnmatch(folder, pattern + "/*"):
+            return script, (path.parent / reads).resolve()
+    return None
+
+
+def scope(path: Path, root: Path = ROOT) -> Scope:
+    """A summary.md is its script's output over the rows beside it; a results README is checked
+    per section, against the rows beside it too; another doc per paragraph."""
+    written = summary_script(path, root)
+    if written is not None:
+        script, reads = written
+        return Scope(regenerate=lambda: _script(script).summary_text(reads))
+    beside = "benchmarks/results/" in path.as_posix()
+    return Scope(by_section=beside, rows_beside=beside)
 
 
 def runs_of(found: list[dict]) -> list[list[dict]]:
@@ -845,6 +893,125 @@ def fast_progression(rows: Rows) -> str:
     return out.getvalue()
 
 
+DISTRIBUTED = "benchmarks/results/distributed"
+DDP_RUNS = ("ddp-x2-batch16", "ddp-x2-paired")
+"""The 2-GPU xl DDP sweeps whose rows carry the overhead model's prediction: batch 16 per rank
+(the GPU bounds the step), then the study's batch 4 (the host bounds it)."""
+
+
+@claim("ddp-exposed-comm")
+def ddp_exposed_comm(rows: Rows) -> str:
+    """Per strategy of each sweep: the step against its paired baseline, and the communication
+    left after backward, measured beside what the overhead model predicts for it."""
+    body, footers = [], []
+    for run in DDP_RUNS:
+        pattern = f"{DISTRIBUTED}/{run}/ddp.jsonl"
+        found = [r for r in rows.select(pattern) if r["strategy"] != "single"]
+        for r in sorted(found, key=lambda r: r["predicted_comm_wait_ms"]):
+            body.append([str(r["batch_size"]), r["strategy"], str(r["buckets"]), fmt(r["step_median_ms"], 4),
+                         fmt(r["local_step_ms"], 4), fmt(r["overhead_vs_local_pct"]),
+                         fmt(r["comm_wait_ms"]), fmt(r["predicted_comm_wait_ms"])])
+        footers.append(f"batch {found[0]['batch_size']}: {provenance(found)}.")
+    return claim_block(
+        "xl, bf16, context 512, 2x H200, unsharded optimizer; median ms per step; local = the same "
+        "step unwrapped on the same ranks just before (the paired baseline); exposed communication "
+        "= `comm_wait_ms`, the wait for the gradients after backward (`-`: `torch-ddp` does not "
+        "expose it), beside `predicted_comm_wait_ms` of the overhead model with the point's own "
+        "all-reduce fit.",
+        table(["batch", "strategy", "buckets", "step ms", "local ms", "overhead %", "exposed ms",
+               "predicted ms"], body),
+        *footers,
+    )
+
+
+@claim("fast-adamw-epilogue")
+def fast_adamw_epilogue(rows: Rows) -> str:
+    """Run 9: AdamW in the weight-gradient GEMM's epilogue against cuBLAS + FusedAdamW, per xl
+    matmul and summed over one block's four."""
+    found = rows.select(f"{FAST}/9-adamw-gemm-epilogue/adamw_gemm_xl.jsonl", status=None)  # no status
+    body = [[r["matmul"], f"{len(r['rows'])} x ({r['rows'][0]}, {r['n']})", f"{r['params']:,}",
+             fmt(r["gemm_ms"]), fmt(r["gemm_plus_adamw_ms"]), fmt(r["fused_ms"]),
+             ratio_text(r["gemm_plus_adamw_ms"], r["fused_ms"]),
+             r["fused_best_config"].split(", num_ctas")[0], f"{r['max_rel_param_diff']:.1e}"] for r in found]
+    separate, fused = (sum(r[key] for r in found) for key in ("gemm_plus_adamw_ms", "fused_ms"))
+    body.append(["one block", "", f"{sum(r['params'] for r in found):,}", "", fmt(separate), fmt(fused),
+                 ratio_text(separate, fused), "", ""])
+    return claim_block(
+        "xl, 2048 tokens; `triton.testing.do_bench` ms, each time with the update of the parameters, "
+        "both moments and the bf16 copy; separate / fused = cuBLAS GEMM + FusedAdamW over the fused "
+        "kernel (below 1: fused slower); one block = the sums over its four matmuls.",
+        table(["matmul", "weights", "params", "cuBLAS GEMM (fp32 out) ms", "GEMM + FusedAdamW ms",
+               "fused ms", "separate / fused", "best config", "max rel. param diff"], body),
+        f"Rows: `{FAST}/9-adamw-gemm-epilogue/adamw_gemm_xl.jsonl` ({found[0]['device']}, commit 52041e3).",
+    )
+
+
+FAST_SUMMARY_PARTS = {
+    "3-fused-optimizer": ("main", "targets", "long"),
+    "5-all-sizes": ("main", "targets", "long"),
+    "7-in-backward-peers": ("main",),
+    "10-handed-over-gradients": ("main",),
+    "11-peers": ("main", "long"),
+    "12-compile-sizes": ("main",),
+    "13-long-compile": ("long",),
+    "14-xl-targets": ("main", "targets"),
+    "16-long-sdpa-inbwd-profile": ("long",),
+    "21-xl-targets-final": ("main", "targets"),
+    "22-sizes-final": ("main", "targets"),
+}
+"""The tables of fast runs' summary.md files that benchmarks/results/fast/README.md shows, by run."""
+
+
+def fast_summary_part(rows: Rows, run: str, part: str) -> str:
+    """One table of a fast run's summary.md, as `benchmarks/fast/summarize.py` writes it from the
+    run's rows, its heading as the caption (the notes under the heading: in the README once)."""
+    summarize = _script("benchmarks/fast/summarize.py")
+    folder = ROOT / FAST / run
+    rows.load(f"{FAST}/{run}/*.jsonl")  # no rows: a ClaimError
+    bench, long = summarize.latest(folder / "bench.jsonl"), summarize.latest(folder / "long.jsonl")
+    lines = {"main": lambda: summarize.main_table(bench),
+             "targets": lambda: summarize.targets(bench, summarize.recorded_bandwidth(folder)),
+             "long": lambda: summarize.long_table(long)}[part]()
+    heading = next(line for line in lines if line.strip().startswith("## "))
+    table_lines = [line for line in lines if line.startswith("|")]
+    return f"`{run}/summary.md`: {heading.strip().removeprefix('## ')}\n\n" + "\n".join(table_lines)
+
+
+for _run, _parts in FAST_SUMMARY_PARTS.items():
+    for _part in _parts:
+        _name = f"fast-{_run.split('-')[0]}-{_part}"
+        claim(_name)(functools.partial(fast_summary_part, run=_run, part=_part))
+
+
+PROFILE_CATEGORIES = ("matmul", "attention", "elementwise", "reduction", "optimizer", "memcpy", "other")
+FAST_PROFILES = ("2-graphs", "3-fused-optimizer", "5-all-sizes", "10-handed-over-gradients",
+                 "16-long-sdpa-inbwd-profile")
+"""The fast runs whose xl profile benchmarks/results/fast/README.md reads, by category."""
+
+
+def fast_profile_categories(rows: Rows, run: str) -> str:
+    """The kernel time per step of a run's xl fast-step profile, by category: each category's
+    share of the kernels' time times the kernel time per step."""
+    row = rows.one(f"{FAST}/{run}/profile.jsonl", size="xl", fast=True)
+    kernels = row["kernel_ms_per_step"]
+    body = [[category, fmt(row[f"{category}_frac"] * kernels), f"{row[f'{category}_frac']:.1%}"]
+            for category in PROFILE_CATEGORIES]
+    body += [["all kernels", fmt(kernels), ""], ["busy (their union)", fmt(row["gpu_busy_ms"]), ""],
+             ["profiled step (wall)", fmt(row["profiled_step_ms"]), ""]]
+    optimizer = "optimizer in the backward" if row.get("optimizer_in_backward") else "separate optimizer"
+    return claim_block(
+        f"xl fast step ({optimizer}), bf16, batch 4, context 512, launched eagerly under the "
+        "profiler; GPU ms per step by kernel category (`lmscope profile`; its report: "
+        f"`{run}/profile_report.md`).",
+        table(["category", "ms per step", "share of kernel time"], body),
+        f"Measured on {provenance([row])}.",
+    )
+
+
+for _run in FAST_PROFILES:
+    claim(f"fast-profile-{_run.split('-')[0]}")(functools.partial(fast_profile_categories, run=_run))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     mode = parser.add_mutually_exclusive_group(required=True)
@@ -854,7 +1021,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("files", nargs="*", type=Path, help="docs to process (default: all)")
     args = parser.parse_args(argv)
     files = [f.resolve() for f in args.files] or doc_files()
-    problems = check_files(files, REGISTRY, write=args.write, by_section=is_results_readme)
+    problems = check_files(files, REGISTRY, write=args.write, scope=scope)
     for problem in problems:
         print(problem, file=sys.stderr)
     if problems:

@@ -89,3 +89,27 @@ def test_interleaved_rounds_are_pooled_before_the_ratio(summarize, tmp_path) -> 
     assert rows[("large", 16384, 1, "fast")]["median_ms"] == 10.3
     line = next(row for row in summarize.long_table(rows) if row.startswith("| 16384 |"))
     assert summarize.ratio_interval(hf_all, fast_all).as_text() in line
+
+
+def test_the_summary_reads_the_copy_bandwidth_from_its_row_and_measures_nothing(summarize, tmp_path,
+                                                                                 monkeypatch) -> None:
+    """summary.md is a function of the rows in the run folder (the claims check regenerates it):
+    the optimizer floor takes the bandwidth of copy_bandwidth.jsonl, never a new measurement."""
+    import json
+
+    monkeypatch.setattr(summarize, "copy_bandwidth_gbps", lambda: pytest.fail("measured"))
+    rng = random.Random()
+    parameters, optimizer_ms = rng.randrange(10**8, 10**9), rng.uniform(5, 20)
+    bandwidth = rng.uniform(1e3, 4e3)
+    xl = {"workload": "bench", "size": "xl", "context_length": 512, "batch_size": 4, "status": "ok",
+          "median_ms": 70.0, "fast": True, "attention": "flash", "cuda_graph_used": True,
+          "optimizer_ms": optimizer_ms, "parameters": parameters}
+    (tmp_path / "bench.jsonl").write_text(json.dumps(xl) + "\n")
+    assert "| xl optimizer <= 1.3x its memory floor | not measured | - |" in summarize.summary_text(tmp_path)
+    (tmp_path / "copy_bandwidth.jsonl").write_text(json.dumps({"copy_bandwidth_gbps": bandwidth,
+                                                               "status": "ok"}) + "\n")
+    floor_ms = 28 * parameters / (bandwidth * 1e9) * 1e3
+    text = summarize.summary_text(tmp_path)
+    assert f"at {bandwidth:.0f} GB/s copy bandwidth) | {floor_ms:.2f} ms |" in text
+    assert f"| xl optimizer <= 1.3x its memory floor | {optimizer_ms / floor_ms:.2f}x |" in text
+    summarize.record_bandwidth(tmp_path)  # the run has its row: nothing measured again

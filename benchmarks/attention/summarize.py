@@ -96,7 +96,8 @@ def _plot(records: list[Record], path: Path, metrics: list[str]) -> None:
         console.say(f"no plot {path.name}: {error}")
 
 
-def main(out: Path) -> None:
+def summary_text(out: Path) -> str:
+    """The summary.md of the rows in `out`: a function of the rows alone."""
     leaderboard, classic, tflops = (_load(out, n) for n in ("leaderboard", "classic", "tflops"))
     first = next((r for r in leaderboard + classic + tflops), {})
     text = [f"# lmscope attention on {first.get('device_name', '?')}\n",
@@ -107,12 +108,20 @@ def main(out: Path) -> None:
         text.append(_section("Reference workload (--preset leaderboard)", leaderboard, compare=True))
     if tflops:
         text.append(_section("Forward-only and backward-only TFLOP/s (--preset tflops)", tflops, False))
-        _plot(tflops, out / "tflops.png", ["fwd_tflops", "bwd_tflops"])
     if classic:
         text.append(_section("Classic grid (--preset classic)", classic, compare=True))
-        _plot(classic, out / "classic.png", ["fwd_bwd_ms"])
-    (out / "summary.md").write_text("\n".join(text))
+    return "\n".join(text)
+
+
+def main(out: Path) -> None:
+    (out / "summary.md").write_text(summary_text(out))
     console.say(f"wrote {out / 'summary.md'}")
+    tflops, classic = _load(out, "tflops"), _load(out, "classic")
+    if tflops:
+        _plot(tflops, out / "tflops.png", ["fwd_tflops", "bwd_tflops"])
+    if classic:
+        _plot(classic, out / "classic.png", ["fwd_bwd_ms"])
+    leaderboard = _load(out, "leaderboard")
     if leaderboard:
         console.show_table(build_table(leaderboard, spec_fields("attention"), compare="impl"),
                            title="reference workload: fwd_bwd_ms, ratio = flash-triton / peer")

@@ -21,8 +21,9 @@
 # its limit (finished points are kept; rerun with STAGES="..." to resume a stage).
 # Usage (repo root, GPU machine, no uv): OUT=/some/dir bash benchmarks/fast/run_gpu.sh
 # Writes to $OUT: bench.jsonl, long.jsonl, pytest_gpu.txt, kernels.md and kernels_inbwd.md (with
-# profile/ and profile_inbwd/), log.txt (every command's terminal output), summary.md (ratios and
-# the targets), printed last.
+# profile/ and profile_inbwd/), log.txt (every command's terminal output), copy_bandwidth.jsonl (the
+# GPU's copy bandwidth, for the optimizer's floor), summary.md (ratios and the targets, from the rows
+# alone), printed last.
 set -u
 OUT=${OUT:-runs/fast-gpu}
 BUDGET_S=${BUDGET_S:-470}

@@ -1,7 +1,9 @@
 """Markdown summary of benchmarks/fast/run_gpu.sh: step times per variant, ratios, the targets.
 
-Reads OUT/bench.jsonl and OUT/long.jsonl written by `lmscope bench`; measures the GPU's copy
-bandwidth (for the optimizer's memory floor) when a GPU is present.
+Reads OUT/bench.jsonl and OUT/long.jsonl written by `lmscope bench`, and OUT/copy_bandwidth.jsonl
+(the GPU's copy bandwidth, for the optimizer's memory floor): run on a GPU without that file, the
+script measures the bandwidth first and writes its row there, so the summary is a function of the
+rows in OUT alone (`benchmarks/claims.py --check` regenerates it from them).
 Usage: PYTHONPATH=src python3 benchmarks/fast/summarize.py OUT > OUT/summary.md
 """
 
@@ -13,8 +15,9 @@ from typing import Any
 
 from lmscope.accounting.flops import step_flops
 from lmscope.config import preset
+from lmscope.provenance import stamp
 from lmscope.report.rounds import pool_rounds
-from lmscope.results import read_records
+from lmscope.results import append_record, read_records
 from lmscope.runner import spec_fields
 from lmscope.stats import RatioInterval, ratio_interval
 
@@ -105,6 +108,9 @@ def fwd_bwd_mfu(record: dict[str, Any]) -> float | None:
     return flops / seconds / 1e12 / (record.get("peak_tflops") or H100_BF16_PEAK)
 
 
+BANDWIDTH_ROWS = "copy_bandwidth.jsonl"
+
+
 def copy_bandwidth_gbps() -> float | None:
     """Device-to-device copy bandwidth (read + write bytes / time) of a 2 GiB buffer, or None."""
     try:
@@ -125,6 +131,25 @@ def copy_bandwidth_gbps() -> float | None:
     torch.cuda.synchronize()
     seconds = start.elapsed_time(end) / 1e3 / 10
     return 2 * src.numel() * 4 / seconds / 1e9
+
+
+def record_bandwidth(out: Path) -> None:
+    """Measure the copy bandwidth and write its row to OUT/copy_bandwidth.jsonl, once per run
+    folder and only on a GPU."""
+    path = out / BANDWIDTH_ROWS
+    if path.exists():
+        return
+    bandwidth = copy_bandwidth_gbps()
+    if bandwidth is not None:
+        append_record(path, stamp({"workload": "copy_bandwidth", "copy_bandwidth_gbps": bandwidth,
+                                   "status": "ok"}, "cuda:0"))
+
+
+def recorded_bandwidth(out: Path) -> float | None:
+    """The copy bandwidth of the run's row (the last one), None where the run has none."""
+    path = out / BANDWIDTH_ROWS
+    rows = [r for r in read_records(path) if r.get("status") == "ok"] if path.exists() else []
+    return rows[-1]["copy_bandwidth_gbps"] if rows else None
 
 
 def main_table(rows: dict[tuple, dict[str, Any]]) -> list[str]:
@@ -257,24 +282,30 @@ def failures(*tables: dict[tuple, dict[str, Any]]) -> list[str]:
     ]
 
 
-def main() -> None:
-    out = Path(sys.argv[1] if len(sys.argv) > 1 else "runs/fast-gpu")
+def summary_text(out: Path) -> str:
+    """The summary of the rows in `out` (markdown), a function of those rows alone."""
     rows, long_rows = latest(out / "bench.jsonl"), latest(out / "long.jsonl")
     device = next((r.get("device_name") for r in [*rows.values(), *long_rows.values()]
                    if r.get("device_name")), "unknown device")
-    bandwidth = copy_bandwidth_gbps()
     lines = [f"# lmscope --fast on {device}\n",
              "naive / sdpa: the eager TransformerLM with that attention under autocast; compile: the "
              "eager model (sdpa) under torch.compile; hf: transformers' LlamaForCausalLM, same sizes, "
              "SDPA; fast: FastTransformerLM (Triton RMSNorm, SwiGLU, RoPE, FlashAttention, fused LM "
              "head + cross-entropy), its step replayed from CUDA graphs (`--cuda-graph auto`); "
              "fast, no graphs: the same model launched eagerly. All: fp32 master weights, bf16 "
-             "compute; AdamW: torch's fused one for the peers, lmscope's FusedAdamW for fast. "
+             "compute; AdamW: torch's fused one for the peers, lmscope's FusedAdamW for fast (rows of "
+             "commits before 18a183b: torch's fused one too). "
              "MFU counts attention as the full square (as "
              "lmscope.accounting.flops does).\n"]
-    lines += main_table(rows) + targets(rows, bandwidth) + long_table(long_rows)
+    lines += main_table(rows) + targets(rows, recorded_bandwidth(out)) + long_table(long_rows)
     lines += parameter_check(rows) + failures(rows, long_rows)
-    print("\n".join(lines))
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "runs/fast-gpu")
+    record_bandwidth(out)
+    print(summary_text(out), end="")
 
 
 if __name__ == "__main__":

@@ -91,13 +91,12 @@ def top_sections(records: Sequence[Record]) -> list[str]:
     return lines
 
 
-def main(argv: list[str]) -> None:
-    results, summary = Path(argv[0]), Path(argv[1])
+def summary_text(results: Path) -> str:
+    """The summary of the memory rows in `results` (markdown), a function of those rows alone."""
     records = [r for r in read_records(results) if r.get("workload") == "memory"]
     big = [r for r in records if r.get("size") == "2.7B"]
     ckpt = [r for r in records if r.get("size") == "xl" and r.get("mode") == "train-step"]
-    sweep = [r for r in records if r.get("mode") == "train-step" and r.get("checkpoint") == "none"
-             and r.get("size") in ("small", "medium", "large", "xl", "2.7B")]
+    sweep = _sweep(records)
     device = next((r.get("device_name") for r in records if r.get("device_name")), "?")
     parts = [f"# lmscope memory on {device}\n",
              "Measured: CUDA caching allocator, peak of each phase (reset at its start, read at its end), "
@@ -112,7 +111,21 @@ def main(argv: list[str]) -> None:
              to_markdown(accuracy_table(sweep)),
              "## Largest allocations (points with a snapshot)\n",
              *top_sections(records)]
-    summary.write_text("\n".join(parts))
+    return "\n".join(parts)
+
+
+def _sweep(records: Sequence[Record]) -> list[Record]:
+    """The accuracy sweep's points: train steps without checkpointing, every size."""
+    return [r for r in records if r.get("mode") == "train-step" and r.get("checkpoint") == "none"
+            and r.get("size") in ("small", "medium", "large", "xl", "2.7B")]
+
+
+def main(argv: list[str]) -> None:
+    results, summary = Path(argv[0]), Path(argv[1])
+    summary.write_text(summary_text(results))
+    records = [r for r in read_records(results) if r.get("workload") == "memory"]
+    sweep = _sweep(records)
+    ckpt = [r for r in records if r.get("size") == "xl" and r.get("mode") == "train-step"]
     console.show_table(accuracy_table(sweep), title="memory model accuracy (train-step)")
     console.show_table(checkpoint_table(ckpt), title="checkpointing trade-off")
     console.say(verdict(sweep))

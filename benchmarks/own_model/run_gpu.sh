@@ -56,12 +56,5 @@ stage bench-4096-fp32 0 "${BENCH[@]}" "${GPT2[@]}" --context-length 4096 --batch
 for name in bench profile memory; do
   [[ -f "$RUN/$name.jsonl" ]] && cp "$RUN/$name.jsonl" "$OUT/$name.jsonl"
 done
-{
-  echo "# lmscope on transformers and user models (benchmarks/own_model/run_gpu.sh)"
-  for name in bench profile memory; do
-    [[ -f "$RUN/$name.jsonl" ]] || continue
-    echo; echo "## $name"; echo
-    python3 -m lmscope table "$RUN/$name.jsonl" --format md 2>/dev/null | sed -n '/^|/p'
-  done
-} > "$OUT/summary.md"
+python3 benchmarks/own_model/summarize.py "$OUT" > "$OUT/summary.md"
 echo "== done in $SECONDS s: $OUT"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from scripts import load_script
 
-from lmscope.report.claims import ClaimError, Registry, Rows, check_files, fmt, ratio, table
+from lmscope.report.claims import ClaimError, Registry, Rows, Scope, check_files, fmt, ratio, table
 
 
 def _rows(path: Path, rows: list[dict]) -> None:
@@ -92,17 +92,28 @@ def test_an_unclosed_block_fails(tmp_path: Path) -> None:
     assert len(problems) == 1 and problems[0].line == 1 and "never closed" in problems[0].message
 
 
+RUN = "benchmarks/results/x/r.jsonl"
+"""The rows the prose tests link (from docs/a.md: ../benchmarks/results/x/r.jsonl)."""
+LINK = f"([rows](../{RUN}))"
+
+
 @pytest.mark.parametrize("line, flagged", [
     ("The step takes 68.1 ms on xl.", True),
     ("It is 2.99x faster than HF.", True),
     ("MFU is 49.4 % of the peak.", True),
-    ("The step takes 68.1 ms on xl ([rows](../benchmarks/results/fast/21/bench.jsonl)).", False),
+    (f"The step takes 68.1 ms on xl {LINK}.", False),
     ("Target: 2.5x faster than HF.", False),
-    ("batch 4, context 512, 16 heads, head dim 64", False),
+    ("batch 4, context 512, 16 heads, head dim 64, on 2x H200", False),
     ("at most 2^27 score elements", False),
     ("Run `lmscope plan flops --step-ms 41.2`.", False),
+    ("The stage's tests were cut by its 100 s limit.", False),
+    ("fp16 gives 9.953125 for a thousand 0.01s.", False),
+    ("The step is host-bound: 68.2 ms.", True),
+    ("The step is bound by the host: 68.2 ms.", True),
+    ("The test bounds the error at 15 %.", False),
 ])
 def test_measured_looking_numbers_need_a_pointer_to_rows(tmp_path: Path, line: str, flagged: bool) -> None:
+    _rows(tmp_path / RUN, [_row("ours", 68.14)])
     problems = check_files([_doc(tmp_path, f"# T\n\n{line}\n")], _registry(tmp_path))
     assert bool(problems) == flagged, problems
     if flagged:
@@ -110,9 +121,129 @@ def test_measured_looking_numbers_need_a_pointer_to_rows(tmp_path: Path, line: s
 
 
 def test_a_pointer_covers_its_list_item_only(tmp_path: Path) -> None:
-    doc = "- 68.1 ms, see `benchmarks/results/fast/`;\n  and 73.0 ms too.\n- 2.99x faster.\n"
+    _rows(tmp_path / RUN, [_row("ours", 68.1), _row("peer", 73.0)])
+    doc = f"- 68.1 ms, see `{RUN}`;\n  and 73.0 ms too.\n- 73.0 ms as well.\n"
     problems = check_files([_doc(tmp_path, doc)], _registry(tmp_path))
     assert [p.line for p in problems] == [3]
+
+
+README_PARAGRAPH = "The fast step takes {} on xl, see [its rows]({}).\n"
+
+
+def test_an_unbacked_number_in_a_readme_paragraph_that_links_its_rows_fails(tmp_path: Path) -> None:
+    """A paragraph that links a results file no longer vouches for every number in it."""
+    _rows(tmp_path / RUN, [_row("ours", 68.14, forward_ms=20.2), _row("peer", 203.3)])
+    readme = tmp_path / "README.md"
+    readme.write_text("# lmscope\n\n" + README_PARAGRAPH.format("61.5 ms", RUN))
+    problems = check_files([readme], _registry(tmp_path))
+    assert [(p.path.as_posix(), p.line) for p in problems] == [("README.md", 3)]
+    assert "'61.5 ms' is not within rounding" in problems[0].message and RUN in problems[0].message
+
+
+@pytest.mark.parametrize("number, backed", [
+    ("68.1 ms", True),      # median_ms 68.14, to one decimal
+    ("68.14 ms", True),
+    ("68 ms", True),
+    ("68.2 ms", False),     # 68.14 rounds to 68.1
+    ("68.15 ms", False),
+    ("0.0681 s", True),     # the same field in seconds
+    ("68.1 GiB", False),    # a time field backs no memory
+    ("20.2 ms", True),      # forward_ms
+    ("49.4 %", True),       # mfu 0.4937 as a percentage
+    ("49.3 %", False),
+    ("1.5 GiB", True),      # 1536 MiB
+    ("2.99x", False),       # a ratio whose operands are not printed beside it
+])
+def test_a_number_passes_when_it_lies_within_rounding_of_a_linked_row(tmp_path: Path, number: str,
+                                                                     backed: bool) -> None:
+    _rows(tmp_path / RUN, [_row("ours", 68.14, forward_ms=20.2, mfu=0.4937, saved_mib=1536.0),
+                           _row("peer", 203.3)])
+    readme = tmp_path / "README.md"
+    readme.write_text(README_PARAGRAPH.format(number, RUN))
+    assert (check_files([readme], _registry(tmp_path)) == []) == backed
+
+
+@pytest.mark.parametrize("sentence, backed", [
+    ("HF takes 203.3 ms and fast 68.1 ms: 2.99x.", True),
+    ("| xl | 203.3 | 68.1 | 2.99x |", True),
+    ("HF takes 203.3 ms and fast 68.1 ms: 3.05x.", False),
+    ("HF takes 203.5 ms and fast 68.1 ms: 2.99x.", False),  # an operand no row holds
+    ("HF takes 203.3 ms. Fast takes 68.1 ms: 2.99x.", False),  # operands in two sentences
+])
+def test_a_ratio_passes_as_the_quotient_of_two_backed_numbers_beside_it(tmp_path: Path, sentence: str,
+                                                                       backed: bool) -> None:
+    _rows(tmp_path / RUN, [_row("ours", 68.14), _row("peer", 203.3)])
+    doc = _doc(tmp_path, f"Rows: `{RUN}`.\n{sentence}\n")
+    assert (check_files([doc], _registry(tmp_path)) == []) == backed
+
+
+@pytest.mark.parametrize("target, broken", [
+    ("b.md", False),
+    ("b.md#a-heading", False),
+    ("../docs/", False),
+    ("b.md#no-such-heading", True),
+    ("missing.md", True),
+    ("{D}/ddp.jsonl", True),
+    ("https://example.com/missing.md", False),
+])
+def test_a_relative_link_must_resolve(tmp_path: Path, target: str, broken: bool) -> None:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "b.md").write_text("# A heading\n")
+    problems = check_files([_doc(tmp_path, f"# T\n\nSee [there]({target}).\n")], _registry(tmp_path))
+    assert [p.line for p in problems] == ([3] if broken else []), problems
+
+
+def test_a_link_whose_text_wraps_is_checked_on_the_line_of_its_target(tmp_path: Path) -> None:
+    doc = _doc(tmp_path, "# T\n\nSee [the two\nfiles](missing.md) and `[x](also-missing.md)` (code).\n")
+    problems = check_files([doc], _registry(tmp_path))
+    assert [(p.line, "'missing.md'" in p.message) for p in problems] == [(4, True)]
+
+
+@pytest.mark.parametrize("reference, backed", [
+    ("`benchmarks/results/x/<run>.jsonl`", True),   # <run> stands for any name: both files
+    ("`benchmarks/results/x/a.jsonl`", False),      # 203.3 is in b.jsonl only
+    ("`benchmarks/results/x/`", True),              # a folder: the rows files in it
+    ("`benchmarks/results/y/`", False),             # no such folder
+])
+def test_a_reference_names_the_rows_of_every_file_it_matches(tmp_path: Path, reference: str,
+                                                            backed: bool) -> None:
+    _rows(tmp_path / "benchmarks/results/x/a.jsonl", [_row("ours", 68.14)])
+    _rows(tmp_path / "benchmarks/results/x/b.jsonl", [_row("peer", 203.3)])
+    doc = _doc(tmp_path, f"Ours 68.1 ms, HF 203.3 ms ({reference}).\n")
+    assert (check_files([doc], _registry(tmp_path)) == []) == backed
+
+
+def test_a_summary_number_with_no_backing_fails(tmp_path: Path) -> None:
+    """A summary.md that no script writes is checked against the rows beside it, per section."""
+    folder = tmp_path / "benchmarks/results/x"
+    _rows(folder / "r.jsonl", [_row("ours", 68.14), _row("peer", 203.3)])
+    summary = folder / "summary.md"
+    summary.write_text("# run\n\n| impl | ms |\n|---|---|\n| ours | 68.1 ms |\n| peer | 204.0 ms |\n")
+    problems = check_files([summary], _registry(tmp_path), scope=lambda path: Scope(by_section=True,
+                                                                                  rows_beside=True))
+    assert [p.line for p in problems] == [6] and "'204.0 ms'" in problems[0].message
+
+
+def test_a_summary_its_script_writes_must_be_that_script_output(tmp_path: Path) -> None:
+    """The claims script regenerates a summary.md from the rows beside it; a number edited in
+    it fails, and --write puts the script's text back."""
+    script = load_script("benchmarks/claims.py", "claims_script")
+    folder = tmp_path / "benchmarks/results/own_model"
+    folder.mkdir(parents=True)
+    source = script.ROOT / "benchmarks/results/own_model"
+    for name in ("bench.jsonl", "summary.md"):
+        (folder / name).write_text((source / name).read_text())
+    summary = folder / "summary.md"
+    rows = summary.read_text().split("\n")
+    at = next(i for i, line in enumerate(rows) if line.startswith("| hf:gpt2 |"))
+    edited = summary.read_text().replace(rows[at], rows[at].replace("| 67.74 |", "| 61.00 |"))
+    assert edited != summary.read_text()
+    summary.write_text(edited)
+    registry = Registry(tmp_path)
+    problems = check_files([summary], registry, scope=lambda path: script.scope(path, tmp_path))
+    assert [p.line for p in problems] == [at + 1] and "not what its script writes" in problems[0].message
+    assert check_files([summary], registry, write=True, scope=lambda path: script.scope(path, tmp_path)) == []
+    assert "| 67.74 |" in summary.read_text().split("\n")[at]
 
 
 def test_the_committed_docs_pass_the_check() -> None:

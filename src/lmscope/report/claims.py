@@ -2,10 +2,24 @@
 
 A doc holds a generated block between ``<!-- claims: NAME -->`` and ``<!-- /claims -->``; NAME
 is a function registered in a `Registry` that reads JSONL rows and returns the block's markdown.
-`check_files` re-renders every block and reports, by file and line, a block whose text differs
-from what its rows give (stale), a name with no claim, a claim whose query finds no row, a ratio
-of rows from two commits, and a measured-looking number (ms, us, x, %, GiB, GB/s, TFLOP/s)
-outside any block in a paragraph, list item or table that does not point to a results file.
+`check_files` re-renders every block and reports, by file and line:
+
+- a block whose text differs from what its rows give (stale), a name with no claim, a claim whose
+  query finds no row, a ratio of rows from two commits;
+- a doc that a script writes whole from its rows (a summary.md, `Scope.regenerate`) and that
+  differs from what the script writes now;
+- a relative link that resolves to no file or folder, or to no heading of a markdown file
+  (`lmscope.report.doc_refs`);
+- a measured-looking number (a number with a unit: ms, s, us, %, x, GiB, MiB, GB/s, TB/s,
+  TFLOP/s, tokens/s) outside any block that the rows its unit of text refers to do not back:
+  within rounding of a value of those rows, or for a ratio the quotient of two such numbers
+  printed beside it (`lmscope.report.backing`). The unit of text is the paragraph, list item or
+  table (with the paragraph above it), or in a results README the section; it refers to rows by
+  a link, a code span or a ``benchmarks/results/`` path (`doc_refs.rows_files`), and a results
+  README also to the rows beside it. Not checked: a clause (up to a semicolon or sentence end,
+  or a table cell) with a word of a requirement or a setting (target, at most, default, limit,
+  ...), code, and a paragraph that names the ``lmscope plan`` command (a prediction it
+  computes, not a measurement).
 """
 
 from __future__ import annotations
@@ -19,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from lmscope.provenance import code_identity, source_label
+from lmscope.report.backing import Backing, numbers, parse
+from lmscope.report.doc_refs import ROWS_SUFFIXES, broken, links, rows_files
 from lmscope.stats import ratio_interval
 
 Row = dict[str, Any]
@@ -27,22 +43,21 @@ OPEN = re.compile(r"^<!-- claims: ([A-Za-z0-9_.-]+) -->\s*$")
 CLOSE = "<!-- /claims -->"
 
 MEASURED = re.compile(
-    r"(?<![\w.^/])\d+(?:\.\d+)?(?:x|\s?(?:ms|us|µs|μs|%|GiB|GB/s|TFLOP/s))(?![\w^/])"
+    r"(?<![\w.^/,])(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
+    r"(?:x(?!\s?[A-Z]\d)|\s?(?:ms|us|µs|μs|%|GiB|MiB|GB/s|TB/s|TFLOP/s|tokens/s)| s)(?![\w^/])"
 )
-"""A number with a unit that a measurement gives; `2^27` or `x/y` formula text does not match."""
+"""A number with a unit that a measurement gives; `2^27` or `x/y` formula text, a count of GPUs
+(`2x H200`), a plural (`0.01s`: seconds take a space) and a bare count do not match."""
 
-POINTER = re.compile(r"benchmarks/results/|lmscope plan |\]\([^)]*\.jsonl\)|`[^`]*\.jsonl`")
-"""A link or path to committed rows (a results folder, a JSONL file), or the `lmscope plan` command
-that computes the number (a prediction, not a measurement)."""
+PREDICTION = re.compile(r"lmscope plan ")
+"""The command that computes a number (a prediction, not a measurement): its paragraph is not
+checked against rows."""
 
-SIBLING = re.compile(r"`[\w.-]+/|\]\([\w.-]+/|`[\w./-]+\.(?:jsonl|txt|csv|json|md)`")
-"""In a results README: a run folder (`14-xl-targets/`) or a file beside it (rows, a log, the
-summary its script wrote from the rows)."""
-
-CONSTANT = re.compile(r"\b(?:targets?|goal|must|at most|at least|tolerance|slack|budget|bound|default|e\.g\."
-                      r"|interval|confidence|catalog|datasheet|example|predict\w*)\b"
-                      r"|>=|<=|[≥≤<>]", re.IGNORECASE)
-"""Words that make a number on the same clause a requirement or a setting, not a measurement."""
+CONSTANT = re.compile(r"\b(?:targets?|goal|must|at most|at least|tolerance|slack|budget|default"
+                      r"|e\.g\.|interval|confidence|catalog|datasheet|example|predict\w*|limits?|timeouts?)\b"
+                      r"|(?<![\w-])bounds?\b(?! by)|>=|<=|[≥≤<>]", re.IGNORECASE)
+"""Words that make a number on the same clause a requirement or a setting, not a measurement
+("bounds the error at", not "host-bound" or "bound by the host")."""
 
 
 class ClaimError(Exception):
@@ -205,15 +220,43 @@ def blocks(text: str) -> list[tuple[str, int, int]]:
     return found
 
 
-def process(path: Path, registry: Registry, write: bool, display: Path | None = None,
-            by_section: bool = False) -> list[Problem]:
-    """Check (or rewrite) the generated blocks of one file, then scan its prose.
+@dataclass(frozen=True)
+class Scope:
+    """How the prose of one doc finds the rows behind its numbers."""
 
-    `by_section`: a pointer to rows anywhere under a heading covers the whole section (for a
-    results README, whose sections each describe the rows beside it).
-    """
+    by_section: bool = False
+    """A reference to rows anywhere under a heading covers the whole section (a results README,
+    whose sections each describe rows beside it)."""
+    rows_beside: bool = False
+    """The rows files in the doc's own folder back its numbers (a results README)."""
+    regenerate: Callable[[], str] | None = None
+    """For a doc a script writes whole from its rows (a summary.md): that script's text now. The
+    doc must equal it; its numbers are then the script's, and its prose is not scanned."""
+
+
+class Evidence:
+    """The rows of the files a piece of prose refers to, indexed once per set of files."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._rows = Rows(root)
+        self._index: dict[frozenset[Path], Backing] = {}
+
+    def backing(self, files: frozenset[Path]) -> Backing:
+        """The Backing of every row of `files` (paths under the root)."""
+        if files not in self._index:
+            rows = [r for f in sorted(files) for r in self._rows.load(f.relative_to(self.root).as_posix())]
+            self._index[files] = Backing.of(rows)
+        return self._index[files]
+
+
+def process(path: Path, registry: Registry, write: bool, display: Path | None = None,
+            scope: Scope = Scope(), evidence: Evidence | None = None) -> list[Problem]:
+    """Check (or rewrite) the generated blocks of one file, then its links and its prose."""
     shown = display or path
     text = path.read_text()
+    if scope.regenerate is not None:
+        return regenerated(path, text, scope.regenerate(), shown, write) + broken_links(path, text, shown)
     try:
         found = blocks(text)
     except ValueError as exc:
@@ -248,46 +291,98 @@ def process(path: Path, registry: Registry, write: bool, display: Path | None = 
         new_text = "\n".join(out)
         if new_text != text:
             path.write_text(new_text)
-    problems += unpointed(text, found, shown, by_section)
+    problems += broken_links(path, text, shown)
+    problems += unbacked(path, text, found, shown, scope, evidence or Evidence(registry.root))
     return problems
 
 
-def unpointed(text: str, found: Sequence[tuple[str, int, int]], shown: Path,
-              by_section: bool = False) -> list[Problem]:
-    """Measured-looking numbers outside blocks, in a unit of text that names no results file."""
+def regenerated(path: Path, text: str, expected: str, shown: Path, write: bool) -> list[Problem]:
+    """A doc its script writes whole: rewritten (`write`) or checked against the script's text."""
+    if text == expected:
+        return []
+    if write:
+        path.write_text(expected)
+        return []
+    old, new = text.split("\n"), expected.split("\n")
+    differ = [i for i, (a, b) in enumerate(zip(old, new, strict=False)) if a != b]
+    line = differ[0] if differ else min(len(old), len(new))
+    return [Problem(shown, line + 1, "not what its script writes from the rows beside it "
+                                     "(run python benchmarks/claims.py --write)")]
+
+
+def broken_links(path: Path, text: str, shown: Path) -> list[Problem]:
+    """Relative links of the doc that resolve to nothing."""
+    return [Problem(shown, i + 1, why) for i, target in links(text.split("\n"))
+            if (why := broken(path, target)) is not None]
+
+
+def unbacked(path: Path, text: str, found: Sequence[tuple[str, int, int]], shown: Path, scope: Scope,
+             evidence: Evidence) -> list[Problem]:
+    """Measured-looking numbers outside blocks that no row their unit of text refers to backs."""
     lines = text.split("\n")
     inside = set()
     for _, begin, end in found:
         inside.update(range(begin, end + 1))
+    beside = frozenset(p.resolve() for p in path.parent.iterdir()
+                       if p.is_file() and p.suffix in ROWS_SUFFIXES) if scope.rows_beside else frozenset()
     problems = []
-    for unit in (_sections if by_section else _units)(lines, inside):
-        body = " ".join(lines[i] for i in unit)
-        if POINTER.search(body) or (by_section and SIBLING.search(body)):
+    for unit in (_sections if scope.by_section else _units)(lines, inside):
+        body = "\n".join(lines[i] for i in unit)
+        if PREDICTION.search(body):
             continue
-        header = next((lines[i] for i in unit if lines[i].lstrip().startswith("|")), "")
-        if CONSTANT.search(header):  # a table of targets or settings
+        hits = _measured(body)
+        if not hits:
             continue
-        flagged: dict[int, str] = {}
-        for offset, hit in _measured("\n".join(lines[i] for i in unit)):
-            flagged.setdefault(unit[offset], hit)
-        problems += [Problem(shown, i + 1, f"measured-looking {hit!r} outside a generated block, "
-                                           "with no link to its rows") for i, hit in sorted(flagged.items())]
+        files = frozenset(rows_files(path, body, evidence.root)) | beside
+        backing = evidence.backing(files) if files else None
+        flagged: dict[int, list[str]] = {}
+        for offset, hit, context in hits:
+            if backing is None or not backing.backs(parse(hit), numbers(context)):
+                flagged.setdefault(unit[offset], []).append(hit)
+        for i, unbacked_here in sorted(flagged.items()):
+            what = ", ".join(repr(n) for n in unbacked_here)
+            if backing is None:
+                message = f"measured-looking {what} outside a generated block, with no reference to its rows"
+            else:
+                named = ", ".join(sorted(f.relative_to(evidence.root).as_posix() for f in files))
+                message = (f"{what} is not within rounding of any value of the rows its text refers to "
+                           f"({_shorten(named)}): generate it, refer to its rows, or drop it")
+            problems.append(Problem(shown, i + 1, message))
     return problems
 
 
-def _measured(text: str) -> list[tuple[int, str]]:
-    """(line offset, number) of each measured-looking number in `text` whose sentence, clause (up to
-    a semicolon) or table cell holds no word of a requirement or setting; code spans are skipped."""
+def _shorten(text: str, limit: int = 160) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _measured(text: str) -> list[tuple[int, str, str]]:
+    """(line offset, number, its table row or sentence) of each measured-looking number in `text`
+    whose sentence, clause (up to a semicolon) or table cell holds no word of a requirement or
+    setting; code spans are skipped."""
     code_free = re.sub(r"`[^`\n]*`", lambda m: " " * len(m.group(0)), text)
+    sentence_ends = [m.end() for m in re.finditer(r"[.!?]\s", code_free)]
     hits = []
     start = 0
     for end in [m.start() for m in re.finditer(r"[;|]|\.\s", code_free)] + [len(code_free)]:
         clause = code_free[start:end]
         if not CONSTANT.search(clause):
-            hits += [(code_free.count("\n", 0, start + m.start()), m.group(0))
-                     for m in MEASURED.finditer(clause)]
+            for m in MEASURED.finditer(clause):
+                at = start + m.start()
+                line = code_free.count("\n", 0, at)
+                hits.append((line, m.group(0), _context(code_free, at, sentence_ends)))
         start = end + 1
     return hits
+
+
+def _context(text: str, at: int, sentence_ends: Sequence[int]) -> str:
+    """The table row holding position `at` of `text`, else its sentence."""
+    line_start = text.rfind("\n", 0, at) + 1
+    line_end = len(text) if (e := text.find("\n", at)) < 0 else e
+    if text[line_start:line_end].lstrip().startswith("|"):
+        return text[line_start:line_end]
+    before = [e for e in sentence_ends if e <= at]
+    after = [e for e in sentence_ends if e > at]
+    return text[before[-1] if before else 0 : after[0] if after else len(text)]
 
 
 def _units(lines: Sequence[str], skip: set[int]) -> list[list[int]]:
@@ -335,13 +430,14 @@ def _describe(filters: dict[str, Any]) -> str:
 
 
 def check_files(paths: Iterable[Path], registry: Registry, write: bool = False,
-                by_section: Callable[[Path], bool] = lambda path: False) -> list[Problem]:
+                scope: Callable[[Path], Scope] = lambda path: Scope()) -> list[Problem]:
     """Problems of every file in `paths` (shown relative to the registry's root)."""
     problems: list[Problem] = []
+    evidence = Evidence(registry.root)
     for path in paths:
         try:
             shown = path.relative_to(registry.root)
         except ValueError:
             shown = path
-        problems += process(path, registry, write, shown, by_section(path))
+        problems += process(path, registry, write, shown, scope(path), evidence)
     return problems

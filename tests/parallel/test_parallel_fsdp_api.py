@@ -157,6 +157,8 @@ def _names_and_gradients(ctx: RankContext, seed: int) -> dict[str, object]:
 
 
 class _Twice(nn.Module):
+    """Calls one unit twice."""
+
     def __init__(self) -> None:
         super().__init__()
         self.inner = nn.Linear(5, 5)
@@ -164,6 +166,18 @@ class _Twice(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.outer(self.inner(self.inner(x)))
+
+
+class _Swap(nn.Module):
+    """Runs its two layers in either order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(5, 5)
+        self.b = nn.Linear(5, 5)
+
+    def forward(self, x: torch.Tensor, swap: bool = False) -> torch.Tensor:
+        return self.a(self.b(x)) if swap else self.b(self.a(x))
 
 
 def _message(run: Callable[[], object]) -> str | None:
@@ -188,10 +202,35 @@ def _unit_order(ctx: RankContext, seed: int) -> dict[str, object]:
     listed = FullyShardedDP(model, units=[m for m in model.modules() if isinstance(m, POLICY)])
     twice_model = _Twice()
     twice = FullyShardedDP(twice_model, units=[twice_model.inner, twice_model.outer])
+    swap = FullyShardedDP(_Swap(), units=(nn.Linear,))
+    x = torch.randn(2, 5)
     with torch.no_grad():
         return {"before": before, "after": [u.name for u in learned.units],
                 "listed": _message(lambda: listed(tokens)),
-                "twice": _message(lambda: twice(torch.randn(2, 5)))}
+                "twice": _message(lambda: twice(x)),
+                "swapped": [_message(lambda: swap(x)), _message(lambda: swap(x, swap=True))]}
+
+
+def _kept_module(ctx: RankContext, seed: int) -> dict[str, object]:
+    """keep_fp32 with a module (one whole block) rather than a class; one naming nothing."""
+    torch.manual_seed(seed)
+    model = HandoutLM()
+    wrapped = FullyShardedDP(model, units=POLICY, param_dtype=torch.bfloat16, keep_fp32=(model.layers[1],))
+    seen: dict[str, str] = {}
+    for index in (0, 1):
+        model.layers[index].attn.q_proj.register_forward_pre_hook(
+            lambda m, a, i=index: seen.update({f"block {i} weight": str(m.weight.dtype)}))
+        model.layers[index].register_forward_hook(
+            lambda m, a, o, i=index: seen.update({f"block {i} input": str(a[0].dtype),
+                                                  f"block {i} output": str(o.dtype)}))
+    with torch.no_grad():
+        wrapped(torch.randint(0, VOCAB, (PER_RANK, SEQ)))
+    try:
+        FullyShardedDP(HandoutLM(), units=POLICY, param_dtype=torch.bfloat16, keep_fp32=(nn.LayerNorm,))
+        refused = None
+    except ValueError as error:
+        refused = str(error)
+    return {"seen": seen, "kept": wrapped.settings["kept_fp32"], "refused": refused}
 
 
 def _state_dicts(ctx: RankContext, seed: int) -> dict[str, object]:
@@ -234,6 +273,7 @@ def _freed_weights(ctx: RankContext, seed: int) -> dict[str, object]:
         "root": _message(lambda: model.ln_final.weight.sum()),
         "gradient": _message(lambda: w1.weight.grad.sum()),
         "pickle": _message(lambda: pickle.dumps(model.state_dict())),
+        "module call": _message(lambda: model(batches[0][0])),
     }
     tokens, targets = batches[1]
     loss = _loss(wrapped(tokens[_rows(ctx.rank)]), targets[_rows(ctx.rank)])
@@ -296,7 +336,9 @@ def _policy_training(ctx: RankContext, seed: int, kind: str) -> dict[str, object
     _train(wrapped, batches, ctx.rank)
     state = wrapped.full_state_dict()
     out: dict[str, object] = {"units": len(wrapped.units), "settings": wrapped.settings,
-                              "seen": {k: str(v) for k, v in seen.items()}}
+                              "seen": {k: str(v) for k, v in seen.items()},
+                              "names": [n for n, _ in wrapped.named_parameters()],
+                              "reference_names": [n for n, _ in start.named_parameters()]}
     if ctx.rank == 0:
         reference = _train_reference(copy.deepcopy(start), batches, ctx.world_size, dtype_of)
         out["error"] = _relative(state, reference)
@@ -332,6 +374,7 @@ def _all_checks(ctx: RankContext, seed: int) -> list[dict[str, object]]:
     results: dict[str, object] = {
         "names": _names_and_gradients(ctx, seed),
         "order": _unit_order(ctx, seed),
+        "kept": _kept_module(ctx, seed),
         "state": _state_dicts(ctx, seed),
         "freed": _freed_weights(ctx, seed),
         "scaler": _grad_scaler(ctx, seed),
@@ -404,6 +447,9 @@ def test_units_out_of_forward_order_are_refused_with_the_fix(ranks):
     assert "units=(nn.Linear" in message and "\n" not in message
     twice = ranks[0]["order"]["twice"]
     assert twice is not None and "inner ran twice" in twice
+    first, swapped = ranks[0]["order"]["swapped"]
+    assert first is None
+    assert swapped is not None and "order of the first forward" in swapped
 
 
 # ---- state dicts --------------------------------------------------------------------------------
@@ -429,8 +475,8 @@ def test_load_full_state_dict_from_rank0_and_from_every_rank(ranks):
 
 # ---- freed weights and summon_full_params -------------------------------------------------------
 
-@pytest.mark.parametrize("where", ["after a step", "root", "gradient", "pickle", "before the backward",
-                                   "after summon"])
+@pytest.mark.parametrize("where", ["after a step", "root", "gradient", "pickle", "module call",
+                                   "before the backward", "after summon"])
 def test_reading_a_freed_weight_raises_and_says_how_to_read_it(ranks, where):
     for rank in ranks:
         message = rank["freed"]["messages"][where]
@@ -460,6 +506,7 @@ def test_policy_built_fsdp_trains_like_one_process(ranks, kind):
 
 def test_gpt2_units_are_its_decoder_layers(ranks):
     assert ranks[0]["gpt2"]["units"] == 2  # GPT2Block x2; wte and lm_head share one weight: root
+    assert ranks[0]["gpt2"]["names"] == ranks[0]["gpt2"]["reference_names"]  # the tied weight once
 
 
 def test_keep_fp32_norms_under_bf16(ranks):
@@ -470,6 +517,15 @@ def test_keep_fp32_norms_under_bf16(ranks):
     assert result["settings"]["kept_fp32"] == 5
     assert result["error"] < 2**-8, result
     assert result["cast_effect"] > result["error"], result
+
+
+def test_keep_fp32_a_module(ranks):
+    kept = ranks[0]["kept"]
+    assert kept["seen"] == {"block 0 weight": "torch.bfloat16", "block 0 input": "torch.bfloat16",
+                            "block 0 output": "torch.bfloat16", "block 1 weight": "torch.float32",
+                            "block 1 input": "torch.float32", "block 1 output": "torch.bfloat16"}
+    assert kept["kept"] == 1
+    assert kept["refused"] is not None and "keep_fp32 names nothing" in kept["refused"]
 
 
 # ---- grad scaler --------------------------------------------------------------------------------

@@ -56,7 +56,7 @@ from torch import nn
 from lmscope.parallel.ddp import _averaging, broadcast_state
 from lmscope.parallel.fsdp_precision import KeepFp32, cast_at_boundaries, kept_modules
 from lmscope.parallel.fsdp_units import UnitsSpec, default_units, parameter_owners, resolve_units
-from lmscope.parallel.sharded_param import ShardedParameter
+from lmscope.parallel.sharded_param import READ_HINT, ShardedParameter
 
 __all__ = ["PREFETCH_UNITS", "FullyShardedDP", "default_units"]
 
@@ -251,6 +251,7 @@ class FullyShardedDP(nn.Module):
         for position, unit in enumerate(self.units):
             unit.position = position
         self._order_known = False
+        self._in_forward = False
         self._ran: list[_Unit] = []
         """The units that ran in this forward so far, in order."""
         for group in self._groups():
@@ -428,7 +429,11 @@ class FullyShardedDP(nn.Module):
             self._ready(self.root, attach=True)
         for unit in self.units[:PREFETCH_UNITS]:
             self._issue(unit)
-        out = self.module(*args, **kwargs)
+        self._in_forward = True
+        try:
+            out = self.module(*args, **kwargs)
+        finally:
+            self._in_forward = False
         if not self._order_known:
             self._settle_order()
         if not torch.is_grad_enabled():
@@ -439,6 +444,9 @@ class FullyShardedDP(nn.Module):
         if _in_backward():  # a recompute (checkpoint through __call__): gathered, no prefetch
             self._ready(unit, attach=False)
             return
+        if not self._in_forward:
+            raise RuntimeError(f"FullyShardedDP unit {unit.name} ran outside the wrapper's forward: "
+                               f"{READ_HINT}")
         self._check_order(unit)
         self._ran.append(unit)
         self._ready(unit, attach=True)

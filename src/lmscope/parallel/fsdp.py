@@ -229,22 +229,11 @@ class FullyShardedDP(nn.Module):
         kept = kept_modules(module, keep_fp32) if keep_fp32 else []
         self._state_keys = list(module.state_dict().keys())
         broadcast_state(module, process_group)
-        found = parameter_owners(module, chosen)
         names = _attribute_names(module)
-        self._param_keys = {f"{names[id(m)]}{n}" for _, where in found.values() for m, n in where}
-        in_kept = {id(sub) for k in kept for sub in k.modules()}
-        self._units: list[_Unit] = []
-        for index, unit_module in [*enumerate(chosen), (len(chosen), None)]:
-            members: dict[tuple[bool, bool], list[tuple[nn.Parameter, Owner]]] = {}
-            for param, (owner, where) in found.items():
-                if owner == index:
-                    kept_here = any(id(m) in in_kept for m, _ in where)
-                    members.setdefault((param.requires_grad, kept_here), []).append((param, where))
-            groups = [self._flat_group(params, kept=kept_here) for (_, kept_here), params
-                      in sorted(members.items(), key=lambda item: (not item[0][0], item[0][1]))]
-            if groups:
-                name = names[id(unit_module)][:-1] if unit_module is not None else "the root"
-                self._units.append(_Unit(len(self._units), unit_module, groups, name))
+        self._units = self._build_units(chosen, names, kept)
+        self._param_keys = {f"{names[id(owner)]}{attribute}" for group in self._groups()
+                            for where in group.owners for owner, attribute in where}
+        """The state-dict keys of parameters (tied ones under each name); the other keys are buffers."""
         self.root = self._units[-1] if self._units and self._units[-1].module is None else None
         self.units = [u for u in self._units if u.module is not None]
         """The gathered units in forward order (units without parameters are left out)."""
@@ -271,6 +260,29 @@ class FullyShardedDP(nn.Module):
         """Bytes the all-gathers produced on this rank so far (their output buffers)."""
         self.bytes_reduced = 0
         """Bytes the reduce-scatters took in on this rank so far (the full gradients)."""
+        self._register_hooks()
+
+    def _build_units(self, chosen: list[nn.Module], names: dict[int, str],
+                     kept: list[nn.Module]) -> list[_Unit]:
+        """The units with their flat groups (one per requires_grad and kept-in-fp32), the root last."""
+        found = parameter_owners(self.module, chosen)
+        in_kept = {id(sub) for k in kept for sub in k.modules()}
+        units: list[_Unit] = []
+        for index, unit_module in [*enumerate(chosen), (len(chosen), None)]:
+            members: dict[tuple[bool, bool], list[tuple[nn.Parameter, Owner]]] = {}
+            for param, (owner, where) in found.items():
+                if owner == index:
+                    kept_here = any(id(m) in in_kept for m, _ in where)
+                    members.setdefault((param.requires_grad, kept_here), []).append((param, where))
+            groups = [self._flat_group(params, kept=kept_here) for (_, kept_here), params
+                      in sorted(members.items(), key=lambda item: (not item[0][0], item[0][1]))]
+            if groups:
+                name = names[id(unit_module)][:-1] if unit_module is not None else "the root"
+                units.append(_Unit(len(units), unit_module, groups, name))
+        return units
+
+    def _register_hooks(self) -> None:
+        """Forward pre/post hooks on every unit; a post-accumulate hook on every trainable buffer."""
         for unit in self.units:
             assert unit.module is not None
             unit.module.register_forward_pre_hook(lambda m, a, u=unit: self._pre_forward(u))

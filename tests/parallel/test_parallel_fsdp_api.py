@@ -315,7 +315,7 @@ def _policy_training(ctx: RankContext, seed: int, kind: str) -> dict[str, object
         from transformers import GPT2Config, GPT2LMHeadModel
 
         config = GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=VOCAB, n_positions=16,
-                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
         model: nn.Module = GPT2LMHeadModel(config)
     else:
         model = HandoutLM()

@@ -1,9 +1,11 @@
 """FullyShardedDP on one GPU (world size 1, NCCL): the fast path with checkpointing trains like the
-unsharded fast model (fp32: the same numbers; bf16: close, finite, and the gathers run on a side stream)."""
+unsharded fast model (fp32: the same numbers; bf16: close, finite, and the gathers run on a side stream);
+the user-facing API (names, state dicts, summon, keep_fp32, fp16 with ShardedGradScaler) on CUDA."""
 
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -47,3 +49,58 @@ def test_fast_checkpointed_fsdp_trains_like_the_unsharded_fast_model(dtype):
     for a, b in zip(ours, reference, strict=True):
         assert abs(a - b) <= tolerance * abs(b), (ours, reference)
     assert ours[-1] < ours[0]
+
+
+def _api_on_device(ctx: RankContext) -> dict[str, object]:
+    """The user-facing API on the rank's device: bf16 with fp32 norms, names and gradients, full
+    state dicts on the device, freed weights, summon_full_params, then fp16 with ShardedGradScaler."""
+    from lmscope.model.transformer import RMSNorm, TransformerLM
+    from lmscope.parallel.sharded_grad_scaler import ShardedGradScaler
+
+    torch.manual_seed(0)
+    tokens, targets = (torch.randint(0, CONFIG.vocab_size, (2, 64), device=ctx.device) for _ in range(2))
+    out: dict[str, object] = {}
+    for dtype in (torch.bfloat16, torch.float16):
+        with ctx.device:
+            model = TransformerLM(CONFIG)
+        wrapped = FullyShardedDP(model, param_dtype=dtype, keep_fp32=(RMSNorm,))
+        optimizer = torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
+        scaler = ShardedGradScaler(ctx.device.type, enabled=dtype == torch.float16)
+        losses = []
+        for _ in range(3):
+            optimizer.zero_grad(set_to_none=True)
+            loss = torch.nn.functional.cross_entropy(wrapped(tokens).float().flatten(0, 1), targets.flatten())
+            scaler.scale(loss).backward()
+            wrapped.finish_gradient_synchronization()
+            scaler.step(optimizer)
+            scaler.update()
+            losses.append(loss.item())
+        name = str(dtype).replace("torch.", "")
+        out[f"{name} losses"] = losses
+        if dtype is torch.bfloat16:
+            grad = dict(wrapped.named_parameters())["layers.0.attn.q_proj.weight"].grad
+            out["grad on device"] = grad is not None and grad.to_local().device.type == ctx.device.type
+            on_device = wrapped.full_state_dict(rank0_only=False, device=ctx.device)
+            on_cpu = wrapped.full_state_dict()
+            out["state on device"] = all(t.device.type == ctx.device.type for t in on_device.values())
+            out["same state"] = all(torch.equal(on_device[k].cpu(), v) for k, v in on_cpu.items())
+            try:
+                model.layers[0].ffn.w1.weight.sum()
+                out["freed read"] = None
+            except RuntimeError as error:
+                out["freed read"] = str(error)
+            with wrapped.summon_full_params():
+                summoned = model.layers[0].ffn.w1.weight.cpu()
+            out["summoned"] = torch.equal(summoned, on_cpu["layers.0.ffn.w1.weight"])
+    return out
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_fsdp_api_on_cuda():
+    result = launch(_api_on_device, nproc=1, backend="nccl", timeout_s=300)
+    for dtype in ("bfloat16", "float16"):
+        losses = result[f"{dtype} losses"]
+        assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0], result
+    assert result["grad on device"] and result["state on device"] and result["same state"], result
+    assert "summon_full_params" in result["freed read"], result
+    assert result["summoned"], result

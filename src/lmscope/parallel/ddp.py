@@ -94,18 +94,21 @@ class DataParallel(nn.Module, abc.ABC):
             tensor.div_(self._divisor)
 
 
-def _averaging(world_size: int) -> tuple[dist.ReduceOp, int | None]:
-    """(reduce op, divisor or None): AVG on NCCL; SUM after dividing by the world size elsewhere."""
-    if dist.get_backend() == "nccl":
+def _averaging(world_size: int, group: dist.ProcessGroup | None = None) -> tuple[dist.ReduceOp, int | None]:
+    """(reduce op, divisor or None) for `group`: AVG on NCCL; SUM after dividing by the world size
+    elsewhere."""
+    if dist.get_backend(group) == "nccl":
         return dist.ReduceOp.AVG, None
     return dist.ReduceOp.SUM, (world_size if world_size > 1 else None)
 
 
-def broadcast_state(module: nn.Module) -> None:
-    """Copy rank 0's parameters and buffers to every rank (asynchronous, then waited)."""
+def broadcast_state(module: nn.Module, group: dist.ProcessGroup | None = None) -> None:
+    """Copy the parameters and buffers of `group`'s rank 0 (None: all ranks) to its other ranks
+    (asynchronous, then waited)."""
+    source = dist.get_global_rank(group or dist.group.WORLD, 0)
     with torch.no_grad():
         tensors = [*module.parameters(), *module.buffers()]
-        handles = [dist.broadcast(t.detach(), src=0, async_op=True) for t in tensors]
+        handles = [dist.broadcast(t.detach(), src=source, group=group, async_op=True) for t in tensors]
         for handle in handles:
             handle.wait()
 

@@ -3,17 +3,19 @@
 The model is cut into *units* (a Transformer block each; the embedding and the LM head; what no
 unit holds, and parameters shared by several units, form the *root*). Per unit and rank:
 
-* **Master shard.** The unit's parameters (trainable and frozen apart) are flattened in fp32 (the
-  model's dtype), padded with zeros to a multiple of the world size, and each rank keeps its
-  1/N slice as an `nn.Parameter` of its own: these shards are this module's `parameters()`, so
-  any torch optimizer steps them. The module's own parameters are removed; while a unit runs,
-  its submodules hold plain tensors that are views of the unit's gathered buffer.
+* **Master shard.** The unit's parameters (trainable and frozen apart, and those of modules kept
+  in fp32 apart) are flattened in fp32 (the model's dtype), padded with zeros to a multiple of
+  the world size, and each rank keeps its 1/N slice as an `nn.Parameter` of its own: these
+  shards are this module's `parameters()`, so any torch optimizer steps them. The module's own
+  parameters are removed; while a unit runs, its submodules hold plain tensors (in their
+  `__dict__`, ahead of the placeholders) that are views of the unit's gathered buffer.
 * **Forward.** In a unit's forward pre-hook its full parameters are all-gathered into one flat
-  buffer of the compute dtype (`param_dtype`): each rank casts its shard *before* sending, so
-  the wire and the buffer are in the compute dtype. The gathers of the next two units are
-  issued at once (prefetch, at most two units ahead, on a side stream on CUDA; synchronous on
-  CPU). After the unit's forward its buffer's storage is freed (resized to 0 bytes; the
-  tensors autograd saved keep pointing at it); the last unit stays gathered for the backward.
+  buffer of the compute dtype (`param_dtype`; the master dtype for modules in `keep_fp32`): each
+  rank casts its shard *before* sending, so the wire and the buffer are in the compute dtype.
+  The gathers of the next two units are issued at once (prefetch, at most two units ahead, on a
+  side stream on CUDA; synchronous on CPU). After the unit's forward its buffer's storage is
+  freed (resized to 0 bytes; the tensors autograd saved keep pointing at it) and its views leave
+  the modules; the last unit stays gathered for the backward.
 * **Backward.** When the gradient of a unit's output arrives (a tensor hook, before the unit's
   backward) the unit is gathered again into the same storage, and the two units before it are
   prefetched. A checkpointed unit recomputes its forward here, from the gathered parameters.
@@ -24,20 +26,27 @@ unit holds, and parameters shared by several units, form the *root*). Per unit a
   At the end of the backward (an autograd callback) the compute stream waits for the
   reduce-scatters and every buffer still gathered (the root, frozen groups) is freed.
 
-The units must run in the order given (forward) and the reverse (backward), each once per
-forward. `full_state_dict()` gathers the unsharded fp32 state on rank 0 (original names, tied
-parameters under each of their names); `load_full_state_dict` takes it back from rank 0.
-Outside a forward/backward the model's parameter attributes are freed views: read the state
-through `full_state_dict`. With `world_size == 1` the same code runs without communication
-partners (the gathers copy). See docs/fsdp.md for the order of events and how PyTorch's
-FSDP2 differs.
+The units run in one order every forward (the reverse in the backward), each once per forward:
+a list of modules must be given in that order (the first forward checks it), a class policy and
+the default units take the order of the first forward (`lmscope.parallel.fsdp_units`).
+
+Outside a forward/backward the model holds a `ShardedParameter` under each original name (full
+shape, no data; `to_local()` and `.grad.to_local()` are this rank's pieces of the shard and its
+gradient; reading its values raises and says how to read them): `named_parameters()` gives the
+original names, `parameters()` the flat shards the optimizer steps. `summon_full_params()`
+gathers every parameter in full for reading (or writing back); `full_state_dict()` gathers the
+unsharded fp32 state (original names, tied parameters under each of their names) on the group's
+rank 0 or on every rank; `load_full_state_dict` takes it back. With `world_size == 1` the same
+code runs without communication partners (the gathers copy). See docs/fsdp.md for the order of
+events, the options and how PyTorch's FSDP2 differs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -45,9 +54,17 @@ import torch.distributed as dist
 from torch import nn
 
 from lmscope.parallel.ddp import _averaging, broadcast_state
+from lmscope.parallel.fsdp_precision import KeepFp32, cast_at_boundaries, kept_modules
+from lmscope.parallel.fsdp_units import UnitsSpec, default_units, parameter_owners, resolve_units
+from lmscope.parallel.sharded_param import READ_HINT, ShardedParameter
+
+__all__ = ["PREFETCH_UNITS", "FullyShardedDP", "default_units"]
 
 PREFETCH_UNITS = 2
 """How many units ahead the gathers are issued (forward: the next two; backward: the two before)."""
+
+Owner = list[tuple[nn.Module, str]]
+"""Where one parameter is attached: [(module, attribute name), ...] (tied: several)."""
 
 
 class _State(enum.Enum):
@@ -57,29 +74,36 @@ class _State(enum.Enum):
 
 
 class _FlatGroup:
-    """The parameters of one unit with one requires_grad: a padded fp32 shard and a gather buffer."""
+    """The parameters of one unit with one requires_grad and compute dtype: a padded fp32 shard
+    and a gather buffer in the compute dtype."""
 
-    def __init__(self, params: list[tuple[nn.Parameter, list[tuple[nn.Module, str]]]], *,
-                 rank: int, world_size: int, param_dtype: torch.dtype | None) -> None:
+    def __init__(self, params: list[tuple[nn.Parameter, Owner]], *, rank: int, world_size: int,
+                 compute_dtype: torch.dtype, reduce_dtype: torch.dtype) -> None:
         self.owners = [where for _, where in params]
-        """Per parameter, where it is attached: [(module, attribute name), ...] (tied: several).
-        The original parameters themselves are not kept: once the module drops them they are freed."""
+        """Per parameter, where it is attached. The original parameters themselves are not kept:
+        once the module drops them they are freed."""
         self.shapes = [p.shape for p, _ in params]
         self.numels = [p.numel() for p, _ in params]
         self.numel = sum(self.numels)
         self.shard_numel = math.ceil(self.numel / world_size)
         self.padded_numel = self.shard_numel * world_size
+        self.begin = rank * self.shard_numel
+        """Where this rank's shard begins in the flat parameters."""
         first = params[0][0]
         self.trainable = first.requires_grad
-        self.compute_dtype = param_dtype or first.dtype
+        self.compute_dtype = compute_dtype
+        self.reduce_dtype = reduce_dtype
         with torch.no_grad():
             flat = torch.zeros(self.padded_numel, dtype=first.dtype, device=first.device)
             torch.cat([p.detach().reshape(-1) for p, _ in params], out=flat[: self.numel])
-            begin = rank * self.shard_numel
-            self.shard = nn.Parameter(flat[begin: begin + self.shard_numel].clone(),
+            self.shard = nn.Parameter(flat[self.begin: self.begin + self.shard_numel].clone(),
                                       requires_grad=self.trainable)
-        self.full = torch.empty(self.padded_numel, dtype=self.compute_dtype, device=first.device)
+        self.full = torch.empty(self.padded_numel, dtype=compute_dtype, device=first.device)
         self.full.requires_grad_(self.trainable)
+        self.attached = False
+        """Whether the modules hold views of `full` now (between a unit's gather and its free)."""
+        self._views: list[tuple[Owner, torch.Tensor]] = []
+        """The views the last forward built (a recompute in the backward reads them again)."""
         self.free()
 
     @property
@@ -95,8 +119,18 @@ class _FlatGroup:
             storage.resize_(nbytes)
 
     def free(self) -> None:
-        """Release the gather buffer's storage; tensors viewing it stay valid objects."""
+        """Release the gather buffer's storage and take its views off the modules (tensors autograd
+        saved stay valid objects; the modules show their placeholders again)."""
         self.full.untyped_storage().resize_(0)
+        self.detach_views()
+
+    def detach_views(self) -> None:
+        """Take the views of the gathered buffer off the modules (their placeholders show again)."""
+        if self.attached:
+            for owners in self.owners:
+                for module, name in owners:
+                    module.__dict__.pop(name, None)
+            self.attached = False
 
     def gather(self, group: dist.ProcessGroup | None) -> None:
         """All-gather every rank's shard, cast to the compute dtype first, into the buffer."""
@@ -104,23 +138,55 @@ class _FlatGroup:
         with torch.autograd._unsafe_preserve_version_counter(self.full):
             dist.all_gather_into_tensor(self.full.detach(), send, group=group)
 
-    def attach(self) -> None:
-        """Point each module attribute at its view of the gathered buffer (fresh views per pass)."""
+    def gather_master(self, group: dist.ProcessGroup | None) -> torch.Tensor:
+        """Every rank's shard in the master dtype, in a new flat tensor (padding included)."""
+        flat = torch.empty(self.padded_numel, dtype=self.shard.dtype, device=self.shard.device)
+        dist.all_gather_into_tensor(flat, self.shard.detach(), group=group)
+        return flat
+
+    def views(self, flat: torch.Tensor) -> Iterator[tuple[Owner, torch.Tensor]]:
+        """(where, the parameter's view of `flat`) per parameter."""
         offset = 0
         for owners, shape, numel in zip(self.owners, self.shapes, self.numels, strict=True):
-            view = self.full[offset: offset + numel].view(shape)
+            yield owners, flat[offset: offset + numel].view(shape)
+            offset += numel
+
+    def attach(self, *, fresh: bool) -> None:
+        """Put views of the gathered buffer on the modules: new ones (each forward builds its own
+        autograd graph), or the last forward's again (a checkpoint's recompute in the backward,
+        whose saved tensors must come from the same graph)."""
+        if fresh or not self._views:
+            self._views = list(self.views(self.full))
+        for owners, view in self._views:
             for module, name in owners:
-                setattr(module, name, view)
+                module.__dict__[name] = view  # ahead of the placeholder in module._parameters
+        self.attached = True
+
+    def place_placeholders(self, names: dict[int, str]) -> None:
+        """Register a ShardedParameter under every name of every parameter of this group."""
+        offset = 0
+        end = self.begin + self.shard_numel
+        for owners, shape, numel in zip(self.owners, self.shapes, self.numels, strict=True):
+            start = min(max(self.begin - offset, 0), numel)
+            stop = max(min(end - offset, numel), start)
+            local = min(max(offset + start - self.begin, 0), self.shard_numel)
+            module, name = owners[0]
+            placeholder = ShardedParameter(f"{names[id(module)]}{name}", shape, self, local, (start, stop),
+                                           requires_grad=self.trainable)
+            for module, name in owners:
+                module._parameters[name] = placeholder
             offset += numel
 
 
 class _Unit:
     """A module (or the root) whose parameters are gathered and freed together."""
 
-    def __init__(self, index: int, module: nn.Module | None, groups: list[_FlatGroup]) -> None:
+    def __init__(self, index: int, module: nn.Module | None, groups: list[_FlatGroup], name: str) -> None:
         self.index = index
         self.module = module
         self.groups = groups
+        self.name = name
+        """Its name in the model ('layers.0'), or 'the root'."""
         self.state = _State.FREE
         self.position = -1
         """Place among the gathered units in forward order (-1 for the root)."""
@@ -133,15 +199,19 @@ class _Unit:
 class FullyShardedDP(nn.Module):
     """Shard `module`'s parameters over the ranks by units; see the module docstring.
 
-    `units`: the submodules gathered one at a time, in forward order (default: `default_units`).
-    `param_dtype`: the compute dtype parameters are cast to before the all-gather (None: keep
-    the master dtype). `reduce_dtype`: the dtype gradients are reduce-scattered in (None: the
-    compute dtype). `parameters()` are the local fp32 shards: build the optimizer over them.
+    `units`: the submodules gathered one at a time, in forward order; or a tuple of module
+    classes (every outermost module of them, in the order of the first forward); None:
+    `default_units` (lmscope's models, any transformers model). `param_dtype`: the compute dtype
+    parameters are cast to before the all-gather (None: keep the master dtype). `reduce_dtype`:
+    the dtype gradients are reduce-scattered in (None: the compute dtype). `keep_fp32`: module
+    classes or modules whose parameters stay in the master dtype (`fsdp_precision`).
+    `process_group`: the ranks that shard this model (None: all). `parameters()` are the local
+    fp32 shards: build the optimizer over them; `named_parameters()` gives the original names.
     """
 
-    def __init__(self, module: nn.Module, units: Sequence[nn.Module] | None = None, *,
+    def __init__(self, module: nn.Module, units: UnitsSpec = None, *,
                  param_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None,
-                 process_group: dist.ProcessGroup | None = None) -> None:
+                 keep_fp32: KeepFp32 = (), process_group: dist.ProcessGroup | None = None) -> None:
         super().__init__()
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("FullyShardedDP needs an initialized process group: "
@@ -150,36 +220,38 @@ class FullyShardedDP(nn.Module):
         self.group = process_group
         self.world_size = dist.get_world_size(process_group)
         self.rank = dist.get_rank(process_group)
+        self._source_rank = dist.get_global_rank(process_group or dist.group.WORLD, 0)
+        """The global rank of this group's rank 0 (broadcasts start there)."""
         self.param_dtype = param_dtype
         self.reduce_dtype = reduce_dtype
-        self.reduce_op, self._divisor = _averaging(self.world_size)
-        units = list(default_units(module) if units is None else units)
+        self.reduce_op, self._divisor = _averaging(self.world_size, process_group)
+        chosen, self._learn_order = resolve_units(module, units)
+        kept = kept_modules(module, keep_fp32) if keep_fp32 else []
         self._state_keys = list(module.state_dict().keys())
-        broadcast_state(module)
-        owners = _owners(module, units)
-        self._units: list[_Unit] = []
-        shards = []
-        for index, unit_module in [(i, m) for i, m in enumerate(units)] + [(len(units), None)]:
-            groups = []
-            for trainable in (True, False):
-                members = [(p, where) for p, (owner, where) in owners.items()
-                           if owner == index and p.requires_grad == trainable]
-                if members:
-                    groups.append(_FlatGroup(members, rank=self.rank, world_size=self.world_size,
-                                             param_dtype=param_dtype))
-            if groups:
-                self._units.append(_Unit(len(self._units), unit_module, groups))
-                shards += [g.shard for g in groups]
+        broadcast_state(module, process_group)
+        names = _attribute_names(module)
+        self._units = self._build_units(chosen, names, kept)
+        self._param_keys = {f"{names[id(owner)]}{attribute}" for group in self._groups()
+                            for where in group.owners for owner, attribute in where}
+        """The state-dict keys of parameters (tied ones under each name); the other keys are buffers."""
         self.root = self._units[-1] if self._units and self._units[-1].module is None else None
         self.units = [u for u in self._units if u.module is not None]
         """The gathered units in forward order (units without parameters are left out)."""
         for position, unit in enumerate(self.units):
             unit.position = position
-        for _, where in owners.values():
-            for owner_module, name in where:
-                del owner_module._parameters[name]
-        self.shards = nn.ParameterList(shards)
-        device = shards[0].device if shards else torch.device("cpu")
+        self._order_known = False
+        self._in_forward = False
+        self._ran: list[_Unit] = []
+        """The units that ran in this forward so far, in order."""
+        for group in self._groups():
+            group.place_placeholders(names)
+        self.shards = nn.ParameterList([g.shard for g in self._groups()])
+        if param_dtype is not None:
+            for module_kept in kept:
+                master = next((p.dtype for p in module_kept.parameters()), self.shards[0].dtype)
+                cast_at_boundaries(module_kept, inputs=master, outputs=param_dtype)
+        self._kept = len(kept)
+        device = self.shards[0].device if len(self.shards) else torch.device("cpu")
         cuda = device.type == "cuda"
         self._gather_stream = torch.cuda.Stream(device) if cuda else None
         self._reduce_stream = torch.cuda.Stream(device) if cuda else None
@@ -188,6 +260,29 @@ class FullyShardedDP(nn.Module):
         """Bytes the all-gathers produced on this rank so far (their output buffers)."""
         self.bytes_reduced = 0
         """Bytes the reduce-scatters took in on this rank so far (the full gradients)."""
+        self._register_hooks()
+
+    def _build_units(self, chosen: list[nn.Module], names: dict[int, str],
+                     kept: list[nn.Module]) -> list[_Unit]:
+        """The units with their flat groups (one per requires_grad and kept-in-fp32), the root last."""
+        found = parameter_owners(self.module, chosen)
+        in_kept = {id(sub) for k in kept for sub in k.modules()}
+        units: list[_Unit] = []
+        for index, unit_module in [*enumerate(chosen), (len(chosen), None)]:
+            members: dict[tuple[bool, bool], list[tuple[nn.Parameter, Owner]]] = {}
+            for param, (owner, where) in found.items():
+                if owner == index:
+                    kept_here = any(id(m) in in_kept for m, _ in where)
+                    members.setdefault((param.requires_grad, kept_here), []).append((param, where))
+            groups = [self._flat_group(params, kept=kept_here) for (_, kept_here), params
+                      in sorted(members.items(), key=lambda item: (not item[0][0], item[0][1]))]
+            if groups:
+                name = names[id(unit_module)][:-1] if unit_module is not None else "the root"
+                units.append(_Unit(len(units), unit_module, groups, name))
+        return units
+
+    def _register_hooks(self) -> None:
+        """Forward pre/post hooks on every unit; a post-accumulate hook on every trainable buffer."""
         for unit in self.units:
             assert unit.module is not None
             unit.module.register_forward_pre_hook(lambda m, a, u=unit: self._pre_forward(u))
@@ -197,6 +292,15 @@ class FullyShardedDP(nn.Module):
                 if group.trainable:
                     group.full.register_post_accumulate_grad_hook(
                         lambda t, u=unit, g=group: self._reduce_scatter(u, g))
+
+    def _flat_group(self, params: list[tuple[nn.Parameter, Owner]], *, kept: bool) -> _FlatGroup:
+        """A group computing in `param_dtype`, or (kept in fp32, or no param_dtype) in the master dtype;
+        reducing in `reduce_dtype` (else its compute dtype), kept ones in the master dtype."""
+        master = params[0][0].dtype
+        compute = master if kept or self.param_dtype is None else self.param_dtype
+        reduce = master if kept else (self.reduce_dtype or compute)
+        return _FlatGroup(params, rank=self.rank, world_size=self.world_size, compute_dtype=compute,
+                          reduce_dtype=reduce)
 
     @property
     def settings(self) -> dict[str, object]:
@@ -209,17 +313,86 @@ class FullyShardedDP(nn.Module):
             "root": self.root is not None,
             "param_dtype": dtype(self.param_dtype),
             "reduce_dtype": dtype(self.reduce_dtype or self.param_dtype),
+            **({"kept_fp32": self._kept} if self._kept else {}),
             "prefetch": PREFETCH_UNITS,
-            "padding": sum(g.padding for u in self._units for g in u.groups),
+            "padding": sum(g.padding for g in self._groups()),
         }
+
+    def _groups(self) -> Iterator[_FlatGroup]:
+        """Every flat group, unit by unit (forward order of construction), the root last."""
+        return (group for unit in self._units for group in unit.groups)
 
     def shard_numel(self) -> int:
         """Elements of this rank's master shards (trainable and frozen, padding included)."""
-        return sum(g.shard_numel for u in self._units for g in u.groups)
+        return sum(g.shard_numel for g in self._groups())
 
     def unit_numels(self) -> list[int]:
         """Unpadded parameter elements of each unit in forward order, the root last (if any)."""
         return [sum(g.numel for g in u.groups) for u in self._units]
+
+    # ---- parameters under their names -------------------------------------------------------
+
+    def parameters(self, recurse: bool = True) -> Iterator[nn.Parameter]:
+        """This rank's flat shards, one per unit and group, each once: what the optimizer steps."""
+        return iter(self.shards)
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True,
+                         remove_duplicate: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+        """The model's parameters under their original names (no 'module.' prefix): between steps
+        ShardedParameters (`to_local()`, `.grad.to_local()`: this rank's pieces), inside
+        `summon_full_params()` the full tensors. For the optimizer use `parameters()`."""
+        return self.module.named_parameters(prefix=prefix, recurse=recurse, remove_duplicate=remove_duplicate)
+
+    @contextlib.contextmanager
+    def summon_full_params(self, *, writeback: bool = False) -> Iterator[None]:
+        """Inside, every parameter of the model is its full tensor (master dtype, no grad) under its
+        name, on every rank; with `writeback`, what was written to them goes back into the shards
+        at the exit. A collective on entry; it holds the whole model on each rank meanwhile. Not
+        inside a forward/backward."""
+        if _in_backward():
+            raise RuntimeError("summon_full_params() runs between steps, not inside a backward")
+        gathered = []
+        with torch.no_grad():
+            for group in self._groups():
+                group.detach_views()  # a unit gathered for a pending backward stays gathered
+                flat = group.gather_master(self.group)
+                for owners, view in group.views(flat):
+                    full = nn.Parameter(view, requires_grad=False)
+                    for module, name in owners:
+                        module._parameters[name] = full
+                gathered.append((group, flat))
+        try:
+            yield
+        finally:
+            names = _attribute_names(self.module)
+            with torch.no_grad():
+                for group, flat in gathered:
+                    if writeback:
+                        group.shard.copy_(flat[group.begin: group.begin + group.shard_numel])
+                    group.place_placeholders(names)
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Scale the sharded gradients so that their L2 norm over every rank is at most `max_norm`;
+        returns the norm before (a collective). torch.nn.utils.clip_grad_norm_ over `parameters()`
+        would see this rank's shards only, and ranks would scale by different factors."""
+        grads = [p.grad for p in self.shards if p.grad is not None]
+        device = self.shards[0].device
+        squares = torch.zeros((), dtype=torch.float32, device=device)
+        for grad in grads:
+            squares += grad.float().pow(2).sum()
+        dist.all_reduce(squares, group=self.group)
+        total = squares.sqrt()
+        scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
+        for grad in grads:
+            grad.mul_(scale.to(grad.dtype))
+        return total
+
+    def finish_gradient_synchronization(self) -> None:
+        """Wait until every shard gradient holds the mean over ranks (the end of the backward has
+        already waited: kept so that code written for the DDP wrappers runs unchanged)."""
+        if self._reduce_stream is not None:
+            torch.cuda.current_stream(self._reduce_stream.device).wait_stream(self._reduce_stream)
 
     # ---- gather, wait, free -------------------------------------------------------------------
 
@@ -243,16 +416,16 @@ class FullyShardedDP(nn.Module):
 
     def _ready(self, unit: _Unit, *, attach: bool) -> None:
         """Gather `unit` if needed and make the compute stream wait for it; `attach`: fresh views
-        of the buffer on the modules (each forward; the backward reuses the forward's views)."""
+        of the buffer on the modules (each forward); else the last forward's where they left."""
         self._issue(unit)
         if unit.state is _State.GATHERING:
             if unit.event is not None:
                 torch.cuda.current_stream().wait_event(unit.event)
                 unit.event = None
             unit.state = _State.GATHERED
-        if attach:
-            for group in unit.groups:
-                group.attach()
+        for group in unit.groups:
+            if attach or not group.attached:
+                group.attach(fresh=attach)
 
     def _free(self, unit: _Unit) -> None:
         for group in unit.groups:
@@ -263,11 +436,18 @@ class FullyShardedDP(nn.Module):
 
     def forward(self, *args: object, **kwargs: object) -> object:
         """The wrapped module's forward, with the root gathered first and the first units prefetched."""
+        self._ran = []
         if self.root is not None:
             self._ready(self.root, attach=True)
         for unit in self.units[:PREFETCH_UNITS]:
             self._issue(unit)
-        out = self.module(*args, **kwargs)
+        self._in_forward = True
+        try:
+            out = self.module(*args, **kwargs)
+        finally:
+            self._in_forward = False
+        if not self._order_known:
+            self._settle_order()
         if not torch.is_grad_enabled():
             self._finish()
         return out
@@ -276,9 +456,41 @@ class FullyShardedDP(nn.Module):
         if _in_backward():  # a recompute (checkpoint through __call__): gathered, no prefetch
             self._ready(unit, attach=False)
             return
+        if not self._in_forward:
+            raise RuntimeError(f"FullyShardedDP unit {unit.name} ran outside the wrapper's forward: "
+                               f"{READ_HINT}")
+        self._check_order(unit)
+        self._ran.append(unit)
         self._ready(unit, attach=True)
         for ahead in self.units[unit.position + 1: unit.position + 1 + PREFETCH_UNITS]:
             self._issue(ahead)
+
+    def _check_order(self, unit: _Unit) -> None:
+        """Raise where `unit` runs twice, or out of the order given (a list) or learned (the first
+        forward, which records the order of a class policy or the default units)."""
+        last = self._ran[-1] if self._ran else None
+        learning = self._learn_order and not self._order_known
+        if last is None or (unit.position > last.position and not learning):
+            return
+        if unit in self._ran:
+            raise RuntimeError(f"FullyShardedDP unit {unit.name} ran twice in one forward: each unit runs "
+                               "once per forward (leave a module called twice out of the units)")
+        if learning:
+            return
+        if self._order_known:
+            raise RuntimeError(f"FullyShardedDP unit {unit.name} ran after {last.name}, out of the order of "
+                               "the first forward: the units must run in the same order every forward")
+        raise RuntimeError(f"FullyShardedDP units are not in forward order: {unit.name} ran after "
+                           f"{last.name}; pass them in forward order, or as classes "
+                           "(units=(nn.Linear, ...)), whose order is taken from the first forward")
+
+    def _settle_order(self) -> None:
+        """After the first forward: a learned order becomes the units' order (for the prefetches)."""
+        if self._learn_order:
+            self.units = self._ran + [u for u in self.units if u not in self._ran]
+            for position, unit in enumerate(self.units):
+                unit.position = position
+        self._order_known = True
 
     def _post_forward(self, unit: _Unit, output: Any) -> None:
         if _in_backward():
@@ -306,7 +518,7 @@ class FullyShardedDP(nn.Module):
         grad = group.full.grad
         assert grad is not None
         group.full.grad = None
-        grad = grad.to(self.reduce_dtype or group.compute_dtype)
+        grad = grad.to(group.reduce_dtype)
         self.bytes_reduced += grad.numel() * grad.element_size()
         if group.shard.grad is None:
             group.shard.grad = torch.zeros_like(group.shard)
@@ -345,103 +557,56 @@ class FullyShardedDP(nn.Module):
     # ---- state dict ---------------------------------------------------------------------------
 
     @torch.no_grad()
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The unsharded state (master dtype, on CPU) on rank 0, {} elsewhere; a collective."""
+    def full_state_dict(self, *, rank0_only: bool = True,
+                        device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+        """The unsharded state (master dtype, original names, on `device`), a collective: on the
+        group's rank 0 only ({} elsewhere), or with `rank0_only=False` on every rank."""
+        keep = not rank0_only or self.rank == 0
         names = _attribute_names(self.module)
         values: dict[str, torch.Tensor] = {}
-        for unit in self._units:
-            for group in unit.groups:
-                flat = torch.empty(group.padded_numel, dtype=group.shard.dtype, device=group.shard.device)
-                dist.all_gather_into_tensor(flat, group.shard.detach(), group=self.group)
-                if self.rank != 0:
-                    continue
-                offset = 0
-                for owners, shape, numel in zip(group.owners, group.shapes, group.numels, strict=True):
-                    tensor = flat[offset: offset + numel].view(shape).cpu().clone()
-                    for module, name in owners:
-                        values[f"{names[id(module)]}{name}"] = tensor
-                    offset += numel
-        if self.rank != 0:
+        for group in self._groups():
+            flat = group.gather_master(self.group)
+            if not keep:
+                continue
+            for owners, view in group.views(flat):
+                tensor = view.to(device, copy=True)
+                for module, name in owners:
+                    values[f"{names[id(module)]}{name}"] = tensor
+        if not keep:
             return {}
         for key, buffer in self.module.state_dict().items():
-            values[key] = buffer.detach().cpu().clone()
+            if key not in self._param_keys:
+                values[key] = buffer.detach().to(device, copy=True)
         return {key: values[key] for key in self._state_keys if key in values}
 
     @torch.no_grad()
-    def load_full_state_dict(self, state: dict[str, torch.Tensor] | None) -> None:
-        """Load an unsharded state dict given on rank 0 (others may pass None); a collective."""
+    def load_full_state_dict(self, state: dict[str, torch.Tensor] | None, *, rank0_only: bool = True) -> None:
+        """Load an unsharded state dict (a collective): given on the group's rank 0 (others may
+        pass None) and broadcast from there, or with `rank0_only=False` given on every rank
+        (each takes its shard; nothing is sent)."""
         names = _attribute_names(self.module)
-        if self.rank == 0:
-            assert state is not None
+        if state is not None or not rank0_only or self.rank == 0:
+            if state is None:
+                raise ValueError("load_full_state_dict needs the state on this rank: pass a "
+                                 "full_state_dict(), or rank0_only=True with the state on rank 0")
             missing = [k for k in self._state_keys if k not in state]
             if missing:
                 raise ValueError(f"state dict lacks {', '.join(missing[:5])}: pass a full_state_dict() "
                                  "of the same model")
-        for unit in self._units:
-            for group in unit.groups:
-                flat = torch.zeros(group.padded_numel, dtype=group.shard.dtype, device=group.shard.device)
-                if self.rank == 0:
-                    assert state is not None
-                    parts = [state[f"{names[id(owners[0][0])]}{owners[0][1]}"].reshape(-1)
-                             for owners in group.owners]
-                    flat[: group.numel].copy_(torch.cat(parts))
-                dist.broadcast(flat, src=0, group=self.group)
-                begin = self.rank * group.shard_numel
-                group.shard.copy_(flat[begin: begin + group.shard_numel])
-        buffers = self.module.state_dict().keys()  # the parameters are gone: buffers only
-        shared = [{k: state[k] for k in buffers} if self.rank == 0 and state is not None else None]
-        dist.broadcast_object_list(shared, src=0, group=self.group)
+        for group in self._groups():
+            flat = torch.zeros(group.padded_numel, dtype=group.shard.dtype, device=group.shard.device)
+            if state is not None:
+                parts = [state[f"{names[id(owners[0][0])]}{owners[0][1]}"].reshape(-1).to(flat)
+                         for owners in group.owners]
+                flat[: group.numel].copy_(torch.cat(parts))
+            if rank0_only:
+                dist.broadcast(flat, src=self._source_rank, group=self.group)
+            group.shard.copy_(flat[group.begin: group.begin + group.shard_numel])
+        buffer_keys = [k for k in self._state_keys if k not in self._param_keys]
+        shared = [{k: state[k] for k in buffer_keys} if state is not None else None]
+        if rank0_only:
+            dist.broadcast_object_list(shared, src=self._source_rank, group=self.group)
         self.module.load_state_dict(shared[0] or {}, strict=False)
-
-
-def default_units(model: nn.Module) -> list[nn.Module]:
-    """The units of lmscope's TransformerLM / FastTransformerLM and of transformers' Llama.
-
-    TransformerLM: the embedding, each block, the LM head (the final norm stays in the root).
-    FastTransformerLM reads the head's weight directly (fused with the loss), so the head stays
-    in the root. Llama (`model.model.layers`): embed_tokens, each decoder layer, lm_head.
-    """
-    from lmscope.model.fast_transformer import FastTransformerLM
-    from lmscope.model.transformer import TransformerLM
-
-    if isinstance(model, FastTransformerLM):
-        return [model.token_embeddings, *model.layers]
-    if isinstance(model, TransformerLM):
-        return [model.token_embeddings, *model.layers, model.lm_head]
-    inner = getattr(model, "model", None)
-    if inner is not None and isinstance(getattr(inner, "layers", None), nn.ModuleList):
-        head = getattr(model, "lm_head", None)
-        return [inner.embed_tokens, *inner.layers, *([head] if head is not None else [])]
-    raise ValueError(f"no default units for {type(model).__name__}: pass units=[...] "
-                     "(the submodules to gather one at a time, e.g. model.blocks)")
-
-
-Owners = dict[nn.Parameter, tuple[int, list[tuple[nn.Module, str]]]]
-
-
-def _owners(model: nn.Module, units: list[nn.Module]) -> Owners:
-    """Parameter -> (index of the unit that owns it; len(units) for the root, where), in model order.
-
-    A parameter attached only inside one unit belongs to that unit; one attached outside every
-    unit, or inside several (tied), belongs to the root, which stays gathered for the whole step.
-    """
-    if any(unit is model for unit in units):
-        raise ValueError("the whole model cannot be a unit: pass its blocks")
-    in_units: dict[int, set[int]] = {}  # id(submodule) -> the units it is part of (shared ones: several)
-    for index, unit in enumerate(units):
-        for sub in unit.modules():
-            if sub is not unit and any(sub is other for other in units):
-                raise ValueError("one unit holds another: pass disjoint submodules as units")
-            in_units.setdefault(id(sub), set()).add(index)
-    found: dict[nn.Parameter, tuple[set[int], list[tuple[nn.Module, str]]]] = {}
-    for module in model.modules():
-        for name, param in module._parameters.items():
-            if param is None:
-                continue
-            indices, where = found.setdefault(param, (set(), []))
-            indices.update(in_units.get(id(module), {len(units)}))
-            where.append((module, name))
-    return {p: (next(iter(i)) if len(i) == 1 else len(units), w) for p, (i, w) in found.items()}
 
 
 def _attribute_names(model: nn.Module) -> dict[int, str]:

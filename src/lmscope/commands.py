@@ -139,6 +139,8 @@ def run_and_report(
     if resume and not out.exists():
         console.say(f"--resume: {out} does not exist yet; starting a new results file")
     check_writable(out)
+    for note in adjusted_sources(specs):
+        console.say(note)
     todo = pending_count(workload, specs, out, resume, rounds, only_round)
     each = (f", round {only_round} of {rounds}" if only_round is not None
             else f" x {rounds} rounds" if rounds > 1 else "")
@@ -153,6 +155,17 @@ def run_and_report(
                and identity_key(workload, record_spec(r, spec_keys, workload)) in keys]
     show(records, spec_keys, fmt=fmt, compare=compare, out=out, title=title, compare_base=compare_base)
     return records
+
+
+def adjusted_sources(specs: Sequence[Any]) -> list[str]:
+    """One line per model source whose config moved fields with the size overrides (its rows
+    carry the same as overrides_adjusted): the user learns before the run what will be built."""
+    notes = []
+    for spec in specs:
+        source = spec.source() if callable(getattr(spec, "source", None)) else None
+        if source is not None and source.adjusted:
+            notes.append(f"{source.name}: adjusted with the overrides: {'; '.join(source.adjusted)}")
+    return list(dict.fromkeys(notes))
 
 
 def check_compare(compare: str | None, specs: Sequence[Any], compare_base: str | None = None) -> None:

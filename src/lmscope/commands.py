@@ -131,7 +131,10 @@ def run_and_report(
     only_round: int | None = None,
 ) -> list[Record]:
     """Run the points (isolated, resumable, with progress), then print and save the table."""
+    from lmscope.workloads.cpu_points import refuse_triton_attention_on_cpu
+
     check_format(fmt)
+    refuse_triton_attention_on_cpu(specs)
     check_compare(compare, specs, compare_base)
     round_indices(rounds, only_round)
     check_timeout(timeout_s)

@@ -8,11 +8,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from lmscope.comma_list import list_items
 from lmscope.limits import check_timeout
 from lmscope.report import console
 from lmscope.report.compare import find_base
 from lmscope.report.tables import FORMATS, build_table, render
 from lmscope.results import Record, read_records
+from lmscope.results_check import prepare_out, read_rows
 from lmscope.runner import (
     identity_key,
     pending_count,
@@ -29,9 +31,7 @@ TRUE_WORDS = {"on": True, "true": True, "yes": True, "1": True,
 
 def split_list(value: str, cast: type, flag: str) -> list[Any]:
     """Parse a comma list such as '128,256' or 'fp32,bf16' into typed values, in order."""
-    items = [item.strip() for item in str(value).split(",") if item.strip()]
-    if not items:
-        raise ValueError(f"{flag} needs at least one value")
+    items = list_items(value, flag)
     out = []
     for item in items:
         if cast is bool:
@@ -142,6 +142,8 @@ def run_and_report(
     if resume and not out.exists():
         console.say(f"--resume: {out} does not exist yet; starting a new results file")
     check_writable(out)
+    for note in prepare_out(workload, out):
+        console.warn(note)
     for note in adjusted_sources(specs):
         console.say(note)
     todo = pending_count(workload, specs, out, resume, rounds, only_round)
@@ -169,6 +171,14 @@ def adjusted_sources(specs: Sequence[Any]) -> list[str]:
         if source is not None and source.adjusted:
             notes.append(f"{source.name}: adjusted with the overrides: {'; '.join(source.adjusted)}")
     return list(dict.fromkeys(notes))
+
+
+def read_table_rows(path: Path) -> list[Record]:
+    """The lmscope rows of a results file for `table`, saying what was left out (ValueError: none)."""
+    rows = read_rows(path)
+    for note in rows.notes:
+        console.warn(note)
+    return rows.records
 
 
 def check_compare(compare: str | None, specs: Sequence[Any], compare_base: str | None = None) -> None:

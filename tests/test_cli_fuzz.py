@@ -74,7 +74,7 @@ def _bad_values(path: str, name: str, base: type) -> list[str]:
         if (path, name) not in NEGATIVE_OK:
             values.append("-1")
     else:
-        values = ["", "x!,%"] if name not in INT_LISTS else ["", "-3", huge]
+        values = ["", "x!,%"] if name not in INT_LISTS else ["", "-3", huge, "16,,32"]
     if name not in ZERO_OK and base is not str and (path, name) not in NEGATIVE_OK:
         values.append("0")
     return values

@@ -26,7 +26,6 @@ from lmscope.commands import (
     split_list,
 )
 from lmscope.report import console
-from lmscope.results import read_records
 from lmscope.runner import expand_grid, spec_fields
 
 app = typer.Typer(
@@ -431,10 +430,10 @@ def table(
     workload: Annotated[str | None, typer.Option(help="which workload's rows (default: first)")] = None,
 ) -> None:
     """Re-render a results file without re-running anything."""
+    from lmscope.commands import read_table_rows
+
     check_format(fmt)
-    records = read_records(results)
-    if not records:
-        raise ValueError(f"{results} holds no records")
+    records = read_table_rows(results)
     chosen = workload if workload is not None else records[0].get("workload", "bench")
     rows = [r for r in records if r.get("workload") == chosen]
     if not rows:

@@ -8,11 +8,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from lmscope.comma_list import list_items
 from lmscope.limits import check_timeout
 from lmscope.report import console
 from lmscope.report.compare import find_base
 from lmscope.report.tables import FORMATS, build_table, render
 from lmscope.results import Record, read_records
+from lmscope.results_check import prepare_out, read_rows
 from lmscope.runner import (
     identity_key,
     pending_count,
@@ -29,9 +31,7 @@ TRUE_WORDS = {"on": True, "true": True, "yes": True, "1": True,
 
 def split_list(value: str, cast: type, flag: str) -> list[Any]:
     """Parse a comma list such as '128,256' or 'fp32,bf16' into typed values, in order."""
-    items = [item.strip() for item in str(value).split(",") if item.strip()]
-    if not items:
-        raise ValueError(f"{flag} needs at least one value")
+    items = list_items(value, flag)
     out = []
     for item in items:
         if cast is bool:
@@ -131,7 +131,10 @@ def run_and_report(
     only_round: int | None = None,
 ) -> list[Record]:
     """Run the points (isolated, resumable, with progress), then print and save the table."""
+    from lmscope.workloads.cpu_points import refuse_triton_attention_on_cpu
+
     check_format(fmt)
+    refuse_triton_attention_on_cpu(specs)
     check_compare(compare, specs, compare_base)
     round_indices(rounds, only_round)
     check_timeout(timeout_s)
@@ -139,6 +142,10 @@ def run_and_report(
     if resume and not out.exists():
         console.say(f"--resume: {out} does not exist yet; starting a new results file")
     check_writable(out)
+    for note in prepare_out(workload, out):
+        console.warn(note)
+    for note in adjusted_sources(specs):
+        console.say(note)
     todo = pending_count(workload, specs, out, resume, rounds, only_round)
     each = (f", round {only_round} of {rounds}" if only_round is not None
             else f" x {rounds} rounds" if rounds > 1 else "")
@@ -153,6 +160,25 @@ def run_and_report(
                and identity_key(workload, record_spec(r, spec_keys, workload)) in keys]
     show(records, spec_keys, fmt=fmt, compare=compare, out=out, title=title, compare_base=compare_base)
     return records
+
+
+def adjusted_sources(specs: Sequence[Any]) -> list[str]:
+    """One line per model source whose config moved fields with the size overrides (its rows
+    carry the same as overrides_adjusted): the user learns before the run what will be built."""
+    notes = []
+    for spec in specs:
+        source = spec.source() if callable(getattr(spec, "source", None)) else None
+        if source is not None and source.adjusted:
+            notes.append(f"{source.name}: adjusted with the overrides: {'; '.join(source.adjusted)}")
+    return list(dict.fromkeys(notes))
+
+
+def read_table_rows(path: Path) -> list[Record]:
+    """The lmscope rows of a results file for `table`, saying what was left out (ValueError: none)."""
+    rows = read_rows(path)
+    for note in rows.notes:
+        console.warn(note)
+    return rows.records
 
 
 def check_compare(compare: str | None, specs: Sequence[Any], compare_base: str | None = None) -> None:

@@ -110,6 +110,8 @@ def run_in_process(workload: str, spec: dict[str, Any]) -> dict[str, Any]:
         metrics = resolve_workload(workload).run_point(spec)
     except Exception as error:  # noqa: BLE001 - a failed point is a row, never a crash
         return failure_record(classify_failure(error), f"{type(error).__name__}: {error}")
+    except SystemExit as error:  # the point's own code (a model, a factory) ended the process
+        return failure_record("error", f"SystemExit: the point's code called sys.exit({error.code!r})")
     finally:
         release_device_memory()
     return {"status": "ok", "error": None, **metrics}

@@ -44,10 +44,17 @@ REAL_NAMES = [
     ("void at::native::(anonymous namespace)::distribution_elementwise_grid_stride_kernel<float, 4, "
      "at::native::templates::cuda::normal_and_transform<float, float, 4>(...)", "elementwise"),
     ("aten::mm", "matmul"),
+    ("aten::mkldnn_convolution", "matmul"),
+    ("aten::convolution_backward", "matmul"),
+    ("aten::_conj", "other"),
+    ("autograd::engine::evaluate_function: EmbeddingBackward0", "other"),
+    ("SoftmaxBackward0", "other"),
+    ("torch::autograd::AccumulateGrad", "other"),
     ("aten::_softmax", "reduction"),
     ("aten::add_", "elementwise"),
     ("aten::view", "other"),
     ("aten::resolve_conj", "other"),
+    ("aten::as_strided_", "other"),
     ("aten::_fused_adamw_", "optimizer"),
     ("some_unknown_kernel_xyz", "other"),
 ]

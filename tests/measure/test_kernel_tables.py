@@ -126,23 +126,75 @@ def test_phase_missing_from_every_step_gives_none() -> None:
     assert phase_stats(trace, "no-such-phase", step_spans(trace)) is None
 
 
-def test_cpu_trace_uses_innermost_working_ops_as_kernels() -> None:
-    def op(name: str, ts: float, dur: float, tid: int = MAIN) -> dict:
-        return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur}
+def _op(name: str, ts: float, dur: float, tid: int = MAIN) -> dict:
+    return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur}
 
+
+def test_cpu_ops_are_credited_with_their_self_time() -> None:
+    """An op keeps its time less its nested ops'; view/allocation ops fold into the op around them."""
     events = [
         _range(STEP, 0.0, 200.0),
-        op("aten::linear", 0.0, 100.0), op("aten::matmul", 1.0, 98.0), op("aten::mm", 2.0, 96.0),
-        op("aten::resolve_conj", 3.0, 1.0), op("aten::view", 100.0, 1.0), op("aten::add", 110.0, 10.0),
-        op("aten::to", 130.0, 20.0), op("aten::_to_copy", 131.0, 18.0), op("aten::empty_strided", 132.0, 1.0),
-        op("aten::copy_", 134.0, 14.0), op("aten::mul", 140.0, 5.0, tid=AUTOGRAD),
+        _op("aten::linear", 0.0, 100.0), _op("aten::matmul", 1.0, 98.0), _op("aten::mm", 2.0, 96.0),
+        _op("aten::resolve_conj", 3.0, 1.0), _op("aten::view", 100.0, 1.0), _op("aten::add", 110.0, 10.0),
+        _op("aten::to", 130.0, 20.0), _op("aten::_to_copy", 131.0, 18.0),
+        _op("aten::empty_strided", 132.0, 1.0),
+        _op("aten::copy_", 134.0, 14.0), _op("aten::mul", 140.0, 5.0, tid=AUTOGRAD),
     ]
     trace = parse_events(events)
     assert not trace.on_gpu
-    names = sorted(a.name for a in trace.activities)
-    assert names == ["aten::add", "aten::copy_", "aten::empty_strided", "aten::mm", "aten::mul", "aten::view"]
+    credited = {a.name: a.dur_ns for a in trace.activities}
+    assert credited == {"aten::linear": 2_000, "aten::matmul": 2_000, "aten::mm": 96_000,
+                        "aten::view": 1_000, "aten::add": 10_000, "aten::to": 2_000, "aten::_to_copy": 4_000,
+                        "aten::copy_": 14_000, "aten::mul": 5_000}
     mm = next(a for a in trace.activities if a.name == "aten::mm")
-    assert mm.dur_ns == 96_000 and mm.launch_ns == mm.start_ns
+    assert mm.launch_ns == mm.start_ns == 2_000 and mm.intervals() == ((2_000, 98_000),)
+    linear = next(a for a in trace.activities if a.name == "aten::linear")
+    assert linear.intervals() == ((0, 1_000), (99_000, 100_000)) and linear.end_ns == 100_000
+
+
+def test_cpu_op_with_working_children_keeps_its_own_time() -> None:
+    """aten::addmm calls expand and copy_ (the bias), aten::mkldnn_convolution allocates inside:
+    both keep their compute, and the step's kernel time is its busy time, with no idle inside ops."""
+    events = [
+        _range(STEP, 0.0, 400.0), _range("forward", 0.0, 400.0),
+        _op("aten::conv2d", 0.0, 150.0), _op("aten::mkldnn_convolution", 1.0, 148.0),
+        _op("aten::empty", 2.0, 1.0), _op("aten::as_strided_", 4.0, 1.0), _op("aten::resize_", 6.0, 2.0),
+        _op("aten::linear", 200.0, 120.0), _op("aten::t", 201.0, 2.0), _op("aten::transpose", 201.5, 1.0),
+        _op("aten::addmm", 204.0, 115.0), _op("aten::expand", 205.0, 1.0),
+        _op("aten::as_strided", 205.2, 0.5),
+        _op("aten::copy_", 207.0, 10.0),
+    ]
+    trace = parse_events(events)
+    step = phase_stats(trace, STEP, step_spans(trace))
+    time = {row.name: row.total_ns for row in step.kernels}
+    assert time["aten::mkldnn_convolution"] == 148_000  # its allocations folded in
+    assert time["aten::addmm"] == 115_000 - 10_000  # expand folded in, copy_ its own
+    assert time["aten::copy_"] == 10_000 and time["aten::conv2d"] == 2_000
+    assert time["aten::linear"] == 2_000 + 3_000  # with its aten::t
+    assert step.kernel_ns == step.busy_ns == 270_000 == sum(time.values())
+    assert sum(row.time_pct for row in step.kernels) == pytest.approx(100.0)
+    assert [g.gap_ns for g in step.gaps] == [80_000, 50_000] and not step.violations
+    categories = phase_stats(trace, "forward", step_spans(trace)).as_dict()["categories"]
+    assert categories["matmul"] == pytest.approx((2 + 148 + 5 + 105) / 270)  # convolutions count as matmul
+    assert categories["elementwise"] == pytest.approx(10 / 270)
+
+
+def test_gpu_kernel_launched_under_an_op_with_other_children_is_kept() -> None:
+    """On a GPU the op tree plays no part: every kernel is tied to its launch by correlation, the
+    bias copy inside addmm and the GEMM after it alike, and one without a launch record stays too."""
+    events = [
+        _range(STEP, 0.0, 500.0), _range("forward", 0.0, 500.0),
+        _op("aten::linear", 10.0, 100.0), _op("aten::addmm", 12.0, 95.0), _op("aten::expand", 13.0, 1.0),
+        _op("aten::copy_", 15.0, 20.0), _launch(1, 18.0), _launch(2, 60.0),
+        _kernel("void at::native::elementwise_kernel<copy>", 1, 25.0, 10.0),
+        _kernel("ampere_sgemm_128x64_tn", 2, 70.0, 200.0),
+        _kernel("ampere_sgemm_32x128_tn", 99, 280.0, 50.0),
+    ]
+    trace = parse_events(events)
+    forward = phase_stats(trace, "forward", step_spans(trace))
+    assert trace.on_gpu and forward.launches == 3 and forward.kernel_ns == 260_000
+    assert {row.name for row in forward.kernels} == {"void at::native::elementwise_kernel<copy>",
+                                                    "ampere_sgemm_128x64_tn", "ampere_sgemm_32x128_tn"}
 
 
 def test_summary_statistics_match_a_float64_reference() -> None:

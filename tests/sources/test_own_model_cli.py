@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from lmscope.cli import main
+from lmscope.runner import run_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
 SUPPORT = ROOT / "tests" / "support"
@@ -143,3 +144,28 @@ def test_bad_model_input_is_one_line_and_exit_2(capsys, support_on_path, tmp_pat
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("lmscope: error: ") and message in lines[0], err
     assert "Traceback" not in err
+
+
+def test_a_factory_that_exits_while_checked_is_one_line_naming_it(capsys, support_on_path, tmp_path):
+    code, _, err = run_cli(capsys, "bench", "--model", "own_models:exits", "--device", "cpu",
+                           "--out", tmp_path / "r.jsonl")
+    assert code == 2 and err.strip() == ("lmscope: error: own_models:exits called sys.exit(3) instead of "
+                                         "returning a UserModel")
+
+
+def test_a_factory_that_exits_in_the_worker_is_an_error_row_naming_it(capsys, support_on_path, tmp_path):
+    out = tmp_path / "r.jsonl"
+    models = "own_models:exits_on_the_device,own_models:regression"
+    code, stdout, _ = run_cli(capsys, "bench", "--model", models, *QUICK, "--out", out)
+    exited, fine = rows(out)
+    assert code == 1 and exited["status"] == "error" and fine["status"] == "ok"
+    assert "own_models:exits_on_the_device called sys.exit(3)" in exited["error"]
+    assert "error" in stdout  # the table shows the failed point
+
+
+def test_sys_exit_anywhere_in_a_point_is_an_error_row(monkeypatch):
+    import lmscope.workloads.step as step
+
+    monkeypatch.setattr(step, "run_point", lambda spec: exit(4))
+    record = run_in_process("bench", {})
+    assert record == {"status": "error", "error": "SystemExit: the point's code called sys.exit(4)"}

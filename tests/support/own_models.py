@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -48,4 +50,16 @@ def too_big() -> UserModel:
     """Checks fine on the meta device; building it for real runs out of memory (an `oom` row)."""
     if torch.get_default_device().type != "meta":
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
+    return regression()
+
+
+def exits() -> UserModel:
+    """Ends the process instead of returning a model."""
+    sys.exit(3)
+
+
+def exits_on_the_device() -> UserModel:
+    """Checks fine on the meta device; built for real (in the worker), it ends the process."""
+    if torch.get_default_device().type != "meta":
+        sys.exit(3)
     return regression()

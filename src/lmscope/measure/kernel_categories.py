@@ -29,7 +29,7 @@ _RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("optimizer", r"multi_tensor_apply|adam|_foreach_|amp_foreach|non_finite_check|fused_sgd"),
         ("attention", r"flash|fmha|attn|attention|sdpa|sdp_|_efficient_attention"),
         ("matmul", r"gemm|gemv|cutlass|wgmma|xmma|nvjet|cublas|splitkreduce|matmul"
-                   r"|^aten::(mm|bmm|addmm|baddbmm|addmv|mv|dot|linear)$"),
+                   r"|^aten::(mm|bmm|addmm|baddbmm|addmv|mv|dot|linear)$|^aten::\w*conv"),
         ("reduction", r"softmax|norm(?!al)|reduce|triton_(per|red)_|cross_entropy|nll_loss"
                       r"|^aten::(mean|sum|max|min|amax|amin|argmax|argmin|std|var|prod|logsumexp)$"),
         ("elementwise", r"elementwise|vectorized|triton_poi_|functor|copy|fill|index|catarray|triu|tril"
@@ -39,17 +39,21 @@ _RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
 
 _NO_WORK_OPS = re.compile(
     r"^aten::(empty|empty_strided|empty_like|view|reshape|_reshape_alias|transpose|t|permute|expand"
-    r"|as_strided|detach|detach_|alias|unsqueeze|squeeze|select|slice|narrow|split|chunk|unbind"
+    r"|as_strided|as_strided_|detach|detach_|alias|unsqueeze|squeeze|select|slice|narrow|split|chunk|unbind"
     r"|flatten|unflatten|contiguous|resize_|set_|result_type|lift_fresh|is_nonzero|item"
     r"|_local_scalar_dense|zeros_like|ones_like|new_empty|new_empty_strided|_unsafe_view|to|numel"
     r"|resolve_conj|resolve_neg|conj|_conj|size|stride|dim|sym_size|is_same_size)$"
 )
 """aten ops that only make views, allocate or check flags: 'other', not elementwise work."""
 
+_AUTOGRAD_NODES = re.compile(r"^(torch::)?autograd::|^[A-Za-z]\w*Backward\d+$")
+"""CPU ranges of the autograd engine around the ops of a backward node ('autograd::engine::
+evaluate_function: EmbeddingBackward0', 'EmbeddingBackward0'): bookkeeping, whatever the node's name."""
+
 
 def classify(name: str) -> str:
     """The category of a kernel or aten op name (one of CATEGORIES)."""
-    if _NO_WORK_OPS.match(name):
+    if _NO_WORK_OPS.match(name) or _AUTOGRAD_NODES.match(name):
         return "other"
     for category, pattern in _RULES:
         if pattern.search(name):

@@ -10,9 +10,9 @@ a trace back:
   `backward`, an `attention/softmax` call, a `step`) when its launch happened inside that
   range's host interval: a kernel launched from the autograd thread during `backward` counts
   for backward, though it runs later on the GPU.
-* On a CPU there are no device activities: the innermost aten ops that do work (no other op
-  doing work nested inside them on their thread) stand in for kernels, launched at their own
-  start, so the same tables and checks run anywhere.
+* On a CPU there are no device activities: aten ops stand in for kernels, each credited with
+  its self time (its interval less the ops nested in it; see `cpu_self_time`), launched at its
+  own start, so the same tables and checks run anywhere.
 
 `phase_stats` then gives, per phase, the kernel summary (Nsight's columns), GPU time by
 category, launches, busy time against the phase's wall time, and the largest idle gaps.
@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from lmscope.measure.cpu_self_time import op_self_times
 from lmscope.measure.kernel_categories import CATEGORIES, classify
 from lmscope.measure.ranges import phase
 from lmscope.measure.timer import synchronize
@@ -61,10 +62,17 @@ class Activity:
     """Host time of the call that launched it (its own start for CPU ops)."""
     lane: str
     """Stream (GPU) or thread (CPU): activities on one lane run one after another."""
+    segments: tuple[tuple[int, int], ...] = ()
+    """Where it ran when not in one piece (a CPU op's self time around the ops nested in it);
+    empty for one interval from start_ns. Their lengths sum to dur_ns."""
 
     @property
     def end_ns(self) -> int:
-        return self.start_ns + self.dur_ns
+        return self.segments[-1][1] if self.segments else self.start_ns + self.dur_ns
+
+    def intervals(self) -> tuple[tuple[int, int], ...]:
+        """The [start, end) intervals in which it ran, in time order."""
+        return self.segments or ((self.start_ns, self.start_ns + self.dur_ns),)
 
 
 @dataclass(frozen=True)
@@ -172,7 +180,7 @@ def parse_events(events: Iterable[dict[str, Any]]) -> Trace:
             spans.append(Span(event["name"], start, start + _ns(event.get("dur", 0))))
     if device:
         return Trace([_device_activity(e, launches) for e in device], spans, on_gpu=True)
-    return Trace(_innermost_ops(ops), spans, on_gpu=False)
+    return Trace(_cpu_op_activities(ops), spans, on_gpu=False)
 
 
 def _device_activity(event: dict[str, Any], launches: dict[Any, int]) -> Activity:
@@ -183,39 +191,14 @@ def _device_activity(event: dict[str, Any], launches: dict[Any, int]) -> Activit
                     launches.get(args.get("correlation"), start), lane)
 
 
-def _innermost_ops(ops: list[dict[str, Any]]) -> list[Activity]:
-    """The CPU ops that stand in for kernels: no op that does work nested inside, none around.
-
-    aten::mm calls aten::resolve_conj inside it, which does no work; mm is still the kernel and
-    the conj check inside it is not counted again. Views and allocations count as kernels only
-    where they stand alone (category other).
-    """
-    by_thread: dict[Any, list[dict[str, Any]]] = defaultdict(list)
-    for op in ops:
-        by_thread[op.get("tid")].append(op)
-    kernels = []
-    for tid, thread_ops in by_thread.items():
-        nodes = sorted(((_ns(e["ts"]), _ns(e["ts"]) + _ns(e.get("dur", 0)), e["name"]) for e in thread_ops),
-                       key=lambda n: (n[0], -n[1]))
-        parents: list[int | None] = []
-        stack: list[int] = []
-        for index, (start, _, _) in enumerate(nodes):
-            while stack and nodes[stack[-1]][1] <= start:
-                stack.pop()
-            parents.append(stack[-1] if stack else None)
-            stack.append(index)
-        busy_inside = [False] * len(nodes)
-        for index in range(len(nodes) - 1, -1, -1):
-            parent = parents[index]
-            if parent is not None and (busy_inside[index] or classify(nodes[index][2]) != "other"):
-                busy_inside[parent] = True
-        covered = [False] * len(nodes)  # inside a kernel already
-        for index, (start, end, name) in enumerate(nodes):
-            parent = parents[index]
-            covered[index] = parent is not None and (covered[parent] or not busy_inside[parent])
-            if not busy_inside[index] and not covered[index]:
-                kernels.append(Activity(name, start, end - start, start, f"thread {tid}"))
-    return kernels
+def _cpu_op_activities(ops: list[dict[str, Any]]) -> list[Activity]:
+    """CPU ops standing in for kernels, each with its self time (see `cpu_self_time`)."""
+    credited = op_self_times(
+        (op.get("tid"), op["name"], _ns(op["ts"]), _ns(op["ts"]) + _ns(op.get("dur", 0))) for op in ops
+    )
+    return [Activity(op.name, op.segments[0][0], op.self_ns, op.start_ns, f"thread {op.thread}",
+                     op.segments if len(op.segments) > 1 else ())
+            for op in credited]
 
 
 @dataclass(frozen=True)
@@ -376,13 +359,13 @@ def _window(trace: Trace, step: Span, span: Span, acts: list[Activity]) -> tuple
 
 def _union_ns(acts: Iterable[Activity]) -> int:
     total, cur_start, cur_end = 0, None, None
-    for act in sorted(acts, key=lambda a: a.start_ns):
-        if cur_end is None or act.start_ns > cur_end:
+    for start, end in sorted(interval for act in acts for interval in act.intervals()):
+        if cur_end is None or start > cur_end:
             if cur_end is not None:
                 total += cur_end - cur_start
-            cur_start, cur_end = act.start_ns, act.end_ns
+            cur_start, cur_end = start, end
         else:
-            cur_end = max(cur_end, act.end_ns)
+            cur_end = max(cur_end, end)
     if cur_end is not None:
         total += cur_end - cur_start
     return total
@@ -391,11 +374,12 @@ def _union_ns(acts: Iterable[Activity]) -> int:
 def _gaps(acts: list[Activity], begin: int, end: int, step: int, step_start: int) -> list[Gap]:
     """Idle intervals of [begin, end) between the activities (leading and trailing included)."""
     out, cursor, last = [], begin, None
-    for act in sorted(acts, key=lambda a: a.start_ns):
-        if act.start_ns > cursor:
-            out.append(Gap(act.start_ns - cursor, step, cursor - step_start, last, act.name))
-        if act.end_ns >= cursor:
-            cursor, last = act.end_ns, act.name
+    pieces = sorted((low, high, act.name) for act in acts for low, high in act.intervals())
+    for low, high, name in pieces:
+        if low > cursor:
+            out.append(Gap(low - cursor, step, cursor - step_start, last, name))
+        if high >= cursor:
+            cursor, last = high, name
     if end > cursor:
         out.append(Gap(end - cursor, step, cursor - step_start, last, None))
     return out

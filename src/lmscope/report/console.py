@@ -94,6 +94,12 @@ def fail(message: str) -> None:
     errors.print(f"lmscope: error: {line}", highlight=False, markup=False, soft_wrap=True)
 
 
+def warn(message: str) -> None:
+    """One line on stderr about something the command went on without (e.g. skipped lines)."""
+    line = " ".join(message.splitlines())
+    errors.print(f"lmscope: warning: {line}", highlight=False, markup=False, soft_wrap=True)
+
+
 @contextmanager
 def sweep_progress(total: int, label: str, points: Sequence[dict[str, Any]] = ()) -> Iterator[Any]:
     """A progress bar with ETA; yields callbacks (on_start, on_done) for `run_sweep`.

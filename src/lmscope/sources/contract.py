@@ -90,3 +90,13 @@ class ModelSource:
     """Whether the source brings its own optimizer (else lmscope's AdamW)."""
     context_limit: int | None = None
     """Longest sequence the model accepts, where it has one."""
+    adjusted: tuple[str, ...] = ()
+    """Config fields the source moved with the size overrides, one note each (rows say them as
+    overrides_adjusted): e.g. the key/value heads of a grouped-query config under --num-heads."""
+
+    def facts(self) -> dict[str, Any]:
+        """What a row says about the model's source: its kind, its unit, and any adjusted fields."""
+        facts: dict[str, Any] = {"model_source": self.kind, "unit": self.unit}
+        if self.adjusted:
+            facts["overrides_adjusted"] = "; ".join(self.adjusted)
+        return facts

@@ -107,6 +107,8 @@ def call_factory(factory: Callable[..., Any], kwargs: dict[str, Any], name: str,
             made = factory(**kwargs)
     except torch.OutOfMemoryError:
         raise
+    except SystemExit as error:  # the user's code ending the process: a failure of this model
+        raise ValueError(f"{name} called sys.exit({error.code!r}) instead of returning a UserModel") from None
     except Exception as error:  # noqa: BLE001 - the user's code: any failure is one line
         raise ValueError(f"{name} raised {type(error).__name__}: {_line(error)}") from None
     if not isinstance(made, UserModel):
@@ -125,7 +127,7 @@ def _import(module_name: str) -> ModuleType:
     except ModuleNotFoundError as error:
         raise ValueError(f"cannot import module {module_name!r}: {_line(error)} (give a module on the "
                          "Python path or a path/to/file.py)") from None
-    except Exception as error:  # noqa: BLE001 - the user's module failed while importing
+    except (Exception, SystemExit) as error:  # the user's module failed (or exited) while importing
         raise ValueError(f"importing {module_name} failed: {type(error).__name__}: {_line(error)}") from None
 
 
@@ -143,7 +145,7 @@ def _import_file(path: Path) -> ModuleType:
     sys.modules[name] = module  # dataclasses and pickling look the module up by name
     try:
         spec.loader.exec_module(module)
-    except Exception as error:  # noqa: BLE001 - the user's file failed while importing
+    except (Exception, SystemExit) as error:  # the user's file failed (or exited) while importing
         del sys.modules[name]
         raise ValueError(f"importing {path} failed: {type(error).__name__}: {_line(error)}") from None
     return module

@@ -4,9 +4,10 @@
 of that model type; ``hf:path/to/config.json`` a local config. Nothing is downloaded: no
 tokenizer, no ``from_pretrained``, only ``AutoConfig.for_model`` and
 ``AutoModelForCausalLM.from_config``. The size overrides map to the config's own names
-(d_model -> hidden_size or n_embd, d_ff -> intermediate_size or n_inner, num_layers,
-num_heads, vocab_size; a config without grouped-query attention keeps one key/value head per
-head); the position table is raised to the context length when shorter
+(d_model -> hidden_size or n_embd, d_ff -> intermediate_size, n_inner, ffn_hidden_size or d_ff,
+num_layers, num_heads, vocab_size), moving the key/value heads and head_dim with them
+(`lmscope.sources.hf_overrides`, which says where it did); the position table is raised to the
+context length when shorter
 (--model-context-length sets it). ``--attention`` picks ``attn_implementation``: naive -> eager,
 sdpa -> sdpa, flash and flash-torch -> lmscope's kernels (`lmscope.sources.hf_attention`). The loss is fp32
 cross-entropy of the logits against random targets, as for the presets; --checkpoint wraps
@@ -24,20 +25,13 @@ from torch import nn
 
 from lmscope.sources.contract import ModelSource, UserModel
 from lmscope.sources.hf_attention import IMPLEMENTATIONS, check_config, register
+from lmscope.sources.hf_overrides import override_changes
 from lmscope.sources.preset import token_batch
 from lmscope.sources.request import ModelRequest
 
 PREFIX = "hf:"
 ATTENTION = {"naive": "eager", "sdpa": "sdpa", **IMPLEMENTATIONS}
 """lmscope's --attention -> transformers' attn_implementation (flash: lmscope's kernels)."""
-NAMES = {
-    "d_model": ("hidden_size", "n_embd", "d_model"),
-    "d_ff": ("intermediate_size", "n_inner", "ffn_dim"),
-    "num_layers": ("num_hidden_layers", "n_layer", "num_layers"),
-    "num_heads": ("num_attention_heads", "n_head", "num_heads"),
-    "vocab_size": ("vocab_size",),
-}
-"""lmscope's override -> the config names that may hold it, first match wins."""
 POSITIONS = ("max_position_embeddings", "n_positions")
 
 
@@ -52,7 +46,7 @@ def hf_source(request: ModelRequest) -> ModelSource:
     if request.attention not in ATTENTION:
         raise ValueError(f"{request.name}: --attention {request.attention} has no transformers "
                          f"implementation here: choose one of {', '.join(ATTENTION)}")
-    config = hf_config(request)
+    config, adjusted = configure(request)
     if request.attention in IMPLEMENTATIONS:
         if not hasattr(_transformers(), "AttentionInterface"):
             raise ValueError(f"--attention {request.attention} with {request.name} needs transformers' "
@@ -65,11 +59,18 @@ def hf_source(request: ModelRequest) -> ModelSource:
         build=lambda device: _build(config, request, device),
         blocks=len(decoder_layers(model)),
         context_limit=_positions(config),
+        adjusted=tuple(adjusted),
     )
 
 
 def hf_config(request: ModelRequest) -> Any:
     """The transformers config of the request, with its overrides (ValueError when it has none)."""
+    return configure(request)[0]
+
+
+def configure(request: ModelRequest) -> tuple[Any, list[str]]:
+    """The transformers config of the request with its overrides, and a note per field moved with
+    them (`hf_overrides`); ValueError (one line) when the config cannot take them."""
     transformers = _transformers()
     target = request.name[len(PREFIX):].strip()
     if not target:
@@ -85,23 +86,21 @@ def hf_config(request: ModelRequest) -> Any:
         fields.pop(key, None)
     try:
         base = transformers.AutoConfig.for_model(model_type, **fields)
-    except (ValueError, KeyError) as error:
+    except Exception as error:  # whatever transformers raises here is about the user's config
         if model_type not in transformers.CONFIG_MAPPING:
             raise ValueError(f"unknown transformers model_type {model_type!r} ({request.name}): use one "
                              "such as llama, gpt2, qwen2, mistral, or a config.json path") from None
         raise ValueError(f"{request.name}: transformers refused the config: {_line(error)}") from None
-    changes = {_config_name(base, key, request.name): value for key, value in request.overrides().items()}
-    heads = _config_name(base, "num_heads", request.name) if request.num_heads else None
-    if heads and getattr(base, "num_key_value_heads", None) == getattr(base, heads):
-        changes["num_key_value_heads"] = request.num_heads  # multi-head attention stays multi-head
+    changes, adjusted = override_changes(base, request.overrides(), request.name)
     positions = next((name for name in POSITIONS if name in base.to_dict()), None)
     if positions is not None:
         limit = request.model_context_length or max(getattr(base, positions), request.context_length)
         changes[positions] = limit
     try:
-        return transformers.AutoConfig.for_model(model_type, **{**fields, **changes, "use_cache": False})
-    except (ValueError, KeyError, TypeError) as error:
+        config = transformers.AutoConfig.for_model(model_type, **{**fields, **changes, "use_cache": False})
+    except Exception as error:  # whatever transformers raises here is about the user's config
         raise ValueError(f"{request.name}: transformers refused the config: {_line(error)}") from None
+    return config, adjusted
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
@@ -137,22 +136,10 @@ def _causal_lm(config: Any, request: ModelRequest) -> nn.Module:
     try:
         model = transformers.AutoModelForCausalLM.from_config(
             config, attn_implementation=ATTENTION[request.attention])
-    except (ValueError, KeyError, TypeError, AttributeError) as error:
+    except (ValueError, KeyError, TypeError, AttributeError, AssertionError, IndexError) as error:
         raise ValueError(f"{request.name}: transformers cannot build a causal LM from this config: "
                          f"{_line(error)}") from None
     return model.float()  # fp32 master weights, whatever dtype the config names
-
-
-def _config_name(config: Any, key: str, source: str) -> str:
-    """The name under which `config` holds lmscope's override `key`."""
-    fields = config.to_dict()
-    aliases = getattr(type(config), "attribute_map", {})
-    for name in NAMES[key]:
-        real = aliases.get(name, name)
-        if real in fields:
-            return real
-    flag = "--" + key.replace("_", "-")
-    raise ValueError(f"{source}: its config has no field for {flag} (looked for {', '.join(NAMES[key])})")
 
 
 def _positions(config: Any) -> int | None:

@@ -48,6 +48,7 @@ from typing import Any
 
 import torch
 
+from lmscope.comma_list import list_items
 from lmscope.limits import MAX_SIZE, MAX_TIMEOUT_S, check_size, check_steps
 from lmscope.measure.timer import summarize, synchronize, time_steps
 from lmscope.workloads.attention_impls import impl_names, prepare
@@ -110,7 +111,7 @@ class Spec:
             raise ValueError(f"unknown dtype {self.dtype!r}: choose one of {', '.join(DTYPES)}")
         if not isinstance(self.causal, bool):
             raise ValueError(f"causal must be true or false, got {self.causal!r}: pass --causal on|off")
-        asked = [p.strip() for p in str(self.passes).split(",") if p.strip()]
+        asked = list_items(self.passes, "--passes") if str(self.passes).strip() else []
         unknown = [p for p in asked if p not in PASSES]
         if unknown or not asked:
             raise ValueError(

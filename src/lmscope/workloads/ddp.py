@@ -296,8 +296,7 @@ def train(ctx: RankContext, point: dict[str, Any]) -> dict[str, Any]:
         backend_used=ctx.backend,
         parameters=run.parameter_count,
         ddp_settings=run.settings,
-        model_source=run.source.kind,
-        unit=unit,
+        **run.source.facts(),
         **{f"{unit}_per_s": items / (metrics["step_ms"] / 1e3)},
         comm_overhead_pct=(100 * metrics["comm_wait_ms"] / metrics["step_ms"]
                            if metrics["comm_wait_ms"] is not None else None),

@@ -34,6 +34,7 @@ from lmscope.accounting.checkpoint_plan import (
     resolve_checkpoint,
 )
 from lmscope.accounting.memory import GIB, checkpointed_blocks, predict_memory
+from lmscope.comma_list import list_items
 from lmscope.limits import MAX_SIZE, check_steps
 from lmscope.measure.memory import MemoryMeter, PhasePeaks, build_timeline, load_snapshot, top_allocations
 from lmscope.measure.timer import synchronize
@@ -118,15 +119,10 @@ class Spec(ModelPointSpec):
 
 def checkpoint_values(text: str) -> list[str]:
     """The --checkpoint list: split on ';' when given, else on ',' unless it is one blocks:LIST."""
-    if ";" in text:
-        parts = text.split(";")
-    elif text.strip().startswith("blocks:"):
-        parts = [text]
+    if text.strip().startswith("blocks:") and ";" not in text:
+        values = [text.strip()]
     else:
-        parts = text.split(",")
-    values = [p.strip() for p in parts if p.strip()]
-    if not values:
-        raise ValueError("--checkpoint needs at least one policy, e.g. none or every:2")
+        values = list_items(text, "--checkpoint", ";" if ";" in text else ",")
     return list(dict.fromkeys(values))
 
 

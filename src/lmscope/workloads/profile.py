@@ -183,7 +183,7 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
         **facts,
         "on_gpu": trace.on_gpu,
         "kernels_are": ("CUDA kernels, memcpy and memset" if trace.on_gpu else
-                        "innermost aten CPU ops (no CUDA activity on this device)"),
+                        "aten CPU ops by self time (no CUDA activity on this device)"),
         "steps": spec.steps,
         "timing": {
             "step_ms": step_ms, "profiled_step_ms": profiled_ms,

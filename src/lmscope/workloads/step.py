@@ -58,8 +58,7 @@ def throughput_metrics(
     peak = peak_tflops(device_name, spec.precision) if device_name else None
     return {
         "parameters": parameters,
-        "model_source": source.kind,
-        "unit": source.unit,
+        **source.facts(),
         f"{source.unit}_per_s": spec.batch_size * per_sample / (step_ms / 1e3),
         "flops_per_step": flops,
         "tflops": tflops,

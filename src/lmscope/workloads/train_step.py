@@ -163,8 +163,7 @@ class TrainStep:
 
     def model_facts(self) -> dict[str, Any]:
         """Which kind of source the model came from, its unit and its parameter count."""
-        return {"model_source": self.source.kind, "unit": self.source.unit,
-                "parameters": self.parameter_count()}
+        return {**self.source.facts(), "parameters": self.parameter_count()}
 
 
 class _NullClock:

@@ -33,7 +33,10 @@ def build_page(paths: Sequence[Path]) -> tuple[str, list[PageSection], list[str]
             sections.append(section)
     title = "lmscope report: " + " vs ".join(r.label for r in runs)
     intro = [f"{r.label}: {len(r.records)} record(s) from {r.base}" for r in runs]
-    return title, sections, intro
+    notes = [note for run in runs for note in run.notes]
+    for note in notes:
+        console.warn(note)
+    return title, sections, intro + notes
 
 
 def write_report(paths: Sequence[Path], output: Path | None) -> tuple[Path, Path]:

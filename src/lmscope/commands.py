@@ -11,6 +11,7 @@ from typing import Any
 from lmscope.limits import check_timeout
 from lmscope.report import console
 from lmscope.report.compare import find_base
+from lmscope.report.host_bound import host_bound_note
 from lmscope.report.tables import FORMATS, build_table, render
 from lmscope.results import Record, read_records
 from lmscope.runner import (
@@ -198,6 +199,9 @@ def show(
     """Print the table; with `fmt`, also write it beside the results file (or print it)."""
     table = build_table(records, spec_keys, compare=compare, compare_base=compare_base)
     console.show_table(table, title=title)
+    note = host_bound_note(records, spec_keys)
+    if note:
+        console.say(note)
     if fmt and fmt != "table":
         text = render(table, fmt)
         if out is None:

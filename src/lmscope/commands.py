@@ -70,10 +70,12 @@ def model_axes(
     mode: str | None = None,
     compile: str | None = None,
     attention: str | None = None,
+    compile_scope: str | None = None,
 ) -> dict[str, list[Any]]:
     """The swept axes shared by the commands that run the Transformer LM, parsed from their flags.
 
-    A flag a command does not have is None and is left out.
+    A flag a command does not have is None and is left out. `--compile` values are on/off words
+    (True/False) or torch.compile mode names, which the spec checks.
     """
     flags: dict[str, tuple[str | None, type]] = {
         "size": (size, str),
@@ -81,14 +83,18 @@ def model_axes(
         "batch_size": (batch_size, int),
         "mode": (mode, str),
         "precision": (precision, str),
-        "compile": (compile, bool),
+        "compile": (compile, str),
         "attention": (attention, str),
+        "compile_scope": (compile_scope, str),
     }
-    return {
+    axes = {
         name: split_list(value, cast, "--" + name.replace("_", "-"))
         for name, (value, cast) in flags.items()
         if value is not None
     }
+    if "compile" in axes:
+        axes["compile"] = list(dict.fromkeys(TRUE_WORDS.get(v.lower(), v) for v in axes["compile"]))
+    return axes
 
 
 EXIT_RULE = "0 when every point is ok or oom, 1 when any point is an error or a timeout"

@@ -86,7 +86,7 @@ def point_slug(spec: Spec) -> str:
     fields = dataclasses.asdict(spec)
     fields.pop("artifacts_dir")
     digest = hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:8]
-    compiled = "-compile" if spec.compile else ""
+    compiled = "" if not spec.compile else "-compile" if spec.compile is True else f"-compile-{spec.compile}"
     fast = "-fast" if spec.fast else ""
     return (f"{model_slug(spec.size)}-ctx{spec.context_length}-b{spec.batch_size}-{spec.mode}"
             f"-{spec.precision}-{spec.attention}{fast}{compiled}-{digest}")

@@ -6,8 +6,6 @@ reports read without importing torch.
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Sequence
 from typing import Any
 
 HOST_BOUND_BELOW = 0.8
@@ -19,15 +17,16 @@ measured on another host, or under other load, gets another time. A GPU-bound st
 model keeps its GPU busy for well above this (the launch gaps between its kernels are
 microseconds against kernels of tens or hundreds); the margin also absorbs that the busy time
 comes from profiled steps beside the timed ones."""
+BUSY_STEPS = 3
+"""Profiled steps per point, after its timed ones."""
 KEYS = ("gpu_busy_ms", "gpu_busy_share", "host_bound", "gpu_busy_reason")
 """The fields of a GPU row (absent on a CPU, where there is no device timeline)."""
 
 
-def busy_fields(busy_ms: Sequence[float], step_ms: float) -> dict[str, Any]:
-    """The row's fields from the busy time of each profiled step and the timed median step time."""
-    median = statistics.median(busy_ms)
-    share = median / step_ms
-    return {"gpu_busy_ms": median, "gpu_busy_share": share, "host_bound": share < HOST_BOUND_BELOW,
+def busy_fields(busy_ms: float, step_ms: float) -> dict[str, Any]:
+    """The row's fields from the GPU's busy time per step and the timed median step time."""
+    share = busy_ms / step_ms
+    return {"gpu_busy_ms": busy_ms, "gpu_busy_share": share, "host_bound": share < HOST_BOUND_BELOW,
             "gpu_busy_reason": None}
 
 

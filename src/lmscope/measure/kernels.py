@@ -346,7 +346,7 @@ def phase_stats(trace: Trace, name: str, steps: Sequence[Span], *, top_gaps: int
             found = True
             acts = trace.launched_in(span.start_ns, span.end_ns)
             begin, end = (step.start_ns, step.end_ns) if name == STEP else _window(trace, step, span, acts)
-            span_busy = _union_ns(acts)
+            span_busy = union_ns(acts)
             wall += end - begin
             busy += span_busy
             kernel += sum(a.dur_ns for a in acts)
@@ -374,7 +374,8 @@ def _window(trace: Trace, step: Span, span: Span, acts: list[Activity]) -> tuple
     return begin, max(begin, span.end_ns)
 
 
-def _union_ns(acts: Iterable[Activity]) -> int:
+def union_ns(acts: Iterable[Activity]) -> int:
+    """Time covered by at least one of the activities (overlapping ones, e.g. on two streams, once)."""
     total, cur_start, cur_end = 0, None, None
     for act in sorted(acts, key=lambda a: a.start_ns):
         if cur_end is None or act.start_ns > cur_end:

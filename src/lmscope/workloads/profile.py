@@ -237,7 +237,7 @@ def summary_metrics(profile: dict[str, Any]) -> dict[str, Any]:
         **{f"{category}_frac": whole["categories"][category] for category in CATEGORIES},
     }
     if profile["on_gpu"]:  # busy share and host-bound flag against the unprofiled step time
-        metrics.update(busy_fields([whole["busy_ms_per_step"]], timing["step_ms"]))
+        metrics.update(busy_fields(whole["busy_ms_per_step"], timing["step_ms"]))
     for name in PHASES:
         if name in phases:
             stats = phases[name]

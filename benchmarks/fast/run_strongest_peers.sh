@@ -13,7 +13,7 @@
 # points are kept and a rerun with the same OUT resumes the rest); POINT_S is each point's
 # --timeout, so a compile that runs past it is a timeout row and the rounds go on.
 # Usage (repo root, GPU machine, no uv): OUT=/some/dir [ROUNDS=2] [STEPS=15] [BUDGET_S=470]
-#   [POINT_S=240] bash benchmarks/fast/run_strongest_peers.sh
+#   [POINT_S=240] [WHOLE_MODEL=on] bash benchmarks/fast/run_strongest_peers.sh
 # (SIZE, DEVICE and COMPILE_MODES change the point for a dry run elsewhere, e.g. SIZE=tiny
 # DEVICE=cpu COMPILE_MODES=on: the fast point is then an error row, it needs a GPU.)
 set -u
@@ -25,6 +25,7 @@ POINT_S=${POINT_S:-240}
 SIZE=${SIZE:-xl}
 DEVICE=${DEVICE:-cuda}
 COMPILE_MODES=${COMPILE_MODES:-on,reduce-overhead,max-autotune-no-cudagraphs}
+WHOLE_MODEL=${WHOLE_MODEL:-off}  # on: also torch.compile of the whole model, default mode, each round
 SUMMARY_S=20  # kept for summarize.py at the end
 mkdir -p "$OUT"
 export PYTHONPATH=src PYTHONUNBUFFERED=1
@@ -51,6 +52,9 @@ for ((r = 0; r < ROUNDS; r++)); do
   bench "$r" --attention sdpa
   bench "$r" --attention sdpa --compile "$COMPILE_MODES" --compile-scope blocks
   bench "$r" --attention sdpa --peer hf
+  if [ "$WHOLE_MODEL" = on ]; then  # the committed compile rows' scope: minutes of cold compile at xl
+    bench "$r" --attention sdpa --compile on
+  fi
 done
 echo "== summary ($SECONDS s elapsed)"
 python3 benchmarks/fast/summarize.py "$OUT" > "$OUT/summary.md"

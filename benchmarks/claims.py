@@ -773,15 +773,14 @@ def fsdp_x2(rows: Rows) -> str:
 def fsdp_8b_long(rows: Rows) -> str:
     """The 8B long-context step on 2 ranks: ours per attention kernel against the HF FSDP2 peer."""
     from lmscope.accounting.devices import peak_tflops
-    from lmscope.accounting.flops import forward_flops
+    from lmscope.accounting.flops import step_flops
     from lmscope.config import ModelConfig
 
     peer = rows.one(f"{FSDP_X2}/llama-peer.jsonl")
     config = ModelConfig(vocab_size=peer["vocab_size"], context_length=peer["context_length"],
                          d_model=peer["d_model"], d_ff=peer["d_ff"], num_layers=peer["num_layers"],
                          num_heads=peer["num_heads"])
-    forward = forward_flops(config, peer["batch_size"] * peer["world_size"], peer["context_length"])
-    flops = 3 * (forward["dense"] + forward["attention"] / 2)  # causal: half the score square
+    flops = step_flops(config, peer["batch_size"] * peer["world_size"], peer["context_length"], "train-step")
     peak = peak_tflops(peer["device_name"], "bf16") * 1e12 * peer["world_size"]
     body = []
     for attention in ("sdpa-cudnn", "flash"):

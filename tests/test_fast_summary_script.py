@@ -113,3 +113,65 @@ def test_the_summary_reads_the_copy_bandwidth_from_its_row_and_measures_nothing(
     assert f"at {bandwidth:.0f} GB/s copy bandwidth) | {floor_ms:.2f} ms |" in text
     assert f"| xl optimizer <= 1.3x its memory floor | {optimizer_ms / floor_ms:.2f}x |" in text
     summarize.record_bandwidth(tmp_path)  # the run has its row: nothing measured again
+
+
+def xl(variant_fields: dict, ms: float, **fields) -> dict:
+    return {"size": "xl", "context_length": 512, "batch_size": 4, "status": "ok", "median_ms": ms,
+            "mode": "train-step", "peak_tflops": 989.0, **variant_fields, **fields}
+
+
+def test_compile_modes_and_scopes_are_rows_of_their_own(summarize) -> None:
+    assert summarize.variant(record(512, 1.0, compile="reduce-overhead", attention="sdpa")) \
+        == "compile-reduce-overhead"
+    assert summarize.variant(record(512, 1.0, compile="max-autotune-no-cudagraphs", attention="sdpa",
+                                    compile_scope="blocks")) == "compile-max-autotune-no-cudagraphs-blocks"
+    assert summarize.variant(record(512, 1.0, compile=True, attention="sdpa", compile_scope="blocks")) \
+        == "compile-blocks"
+
+
+def test_one_mfu_convention_whole_step_headline_and_fwd_bwd_labelled(summarize) -> None:
+    """MFU is model FLOPs with causal attention at half the square (lmscope.accounting.flops), the
+    whole step the headline; the forward+backward one is labelled fwd+bwd wherever it is shown."""
+    from lmscope.accounting.flops import forward_flops
+    from lmscope.config import preset
+
+    fast_row = xl({"fast": True, "attention": "flash", "cuda_graph_used": True}, 80.0, forward_ms=20.0,
+                  backward_ms=40.0, optimizer_ms=20.0)
+    rows = {summarize.row_key(fast_row): fast_row}
+    forward = forward_flops(preset("xl", context_length=512), 4, 512)
+    square = forward_flops(preset("xl", context_length=512), 4, 512, full_square=True)
+    assert forward["attention"] == square["attention"] * 513 / 1024  # causal: half the square + diagonal
+    whole = 3 * forward["total"] / 0.080 / 1e12 / 989.0
+    fwd_bwd = 3 * forward["total"] / 0.060 / 1e12 / 989.0
+    table = summarize.main_table(rows)
+    header = next(line for line in table if line.startswith("| size |"))
+    cells = [c.strip() for c in header.strip("|").split("|")]
+    assert "best fast MFU (whole step)" in cells and "fast fwd+bwd MFU" in cells
+    line = next(line for line in table if line.startswith("| xl |"))
+    values = [c.strip() for c in line.strip("|").split("|")]
+    assert values[cells.index("best fast MFU (whole step)")] == f"{whole:.1%}"
+    assert values[cells.index("fast fwd+bwd MFU")] == f"{fwd_bwd:.1%}"
+
+
+def test_strongest_peers_table_lists_every_compile_mode_against_the_best_fast_row(summarize) -> None:
+    rng = random.Random()
+    fast_times = [rng.uniform(70.0, 74.0) for _ in range(12)]
+    records = [xl({"fast": True, "attention": "flash", "cuda_graph_used": True}, 72.0, times_ms=fast_times)]
+    for mode in (True, "max-autotune-no-cudagraphs", "reduce-overhead"):
+        times = [t * rng.uniform(1.2, 1.5) for t in fast_times]
+        records.append(xl({"compile": mode, "compile_scope": "blocks", "attention": "sdpa"},
+                          sorted(times)[6], times_ms=times, compile_s=rng.uniform(5, 60), gpu_busy_share=0.93,
+                          host_bound=False))
+    records.append(xl({"attention": "sdpa"}, 180.0, gpu_busy_share=0.7, host_bound=True))
+    rows = {summarize.row_key(r): r for r in records}
+    table = summarize.strongest_peers(rows)
+    names = [line.split("|")[2].strip() for line in table if line.startswith("| xl |")]
+    assert names == ["sdpa", "compile-blocks", "compile-max-autotune-no-cudagraphs-blocks",
+                     "compile-reduce-overhead-blocks", "fast"]
+    reduce = next(line for line in table if "| compile-reduce-overhead-blocks |" in line)
+    assert summarize.ratio_interval(records[3]["times_ms"], fast_times).as_text() in reduce
+    assert f"{records[3]['compile_s']:.1f}" in reduce
+    eager = next(line for line in table if "| sdpa |" in line)
+    assert eager.rstrip().endswith("| 70% | yes |")
+    assert summarize.fastest_compile(rows, "xl") is min(records[1:4], key=lambda r: r["median_ms"])
+    assert summarize.strongest_peers({summarize.row_key(records[0]): records[0]}) == []

@@ -66,7 +66,12 @@ ModelContextLength = Annotated[
 BatchSize = Annotated[str, typer.Option(help="sequences per batch, list ok")]
 Mode = Annotated[str, typer.Option(help="forward | forward-backward | train-step, list ok")]
 Precision = Annotated[str, typer.Option(help="fp32 | bf16 | fp16, list ok")]
-Compile = Annotated[str, typer.Option("--compile", help="torch.compile: off | on | off,on")]
+Compile = Annotated[str, typer.Option("--compile", help="torch.compile of the model: off | on (default "
+                                      "mode) | max-autotune-no-cudagraphs | reduce-overhead (CUDA graphs), "
+                                      "list ok")]
+CompileScope = Annotated[str, typer.Option("--compile-scope", help="what --compile compiles: model | blocks "
+                                           "(each block, compiled once for all: far shorter cold "
+                                           "compiles), list ok")]
 Fast = Annotated[str, typer.Option("--fast", help="lmscope's fused fast path: off | on | off,on")]
 OptimizerInBackward = Annotated[str, typer.Option(
     "--optimizer-in-backward", help="with --fast on (bf16): update each weight inside the backward, "
@@ -115,6 +120,7 @@ def bench(
     mode: Mode = "train-step",
     precision: Precision = "fp32",
     compile: Compile = "off",
+    compile_scope: CompileScope = "model",
     attention: Attention = "naive",
     fast: Fast = "off",
     optimizer_in_backward: OptimizerInBackward = "off",
@@ -147,7 +153,8 @@ def bench(
     swept = {
         **model_axes(size=_size(model_flag(model, size)), context_length=context_length,
                      batch_size=batch_size,
-                     mode=mode, precision=precision, compile=compile, attention=attention),
+                     mode=mode, precision=precision, compile=compile, attention=attention,
+                     compile_scope=compile_scope),
         "warmup": split_list(warmup, int, "--warmup"),
         "fast": split_list(fast, bool, "--fast"),
         "optimizer_in_backward": split_list(optimizer_in_backward, bool, "--optimizer-in-backward"),
@@ -175,6 +182,7 @@ def profile(
     mode: Mode = "train-step",
     precision: Precision = "fp32",
     compile: Compile = "off",
+    compile_scope: CompileScope = "model",
     attention: Attention = "naive",
     fast: Fast = "off",
     optimizer_in_backward: OptimizerInBackward = "off",
@@ -201,7 +209,7 @@ def profile(
                  artifacts_dir=str(out.parent / "profile"))
     swept = {**model_axes(size=_size(model_flag(model, size)), context_length=context_length,
                           batch_size=batch_size, mode=mode, precision=precision, compile=compile,
-                          attention=attention),
+                          attention=attention, compile_scope=compile_scope),
              "fast": split_list(fast, bool, "--fast"),
              "optimizer_in_backward": split_list(optimizer_in_backward, bool, "--optimizer-in-backward")}
     specs = [Spec(**point) for point in expand_grid(fixed, swept)]
@@ -379,6 +387,7 @@ def memory(
                                                  "blocks:0-3,7 | plan:40GiB, list ok (';' between "
                                                  "block lists)")] = "none",
     compile: Compile = "off",
+    compile_scope: CompileScope = "model",
     warmup: Annotated[int, typer.Option(help="steps before measuring")] = 2,
     steps: Annotated[int, typer.Option(help="measured steps")] = 2,
     snapshot: Annotated[str, typer.Option(help="record a step's history: snapshot, timeline PNG, "
@@ -410,7 +419,8 @@ def memory(
     swept = {
         **model_axes(size=_size(model_flag(model, size)), context_length=context_length,
                      batch_size=batch_size,
-                     mode=mode, precision=precision, compile=compile, attention=attention),
+                     mode=mode, precision=precision, compile=compile, attention=attention,
+                     compile_scope=compile_scope),
         "checkpoint": checkpoint_values(checkpoint),
     }
     specs = [Spec(**point) for point in expand_grid(fixed, swept)]

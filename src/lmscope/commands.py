@@ -12,6 +12,7 @@ from lmscope.comma_list import list_items
 from lmscope.limits import check_timeout
 from lmscope.report import console
 from lmscope.report.compare import find_base
+from lmscope.report.host_bound import host_bound_note
 from lmscope.report.tables import FORMATS, build_table, render
 from lmscope.results import Record, read_records
 from lmscope.results_check import prepare_out, read_rows
@@ -69,10 +70,12 @@ def model_axes(
     mode: str | None = None,
     compile: str | None = None,
     attention: str | None = None,
+    compile_scope: str | None = None,
 ) -> dict[str, list[Any]]:
     """The swept axes shared by the commands that run the Transformer LM, parsed from their flags.
 
-    A flag a command does not have is None and is left out.
+    A flag a command does not have is None and is left out. `--compile` values are on/off words
+    (True/False) or torch.compile mode names, which the spec checks.
     """
     flags: dict[str, tuple[str | None, type]] = {
         "size": (size, str),
@@ -80,14 +83,18 @@ def model_axes(
         "batch_size": (batch_size, int),
         "mode": (mode, str),
         "precision": (precision, str),
-        "compile": (compile, bool),
+        "compile": (compile, str),
         "attention": (attention, str),
+        "compile_scope": (compile_scope, str),
     }
-    return {
+    axes = {
         name: split_list(value, cast, "--" + name.replace("_", "-"))
         for name, (value, cast) in flags.items()
         if value is not None
     }
+    if "compile" in axes:
+        axes["compile"] = list(dict.fromkeys(TRUE_WORDS.get(v.lower(), v) for v in axes["compile"]))
+    return axes
 
 
 EXIT_RULE = "0 when every point is ok or oom, 1 when any point is an error or a timeout"
@@ -224,6 +231,9 @@ def show(
     """Print the table; with `fmt`, also write it beside the results file (or print it)."""
     table = build_table(records, spec_keys, compare=compare, compare_base=compare_base)
     console.show_table(table, title=title)
+    note = host_bound_note(records, spec_keys)
+    if note:
+        console.say(note)
     if fmt and fmt != "table":
         text = render(table, fmt)
         if out is None:

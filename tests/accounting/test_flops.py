@@ -46,14 +46,28 @@ def test_parameter_count_matches_the_model_for_every_preset(name):
 
 
 def test_forward_flops_by_hand():
-    # batch 2, seq 5: 10 tokens; dense 2 * 4332 * 10; attention 2 matmuls * 2 * 5^2 * 12 * 3 layers * 2 seqs
+    # batch 2, seq 5: 10 tokens; dense 2 * 4332 * 10; attention 2 matmuls * 2 * (1+2+3+4+5 causal
+    # pairs) * 12 * 3 layers * 2 seqs
     by_component = forward_flops_by_component(ODD, 2, 5)
     assert by_component == {
-        "attention_proj": 2 * 1728 * 10, "attention_scores": 3600, "attention_values": 3600,
+        "attention_proj": 2 * 1728 * 10, "attention_scores": 2160, "attention_values": 2160,
         "ffn": 2 * 2160 * 10, "lm_head": 2 * 444 * 10,
     }
-    assert forward_flops(ODD, 2, 5) == {"dense": 86640, "attention": 7200, "total": 93840}
+    assert forward_flops(ODD, 2, 5) == {"dense": 86640, "attention": 4320, "total": 90960}
     assert sum(by_component.values()) == forward_flops(ODD, 2, 5)["total"]
+
+
+@pytest.mark.parametrize("seq", [1, 6, 511, 512])
+def test_causal_attention_counts_half_the_square_and_its_diagonal(seq):
+    """The MFU convention: model FLOPs count the (query, key) pairs a causal model attends, T (T + 1)
+    / 2, not the T x T square naive attention computes (that is `full_square`, never MFU's)."""
+    causal = forward_flops(ODD, 3, seq)["attention"]
+    square = forward_flops(ODD, 3, seq, full_square=True)["attention"]
+    assert square == 3 * 3 * 4 * seq * seq * 12
+    assert causal == square * (seq + 1) / (2 * seq)
+    assert step_flops(ODD, 3, seq, "train-step") == 3 * forward_flops(ODD, 3, seq)["total"]
+    assert (step_flops(ODD, 3, seq, "train-step", full_square=True) - step_flops(ODD, 3, seq, "train-step")
+            == 3 * (square - causal))
 
 
 @pytest.mark.parametrize(("batch", "seq"), [(1, 7), (3, 13)])
@@ -61,12 +75,12 @@ def test_flops_match_torch_flop_counter_forward_and_backward(batch, seq):
     torch.manual_seed(batch * seq)
     model = TransformerLM(ODD)
     tokens = torch.randint(0, ODD.vocab_size, (batch, seq))
-    with FlopCounterMode(display=False) as counter:
+    with FlopCounterMode(display=False) as counter:  # naive attention: the full square
         model(tokens)
-    assert counter.get_total_flops() == forward_flops(ODD, batch, seq)["total"]
+    assert counter.get_total_flops() == forward_flops(ODD, batch, seq, full_square=True)["total"]
     with FlopCounterMode(display=False) as counter:
         model(tokens).square().mean().backward()
-    assert counter.get_total_flops() == step_flops(ODD, batch, seq, "forward-backward")
+    assert counter.get_total_flops() == step_flops(ODD, batch, seq, "forward-backward", full_square=True)
 
 
 def test_phase_flops_per_mode():

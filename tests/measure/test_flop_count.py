@@ -56,10 +56,10 @@ def test_sdpa_by_hand(causal: bool, n_q: int, n_k: int) -> None:
     pairs = int(torch.ones(n_q, n_k).tril().sum()) if causal else n_q * n_k
     half = 2 * b * h * pairs * (d + dv)
     fwd, bwd = counts.phases["forward"], counts.phases["backward"]
-    assert (fwd.flops, bwd.flops) == (square, 2 * square)
-    assert (fwd.flops_causal, bwd.flops_causal) == (half, 2 * half)
+    assert (fwd.flops, bwd.flops) == (half, 2 * half)  # model FLOPs: the causal pairs
+    assert (fwd.flops_full_square, bwd.flops_full_square) == (square, 2 * square)
     assert fwd.attention_flops == square
-    assert counts.total == 3 * square and counts.total_causal == 3 * half
+    assert counts.total == 3 * half and counts.total_full_square == 3 * square
 
 
 def _cuda_sdpa(backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> list:
@@ -130,7 +130,10 @@ def test_preset_count_equals_accounting(attention: str, mode: str) -> None:
     step = tiny_train_step(attention=attention, mode=mode, batch_size=2, context_length=37)
     counts = count_step(step)
     spec = step.spec
-    assert counts.total == step_flops(spec.model_config(), spec.batch_size, spec.context_length, mode)
+    shape = (spec.model_config(), spec.batch_size, spec.context_length, mode)
+    # naive's masked matmuls are plain matmuls: the full square, above the model FLOPs
+    assert counts.total == step_flops(*shape, full_square=attention == "naive")
+    assert counts.total_full_square == step_flops(*shape, full_square=True)
     expected_phases = ["forward"] if mode == "forward" else ["forward", "backward"]
     if mode == "train-step":
         expected_phases.append("optimizer")
@@ -138,8 +141,8 @@ def test_preset_count_equals_accounting(attention: str, mode: str) -> None:
     assert list(counts.phases) == expected_phases
     if mode != "forward":
         assert counts.phases["backward"].flops == 2 * counts.phases["forward"].flops
-    if attention != "naive":  # naive's masked matmuls are plain matmuls: the square either way
-        assert counts.total_causal < counts.total
+    if attention != "naive":
+        assert counts.total < counts.total_full_square
 
 
 def test_flash_functions_are_restored_after_counting() -> None:
@@ -175,8 +178,8 @@ def test_hf_llama_with_grouped_query_heads_by_hand() -> None:
     ])
     kv = d // heads * kv_heads
     dense = 2 * b * t * (layers * (2 * d * d + 2 * d * kv + 3 * d * ff) + d * vocab)
-    attention = layers * b * 4 * t * t * d
-    forward = dense + attention
+    attention = layers * b * 4 * t * t * d  # the full square; transformers' SDPA call is causal
+    forward = dense + attention * causal_pairs(t, t) / (t * t)
     assert abs(counts.phases["forward"].flops / forward - 1) < 0.01
     assert abs(counts.total / (3 * forward) - 1) < 0.01
     assert counts.phases["forward"].attention_flops == attention

@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from lmscope.accounting.flops import step_flops
 from lmscope.config import preset
 from lmscope.measure import nsys
 from lmscope.measure.kernel_categories import CATEGORIES
@@ -216,6 +217,11 @@ def test_a_failing_nsys_becomes_a_note(tmp_path: Path, monkeypatch: pytest.Monke
 
 def test_profile_row_counts_flops_per_phase(profiled: tuple[dict, dict]) -> None:
     metrics, _ = profiled
-    assert metrics["flops_per_step_counted"] > 0 and metrics["flops_counted_error"] == 0
+    # naive attention's masked matmuls count the full square, above the model FLOPs (causal pairs)
+    config = Spec(**POINT).model_config()
+    shape = (config, POINT["batch_size"], POINT["context_length"], POINT["mode"])
+    assert metrics["flops_per_step_counted"] == step_flops(*shape, full_square=True)
+    assert metrics["flops_counted_error"] == pytest.approx(
+        step_flops(*shape, full_square=True) / step_flops(*shape) - 1)
     assert metrics["backward_flops"] == 2 * metrics["forward_flops"]
     assert metrics["forward_tflops"] > 0 and metrics["backward_tflops"] > 0

@@ -8,10 +8,10 @@ Convention (the one of `lmscope.accounting.flops`, so a preset's count equals th
 * these are model FLOPs: attention counts its two forward matmuls (Q K^T and P V) and four
   backward ones (dP, dV, dQ, dK), never the recomputation of the scores a fused kernel does in
   its backward (torch's own SDPA backward formula counts that recomputation: it is replaced);
-* causal attention counts the full square, as `lmscope.accounting.flops` does (`flops`); the count
-  of the unmasked (query, key) pairs only, what a kernel that skips masked tiles must at least do,
-  is kept beside it (`flops_causal`): sum over queries i of min(i + 1, n_keys), the top-left
-  convention of SDPA's is_causal;
+* causal attention counts its unmasked (query, key) pairs only, sum over queries i of
+  min(i + 1, n_keys) (the top-left convention of SDPA's is_causal; about half the square), as
+  `lmscope.accounting.flops` does (`flops`): the model FLOPs MFU is taken on. The count with the
+  full square, what naive attention computes, is kept beside it (`flops_full_square`);
 * lmscope's own FlashAttention (Triton and tiled-PyTorch autograd Functions) counts by the same
   attention formula, and the matmuls inside it are not counted a second time;
 * whatever a phase runs is counted in it: the optimizer phase counts what its ops have formulas
@@ -19,7 +19,8 @@ Convention (the one of `lmscope.accounting.flops`, so a preset's count equals th
   inside the backward is counted in the backward (hardware FLOPs, not model FLOPs).
 
 Known gaps: attention written as plain matmuls plus a mask (lmscope's `naive` backend) is
-counted as matmuls, the full square in both conventions; SDPA given an explicit mask instead of
+counted as matmuls, the full square in both counts (above the model FLOPs: its
+`flops_counted_error` shows by how much); SDPA given an explicit mask instead of
 is_causal counts the full square in both; nested/varlen attention keeps torch's formulas; Triton
 or CUDA kernels other than lmscope's FlashAttention count 0. Count on an eager model: compiled
 graphs and CUDA-graph replays do not dispatch their ops to the counter.
@@ -35,19 +36,14 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from lmscope.accounting.flops import causal_pairs
+
 _SDPA_OPS = (
     "_scaled_dot_product_efficient_attention",
     "_scaled_dot_product_flash_attention",
     "_scaled_dot_product_flash_attention_for_cpu",
     "_scaled_dot_product_cudnn_attention",
 )
-
-
-def causal_pairs(n_queries: int, n_keys: int) -> int:
-    """Unmasked (query, key) pairs of top-left causal attention: sum_i min(i + 1, n_keys)."""
-    if n_queries <= n_keys:
-        return n_queries * (n_queries + 1) // 2
-    return n_keys * (n_keys + 1) // 2 + (n_queries - n_keys) * n_keys
 
 
 def attention_flops(
@@ -71,10 +67,11 @@ def attention_flops(
 
 @dataclass
 class PhaseFlops:
-    """FLOPs of one phase: full-square convention, causal-pairs convention, attention's part."""
+    """FLOPs of one phase: model FLOPs (causal pairs), the full-square count, attention's part
+    (full square)."""
 
     flops: int = 0
-    flops_causal: int = 0
+    flops_full_square: int = 0
     attention_flops: int = 0
 
 
@@ -86,19 +83,20 @@ class FlopCount:
 
     @property
     def total(self) -> int:
-        """FLOPs of the step, causal attention as the full square (lmscope.accounting's convention)."""
+        """Model FLOPs of the step: causal attention as its unmasked pairs (lmscope.accounting's
+        convention, the one MFU is taken on)."""
         return sum(p.flops for p in self.phases.values())
 
     @property
-    def total_causal(self) -> int:
-        """FLOPs of the step, causal attention as its unmasked pairs only."""
-        return sum(p.flops_causal for p in self.phases.values())
+    def total_full_square(self) -> int:
+        """FLOPs of the step with causal attention as the full square."""
+        return sum(p.flops_full_square for p in self.phases.values())
 
     def as_record(self) -> dict[str, Any]:
-        """Row keys: flops_per_step_counted(_causal) and {phase}_flops per phase."""
+        """Row keys: flops_per_step_counted(_full_square) and {phase}_flops per phase."""
         return {
             "flops_per_step_counted": float(self.total),
-            "flops_per_step_counted_causal": float(self.total_causal),
+            "flops_per_step_counted_full_square": float(self.total_full_square),
             **{f"{name}_flops": float(p.flops) for name, p in self.phases.items()},
         }
 
@@ -135,7 +133,7 @@ class AttentionAwareCounter(FlopCounterMode):
 
     def add_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                       causal: bool, backward: bool) -> int:
-        """Tally one attention call; returns its FLOPs in the full-square convention."""
+        """Tally one attention call; returns its full-square FLOPs (FlopCounterMode's own total)."""
         shapes = (q.shape, k.shape, v.shape)
         square = attention_flops(*shapes, causal=causal, backward=backward, causal_half=False)
         self._square += square
@@ -169,7 +167,7 @@ class AttentionAwareCounter(FlopCounterMode):
     def phase_flops(self) -> PhaseFlops:
         """Counts since the last enter."""
         total = self.get_total_flops()
-        return PhaseFlops(flops=total, flops_causal=total - self._square + self._causal,
+        return PhaseFlops(flops=total - self._square + self._causal, flops_full_square=total,
                           attention_flops=self._square)
 
 

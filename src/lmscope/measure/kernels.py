@@ -329,7 +329,7 @@ def phase_stats(trace: Trace, name: str, steps: Sequence[Span], *, top_gaps: int
             found = True
             acts = trace.launched_in(span.start_ns, span.end_ns)
             begin, end = (step.start_ns, step.end_ns) if name == STEP else _window(trace, step, span, acts)
-            span_busy = _union_ns(acts)
+            span_busy = union_ns(acts)
             wall += end - begin
             busy += span_busy
             kernel += sum(a.dur_ns for a in acts)
@@ -357,7 +357,8 @@ def _window(trace: Trace, step: Span, span: Span, acts: list[Activity]) -> tuple
     return begin, max(begin, span.end_ns)
 
 
-def _union_ns(acts: Iterable[Activity]) -> int:
+def union_ns(acts: Iterable[Activity]) -> int:
+    """Time covered by at least one of the activities (overlapping ones, e.g. on two streams, once)."""
     total, cur_start, cur_end = 0, None, None
     for start, end in sorted(interval for act in acts for interval in act.intervals()):
         if cur_end is None or start > cur_end:

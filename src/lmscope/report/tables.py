@@ -20,7 +20,8 @@ METRIC_COLUMNS: dict[str, list[str]] = {
     "bench": [
         "mean_ms", "std_ms", "median_ms", "forward_ms", "backward_ms", "optimizer_ms",
         "tokens_per_s", "samples_per_s", "tflops", "mfu", "tflops_counted", "mfu_counted",
-        "peak_allocated_gib", "avg_watts", "joules_per_token", "compile_s",
+        "peak_allocated_gib", "avg_watts", "joules_per_token", "compile_s", "gpu_busy_share",
+        "host_bound",
     ],
     "attention": [
         "fwd_ms", "bwd_ms", "fwd_bwd_ms", "fwd_tflops", "bwd_tflops", "fwd_bwd_tflops",
@@ -29,7 +30,8 @@ METRIC_COLUMNS: dict[str, list[str]] = {
     "profile": [
         "step_ms", "profiled_step_ms", "overhead_pct", "launches_per_step", "gpu_busy_frac", "cpu_busy_frac",
         "matmul_frac", "attention_frac", "elementwise_frac", "reduction_frac", "optimizer_frac",
-        "forward_matmul_frac", "softmax_time_vs_scores", "top_kernel", "invariant_ok",
+        "forward_matmul_frac", "softmax_time_vs_scores", "top_kernel", "invariant_ok", "gpu_busy_share",
+        "host_bound",
     ],
     "comm": ["bytes", "count", "time_ms", "time_rank_max_ms", "algbw_gbps", "busbw_gbps", "wrong"],
     "ddp": [
@@ -41,7 +43,7 @@ METRIC_COLUMNS: dict[str, list[str]] = {
         "after_init_gib", "forward_peak_gib", "predicted_forward_peak_gib", "backward_peak_gib",
         "predicted_backward_peak_gib", "optimizer_peak_gib", "step_peak_gib", "predicted_step_peak_gib",
         "step_peak_error_pct", "step_reserved_gib", "median_ms", "top_alloc_mib", "checkpoint_policy",
-        "saved_activations_gib", "saved_block_error_pct",
+        "saved_activations_gib", "saved_block_error_pct", "gpu_busy_share", "host_bound",
     ],
     "probe": [
         "median_ms", "mean_ms", "std_ms", "forward_ms", "backward_ms", "optimizer_ms", "tokens_per_s",

@@ -11,7 +11,7 @@ Gradients: they are cleared before capture, so the backward graph allocates them
 and every replay writes them afresh (no accumulation across steps), as ``zero_grad(set_to_none)``
 does for the eager step. The batch is the step's fixed random batch, as in the eager step.
 
-Limits: CUDA only; not with torch.compile (use ``mode="reduce-overhead"`` for that) and not with
+Limits: CUDA only; not with torch.compile (its own CUDA graphs are ``--compile reduce-overhead``) and not with
 fp16's GradScaler, whose inf check reads a value on the host. Python-side values (the learning
 rate, hyper-parameters) are fixed at capture.
 """
@@ -36,8 +36,8 @@ def check_cuda_graph_choice(spec: ModelPointSpec, choice: str) -> None:
     if choice != "on":
         return
     if spec.compile:
-        raise ValueError("--cuda-graph on with --compile on: pick one (torch.compile has its own "
-                         "CUDA graphs, mode='reduce-overhead')")
+        raise ValueError("--cuda-graph on with --compile: pick one (torch.compile's own CUDA graphs "
+                         "are --compile reduce-overhead)")
     if spec.precision == "fp16":
         raise ValueError("--cuda-graph on cannot capture fp16's GradScaler (it reads an inf check on "
                          "the host): use --precision bf16 or --cuda-graph off")

@@ -36,6 +36,7 @@ from lmscope.accounting.checkpoint_plan import (
 from lmscope.accounting.memory import GIB, checkpointed_blocks, predict_memory
 from lmscope.comma_list import list_items
 from lmscope.limits import MAX_SIZE, check_steps
+from lmscope.measure.gpu_busy import measure_gpu_busy
 from lmscope.measure.memory import MemoryMeter, PhasePeaks, build_timeline, load_snapshot, top_allocations
 from lmscope.measure.timer import synchronize
 from lmscope.model.checkpointing import checkpoint_blocks
@@ -155,6 +156,7 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
             synchronize(device)
         peaks, times, start = _measured_steps(step, meter, spec.steps)
         measured.update(peaks)
+        busy = measure_gpu_busy(step, device=device, step_ms=statistics.median(times))
         saved = activations_step(step, meter, spec) if spec.activations else {}
         artifacts = _snapshot_or_error(step, meter, spec) if spec.snapshot else {}
     config = spec.model_config()  # the memory model predicts lmscope's presets only
@@ -175,6 +177,7 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
         "step_start_gib": start / GIB,
         "median_ms": statistics.median(times),
         "times_ms": [round(t, 4) for t in times],
+        **busy,
         "compile_s": compile_s,
         "checkpoint_policy": policy,
         "checkpoint_budget_gib": (parse_bytes(spec.checkpoint.removeprefix(PLAN_PREFIX)) / GIB

@@ -14,6 +14,7 @@ from lmscope.config import ModelConfig
 from lmscope.limits import check_size
 from lmscope.model.attention import attention_backends
 from lmscope.sources import ModelRequest, ModelSource, resolve_source, source_kind
+from lmscope.workloads.compile_mode import check_compile, compile_choice
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 """fp32: no autocast; bf16/fp16: torch.autocast over fp32 master weights."""
@@ -48,8 +49,11 @@ class ModelPointSpec:
     """fp32 | bf16 | fp16 (autocast)."""
     attention: str = "naive"
     """Attention backend: naive | sdpa | sdpa-cudnn | flash | flash-torch."""
-    compile: bool = False
-    """Wrap the model in torch.compile (compile time reported apart from the steps)."""
+    compile: bool | str = False
+    """torch.compile of the model: False (off), True (torch's default mode), max-autotune-no-cudagraphs
+    or reduce-overhead (`lmscope.workloads.compile_mode`; compile time reported apart from the steps)."""
+    compile_scope: str = "model"
+    """What torch.compile compiles: model (the whole model) | blocks (each block, regional)."""
     fast: bool = False
     """Run lmscope's fused fast path (FastTransformerLM: Triton kernels, fused LM head + loss)."""
     optimizer_in_backward: bool = False
@@ -59,6 +63,8 @@ class ModelPointSpec:
     """'auto' (cuda when present, else cpu), 'cuda', 'cuda:N' or 'cpu'."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "compile", compile_choice(self.compile))  # "on"/"off" as True/False
+        check_compile(self)
         for name in ("context_length", "batch_size"):
             check_size(name, getattr(self, name))
         if self.mode not in MODES:
@@ -80,7 +86,8 @@ class ModelPointSpec:
             raise ValueError("--fast on needs a fused attention: pass --attention flash (or sdpa)")
         if self.fast and self.compile:
             raise ValueError("--fast on does not run under torch.compile (it replays CUDA graphs "
-                             "instead, --cuda-graph): drop --compile on")
+                             "instead, --cuda-graph): drop --compile on (torch.compile's own CUDA "
+                             "graphs are a peer of their own: --compile reduce-overhead without --fast)")
         if self.optimizer_in_backward and not (
             self.fast and self.precision == "bf16" and self.mode == "train-step"
         ):

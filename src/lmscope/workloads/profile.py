@@ -33,6 +33,7 @@ from lmscope.accounting.flops import step_flops
 from lmscope.config import ModelConfig
 from lmscope.limits import check_steps
 from lmscope.measure import nsys
+from lmscope.measure.host_bound import busy_fields
 from lmscope.measure.kernel_categories import CATEGORIES, short_name
 from lmscope.measure.kernels import (
     PHASES,
@@ -85,7 +86,7 @@ def point_slug(spec: Spec) -> str:
     fields = dataclasses.asdict(spec)
     fields.pop("artifacts_dir")
     digest = hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:8]
-    compiled = "-compile" if spec.compile else ""
+    compiled = "" if not spec.compile else "-compile" if spec.compile is True else f"-compile-{spec.compile}"
     fast = "-fast" if spec.fast else ""
     return (f"{model_slug(spec.size)}-ctx{spec.context_length}-b{spec.batch_size}-{spec.mode}"
             f"-{spec.precision}-{spec.attention}{fast}{compiled}-{digest}")
@@ -235,6 +236,8 @@ def summary_metrics(profile: dict[str, Any]) -> dict[str, Any]:
         "max_gap_ms": whole["gaps"][0]["gap_ns"] / 1e6 if whole["gaps"] else 0.0,
         **{f"{category}_frac": whole["categories"][category] for category in CATEGORIES},
     }
+    if profile["on_gpu"]:  # busy share and host-bound flag against the unprofiled step time
+        metrics.update(busy_fields(whole["busy_ms_per_step"], timing["step_ms"]))
     for name in PHASES:
         if name in phases:
             stats = phases[name]

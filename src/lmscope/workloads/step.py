@@ -12,6 +12,7 @@ from lmscope.accounting.devices import peak_tflops
 from lmscope.accounting.flops import step_flops
 from lmscope.limits import check_steps
 from lmscope.measure.energy import step_energy
+from lmscope.measure.gpu_busy import measure_gpu_busy
 from lmscope.measure.timer import summarize, time_phased_steps
 from lmscope.workloads.counted_flops import count_step_flops, flop_metrics
 from lmscope.workloads.cuda_graph_step import GraphedStep, check_cuda_graph_choice, uses_cuda_graph
@@ -105,7 +106,9 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
             peak = max(peak, step.capture_peak_allocated_bytes)
         metrics["peak_allocated_gib"] = peak / GIB
         metrics["peak_reserved_gib"] = torch.cuda.max_memory_reserved(device) / GIB
-    # extra untimed steps after the timed ones, as many as the energy counter's window needs
+    # extra untimed steps after the timed ones: a few under the profiler for the GPU's busy time,
+    # then as many as the energy counter's window needs
+    metrics.update(measure_gpu_busy(step, device=device, step_ms=stats.median_ms))
     unit = throughput["unit"]
     items = spec.batch_size * (spec.context_length if unit == "tokens" else 1)
     energy = step_energy(step, device=device, tokens_per_step=items)

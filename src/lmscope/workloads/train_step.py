@@ -19,6 +19,7 @@ import torch
 
 from lmscope.measure.ranges import phase
 from lmscope.measure.timer import PhaseClock
+from lmscope.workloads.compile_mode import GRAPHED, compile_model, first_calls
 from lmscope.workloads.model_spec import ModelPointSpec
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -52,7 +53,7 @@ def check_model_choice(fast: bool, peer: str, attention: str) -> None:
     """Reject contradictory --fast / --peer / --attention combinations with how to fix them."""
     if peer not in PEERS:
         raise ValueError(f"unknown peer {peer!r}: choose one of {', '.join(PEERS)} "
-                         "(the torch.compile peer is --compile on)")
+                         "(the torch.compile peer is --compile on, or a mode such as reduce-overhead)")
     if fast and peer != "none":
         raise ValueError("--fast on runs lmscope's model, --peer hf transformers': pick one per point")
     if peer == "hf" and attention != "sdpa":
@@ -86,7 +87,9 @@ class TrainStep:
         self.fast = spec.fast
         self.built = self.source.build(self.device)
         self.model = self.built.model
-        self.runnable = torch.compile(self.model) if spec.compile else self.model
+        self.runnable = self.model
+        """What a step calls: the model, or after `compile_warmup` its compiled form."""
+        self.marks_cudagraph_steps = spec.compile == GRAPHED
         self.batch = self.built.make_batch(spec.batch_size, spec.context_length, self.device)
         self.optimizer = None
         if spec.mode == "train-step":
@@ -117,6 +120,8 @@ class TrainStep:
     def __call__(self, clock: PhaseClock | None = None) -> None:
         """One step; phases are marked on `clock` (forward, backward, optimizer)."""
         clock = clock or _NullClock()
+        if self.marks_cudagraph_steps:  # the previous step's CUDA graphs are a finished iteration
+            torch.compiler.cudagraph_mark_step_begin()
         clock.start()
         if self.spec.mode != "forward":
             self.model.zero_grad(set_to_none=True)
@@ -148,11 +153,15 @@ class TrainStep:
         self.scaler.update()
 
     def compile_warmup(self) -> float | None:
-        """With torch.compile, run one step to trigger compilation and return its seconds."""
+        """With torch.compile: compile the model (`lmscope.workloads.compile_mode`), run the steps
+        that compile it (and record reduce-overhead's CUDA graphs); return their seconds."""
         if not self.spec.compile:
             return None
         begin = timeit.default_timer()
-        self()
+        self.runnable = compile_model(self.model, self.spec.compile, self.spec.compile_scope,
+                                      self.built.blocks)
+        for _ in range(first_calls(self.spec.compile)):
+            self()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return timeit.default_timer() - begin

@@ -16,6 +16,7 @@ from lmscope.accounting.flops import parameter_counts
 from lmscope.config import PRESETS, preset
 from lmscope.measure.kernel_categories import CATEGORIES, short_name
 from lmscope.report import attention_plots, comm_plots
+from lmscope.report.host_bound import host_bound_note
 from lmscope.report.page import plots
 from lmscope.report.page.load import Run, artifact
 from lmscope.report.page.model import Block, Cell, ImageBlock, PageSection, TableBlock, TextBlock
@@ -51,12 +52,15 @@ def provenance_lines(records: Sequence[Record], commands: Sequence[str] = ()) ->
     return lines
 
 
-def _records_table(title: str, records: Sequence[Record], workload: str) -> TableBlock:
+def _spec_keys(records: Sequence[Record], workload: str) -> list[str]:
     try:
-        keys = spec_fields(workload)
+        return spec_fields(workload)
     except (ValueError, AttributeError, ModuleNotFoundError):
-        keys = [k for k in records[0] if k not in PROVENANCE and k not in ("time", "status", "error")]
-    header, rows = build_table(records, keys)
+        return [k for k in records[0] if k not in PROVENANCE and k not in ("time", "status", "error")]
+
+
+def _records_table(title: str, records: Sequence[Record], workload: str) -> TableBlock:
+    header, rows = build_table(records, _spec_keys(records, workload))
     return TableBlock(title, header, rows)
 
 
@@ -281,6 +285,12 @@ def _failures(records: Sequence[Record]) -> Block | None:
     )
 
 
+def _host_bound(records: Sequence[Record]) -> Block | None:
+    """The note naming the section's host-bound points (lmscope.report.host_bound), if any."""
+    note = host_bound_note(records, _spec_keys(records, str(records[0].get("workload"))))
+    return TextBlock(note) if note else None
+
+
 STUDY_PEERS = {"precision": "precision"}
 """Study sections whose peer sits in another section's file (bf16 here, fp32 in timing)."""
 
@@ -352,5 +362,8 @@ def run_sections(run: Run) -> list[PageSection]:
             failure = _failures(records)
             if failure:
                 section.blocks.append(failure)
+            host_bound = _host_bound(records)
+            if host_bound:
+                section.blocks.append(host_bound)
         sections.append(section)
     return sections

@@ -17,7 +17,8 @@ from lmscope.results import Record
 from lmscope.runner import spec_fields
 from lmscope.stats import ratio_interval
 
-PEER_FIELDS = ("precision", "compile", "attention", "fast", "checkpoint", "peer", "cuda_graph")
+PEER_FIELDS = ("precision", "compile", "compile_scope", "attention", "fast", "checkpoint", "peer",
+               "cuda_graph")
 """Fields whose values are peers of one another (not sizes or shapes)."""
 BASE_FIRST = ("fp32", False, "naive", "none", "off")
 """Values taken as the base of a ratio when present (else the first seen)."""

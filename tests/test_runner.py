@@ -125,6 +125,14 @@ def test_reused_worker_serves_points_until_one_fails(tmp_path):
     assert records[2]["status"] == "error"
 
 
+def test_reused_worker_is_fresh_each_round(tmp_path):
+    """Rounds are the unit the intervals resample as independent: never one process for two."""
+    points = [point("ok", 1), point("ok", 2), point("ok", 3)]
+    records = run_sweep(FAULTS, points, out=tmp_path / "r.jsonl", reuse_worker=True, rounds=2, timeout_s=60)
+    by_round = {r: {rec["worker_pid"] for rec in records if rec["round"] == r} for r in (0, 1)}
+    assert len(by_round[0]) == 1 and len(by_round[1]) == 1 and by_round[0] != by_round[1]
+
+
 def test_fresh_worker_per_point_by_default(tmp_path):
     records = run_sweep(FAULTS, [point("ok", 1), point("ok", 2)], out=tmp_path / "r.jsonl")
     assert records[0]["worker_pid"] != records[1]["worker_pid"]

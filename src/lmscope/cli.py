@@ -47,6 +47,12 @@ CompareBase = Annotated[str | None, typer.Option(
 ReuseWorker = Annotated[
     bool, typer.Option(help="run consecutive points in one worker process (a failure replaces it)")
 ]
+Rounds = Annotated[int, typer.Option(
+    help="run the list of points this many times, interleaved (A,B,A,B), each round in fresh worker "
+    "processes; tables pool the rounds and their intervals resample them")]
+Round = Annotated[int | None, typer.Option("--round", help=(
+    "run only this round (0..R-1) of --rounds R: interleave commands that cannot share one "
+    "sweep by calling each once per round, into one --out"))]
 
 # Options shared by the commands that run the Transformer LM (bench, profile, memory, ddp).
 ModelOpt = Annotated[str | None, typer.Option(
@@ -137,11 +143,8 @@ def bench(
     fmt: Format = None,
     compare: Compare = None,
     compare_base: CompareBase = None,
-    rounds: Annotated[int, typer.Option(
-        help="run the list of points this many times, interleaved (A,B,A,B); tables pool the rounds")] = 1,
-    round_: Annotated[int | None, typer.Option("--round", help=(
-        "run only this round (0..R-1) of --rounds R: interleave commands that cannot share one "
-        "sweep by calling each once per round, into one --out"))] = None,
+    rounds: Rounds = 1,
+    round_: Round = None,
     reuse_worker: ReuseWorker = False,
 ) -> None:
     """Time forward, forward+backward or a full train step (a sweep over any list flags)."""
@@ -249,6 +252,8 @@ def attention(
     fmt: Format = None,
     compare: Compare = None,
     compare_base: CompareBase = None,
+    rounds: Rounds = 1,
+    round_: Round = None,
     reuse_worker: ReuseWorker = True,
 ) -> None:
     """Time attention implementations: latency, TFLOP/s, memory, error vs float64."""
@@ -265,7 +270,7 @@ def attention(
     specs = [Spec(**point) for point in expand_grid(*attention_grid(preset, overrides))]
     out = out or default_out()
     records = run_and_report("attention", specs, out=out, resume=resume, timeout_s=timeout, fmt=fmt,
-                             compare=compare, compare_base=compare_base,
+                             compare=compare, compare_base=compare_base, rounds=rounds, only_round=round_,
                              title=f"lmscope attention {preset or ''}".strip(),
                              reuse_worker=reuse_worker)
     path = plot_sweep(records, out, specs[0].passes, [s.seq_len for s in specs], plot)

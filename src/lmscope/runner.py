@@ -150,13 +150,14 @@ def run_sweep(
     """Run every point not yet finished in `out`; return the records written by this call.
 
     `isolate` runs points in worker processes (False: in this process, for debugging).
-    `reuse_worker` keeps one worker for consecutive points (much faster for light points such as
-    attention kernels); a worker that fails a point is replaced. Points that measure cold starts
-    or process-wide memory keep the default, a fresh process per point. `rounds` runs the list
-    that many times, interleaved (see the module docstring); `only_round` runs one of them, so
-    points that cannot share one command (different models) are interleaved by calling once per
-    round and command in turn. `on_start` runs before each pending point; when it returns False
-    the point is skipped (no row: it stays pending for a later `resume`).
+    `reuse_worker` keeps one worker for consecutive points of a round (much faster for light
+    points such as attention kernels); a worker that fails a point is replaced, and each round
+    starts a fresh one, so that rounds stay the independent unit the intervals resample. Points
+    that measure cold starts or process-wide memory keep the default, a fresh process per point.
+    `rounds` runs the list that many times, interleaved (see the module docstring); `only_round`
+    runs one of them, so points that cannot share one command (different models) are interleaved
+    by calling once per round and command in turn. `on_start` runs before each pending point;
+    when it returns False the point is skipped (no row: it stays pending for a later `resume`).
     """
     points = [spec_dict(spec) for spec in specs]
     done = _finished_keys(workload, points, out) if resume else set()
@@ -173,6 +174,9 @@ def run_sweep(
             if not isolate:
                 metrics = run_in_process(workload, spec)
             else:
+                if worker is not None and index and schedule[index - 1][0] != round_index:
+                    worker.close(kill=True)  # a round is one process: rounds vary independently
+                    worker = None
                 worker = worker if worker is not None and worker.alive else PointWorker(workload)
                 metrics = worker.run(spec, timeout_s)
                 if not reuse_worker or metrics.get("status") != "ok":

@@ -1012,6 +1012,78 @@ for _run in FAST_PROFILES:
     claim(f"fast-profile-{_run.split('-')[0]}")(functools.partial(fast_profile_categories, run=_run))
 
 
+FSDP_OVERLAP = f"{DISTRIBUTED}/fsdp-overlap-x2"
+"""Issue 37's FSDP overlap run: xl on 2 ranks at batch 4 and a GPU-bound batch, interleaved rounds,
+then the profiled steps (`run_fsdp_gpu.sh`'s overlap stage)."""
+
+
+def _overlap_rows(rows: Rows) -> tuple[dict[tuple[int, str], dict], dict[tuple[int, str], dict]]:
+    """(timed rows with their rounds pooled, profiled rows), each by (batch, strategy)."""
+    from lmscope.report.rounds import pool_rounds
+    from lmscope.runner import spec_fields
+
+    timed = pool_rounds(rows.select(f"{FSDP_OVERLAP}/overlap-xl-x2.jsonl"), spec_fields("ddp"))
+    profiled = rows.select(f"{FSDP_OVERLAP}/overlap-xl-x2-profile.jsonl")
+    return ({(r["batch_size"], r["strategy"]): r for r in timed},
+            {(r["batch_size"], r["strategy"]): r for r in profiled})
+
+
+def _bound(profiled: dict) -> str:
+    """'host' or 'GPU', by the GPU's busy share of the timed step (`lmscope.measure.overlap`)."""
+    from lmscope.measure.overlap import HOST_BOUND_BELOW_PCT
+
+    busy = profiled["profile_gpu_busy_pct"]
+    return f"{'host' if busy < HOST_BOUND_BELOW_PCT else 'GPU'} (GPU busy {fmt(busy, 2)} %)"
+
+
+@claim("fsdp-overlap")
+def fsdp_overlap(rows: Rows) -> str:
+    """Our FSDP, FSDP2 and the best DDP against the single-GPU step at xl, per batch, rounds pooled."""
+    timed, profiled = _overlap_rows(rows)
+    body = []
+    for batch in sorted({b for b, _ in timed}):
+        single, ours, peer = timed[batch, "single"], timed[batch, "fsdp"], timed[batch, "torch-fsdp2"]
+        for name in ("fsdp", "torch-fsdp2", "coalesced:1000"):
+            row = timed[batch, name]
+            body.append([str(batch), name, fmt(row["step_median_ms"], 4), ratio(row, single),
+                         ratio(peer, ours) if name == "fsdp" else "", ""])
+        body.append([str(batch), "single (1 GPU)", fmt(single["step_median_ms"], 4), "", "",
+                     _bound(profiled[batch, "single"])])
+    ours = next(row for (_, strategy), row in timed.items() if strategy == "fsdp")
+    return claim_block(
+        f"xl, bf16, context 512, {ours['world_size']} ranks, batch per rank as given; median ms per "
+        f"step over {ours.get('rounds', 1)} interleaved rounds; "
+        "`step/single` = the step over the single-GPU step, `FSDP2/ours` = PyTorch's FSDP2 step over "
+        "ours, each with its 95 % bootstrap interval over the steps; the single step is host-bound "
+        "where the GPU was busy for less of it than `lmscope.measure.overlap.HOST_BOUND_BELOW_PCT` "
+        "(from its profile).",
+        table(["batch", "strategy", "step ms", "step/single", "FSDP2/ours", "bound by"], body),
+        f"Rows: `{FSDP_OVERLAP}/overlap-xl-x2.jsonl`; {provenance(list(timed.values()))}.",
+    )
+
+
+@claim("fsdp-overlap-profile")
+def fsdp_overlap_profile(rows: Rows) -> str:
+    """Where our FSDP step and the single-GPU step go on the GPU, per batch (profiled steps)."""
+    _, profiled = _overlap_rows(rows)
+    body = []
+    for (batch, strategy), row in sorted(profiled.items()):
+        body.append([str(batch), strategy, fmt(row["step_median_ms"], 4), fmt(row["profile_step_ms"], 4),
+                     fmt(row["profile_compute_ms"]), fmt(row["profile_exposed_comm_forward_ms"]),
+                     fmt(row["profile_exposed_comm_backward_ms"]), fmt(row["profile_exposed_comm_ms"]),
+                     fmt(row["profile_idle_ms"]), fmt(row["profile_wrapper_host_ms"]),
+                     fmt(row["profile_gpu_busy_pct"], 2)])
+    return claim_block(
+        "xl, bf16, context 512; per rank (mean over ranks) and step: the timed step, the profiled step, "
+        "then on the GPU timeline (`lmscope ddp --profile-steps`, `lmscope.measure.overlap`) compute, "
+        "communication with no compute beside it (exposed) by the phase that launched it and in all, "
+        "idle, the host time inside the FSDP hooks, and the GPU's busy share of the timed step; ms.",
+        table(["batch", "strategy", "step ms", "profiled ms", "compute", "exposed fwd", "exposed bwd",
+               "exposed", "idle", "hooks (host)", "GPU busy %"], body),
+        f"Rows: `{FSDP_OVERLAP}/overlap-xl-x2-profile.jsonl`; {provenance(list(profiled.values()))}.",
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     mode = parser.add_mutually_exclusive_group(required=True)

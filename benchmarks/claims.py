@@ -24,6 +24,7 @@ import io
 import os
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -742,23 +743,29 @@ def fast_xl_runs(rows: Rows) -> str:
 FSDP_X2 = "benchmarks/results/distributed/fsdp-x2-h200"
 
 
+def _sharded_against_single(label: str, by: dict[str, dict], last: Callable[[dict], str],
+                            single_last: str) -> list[list[str]]:
+    """Table rows of our FSDP, FSDP2 and the best DDP of one run (`by` strategy) against its
+    single-GPU step, FSDP2 against ours, then the single step; `last` fills the last column."""
+    single, ours, peer = by["single"], by["fsdp"], by["torch-fsdp2"]
+    body = [[label, name, fmt(by[name]["step_median_ms"], 4), ratio(by[name], single),
+             ratio(peer, ours) if name == "fsdp" else "", last(by[name])]
+            for name in ("fsdp", "torch-fsdp2", "coalesced:1000")]
+    return [*body, [label, "single (1 GPU)", fmt(single["step_median_ms"], 4), "", "", single_last]]
+
+
 @claim("fsdp-x2")
 def fsdp_x2(rows: Rows) -> str:
     """xl and 2.7B on 2 ranks: our FSDP, PyTorch's FSDP2 and the best DDP in one run per size."""
+    def memory(row: dict) -> str:
+        if "predicted_fsdp_peak_gib" not in row:
+            return fmt(row["peak_after_optimizer_gib"])
+        return f"{fmt(row['peak_after_optimizer_rank_max_gib'])} / {fmt(row['predicted_fsdp_peak_gib'])}"
+
     body = []
     for size in ("xl", "2.7B"):
-        pattern = f"{FSDP_X2}/fsdp-{size}-x2.jsonl"
-        by = {r["strategy"]: r for r in rows.select(pattern)}
-        ours, peer, single = by["fsdp"], by["torch-fsdp2"], by["single"]
-        for name in ("fsdp", "torch-fsdp2", "coalesced:1000"):
-            row = by[name]
-            peak_gib = fmt(row["peak_after_optimizer_rank_max_gib"])
-            memory = (f"{peak_gib} / {fmt(row['predicted_fsdp_peak_gib'])}"
-                      if "predicted_fsdp_peak_gib" in row else fmt(row["peak_after_optimizer_gib"]))
-            body.append([size, name, fmt(row["step_median_ms"], 4), ratio(row, single),
-                         ratio(peer, ours) if name == "fsdp" else "", memory])
-        body.append([size, "single (1 GPU)", fmt(single["step_median_ms"], 4), "", "",
-                     fmt(single["peak_after_optimizer_gib"])])
+        by = {r["strategy"]: r for r in rows.select(f"{FSDP_X2}/fsdp-{size}-x2.jsonl")}
+        body += _sharded_against_single(size, by, memory, memory(by["single"]))
     return claim_block(
         "bf16, context 512, batch 4 per rank, 2x H200; median ms per step; `step/single` = the "
         "2-rank step over the single-GPU step of the same run, `FSDP2/ours` = PyTorch's FSDP2 step "
@@ -1042,13 +1049,8 @@ def fsdp_overlap(rows: Rows) -> str:
     timed, profiled = _overlap_rows(rows)
     body = []
     for batch in sorted({b for b, _ in timed}):
-        single, ours, peer = timed[batch, "single"], timed[batch, "fsdp"], timed[batch, "torch-fsdp2"]
-        for name in ("fsdp", "torch-fsdp2", "coalesced:1000"):
-            row = timed[batch, name]
-            body.append([str(batch), name, fmt(row["step_median_ms"], 4), ratio(row, single),
-                         ratio(peer, ours) if name == "fsdp" else "", ""])
-        body.append([str(batch), "single (1 GPU)", fmt(single["step_median_ms"], 4), "", "",
-                     _bound(profiled[batch, "single"])])
+        by = {strategy: row for (b, strategy), row in timed.items() if b == batch}
+        body += _sharded_against_single(str(batch), by, lambda row: "", _bound(profiled[batch, "single"]))
     ours = next(row for (_, strategy), row in timed.items() if strategy == "fsdp")
     return claim_block(
         f"xl, bf16, context 512, {ours['world_size']} ranks, batch per rank as given; median ms per "

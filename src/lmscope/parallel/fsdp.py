@@ -274,8 +274,10 @@ class FullyShardedDP(nn.Module):
         self._kept = len(kept)
         device = self.shards[0].device if len(self.shards) else torch.device("cpu")
         cuda = device.type == "cuda"
-        self._gather_stream = torch.cuda.Stream(device) if cuda else None
-        self._reduce_stream = torch.cuda.Stream(device) if cuda else None
+        # high priority: a gather's cast and a reduce-scatter's copy into the fp32 grad start as soon
+        # as they may, ahead of the compute kernels waiting to run, so neither delays a collective
+        self._gather_stream = torch.cuda.Stream(device, priority=-1) if cuda else None
+        self._reduce_stream = torch.cuda.Stream(device, priority=-1) if cuda else None
         self._callback_queued = False
         self.bytes_gathered = 0
         """Bytes the all-gathers produced on this rank so far (their output buffers)."""

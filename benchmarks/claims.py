@@ -1053,7 +1053,8 @@ def fsdp_overlap(rows: Rows) -> str:
         body += _sharded_against_single(str(batch), by, lambda row: "", _bound(profiled[batch, "single"]))
     ours = next(row for (_, strategy), row in timed.items() if strategy == "fsdp")
     return claim_block(
-        f"xl, bf16, context 512, {ours['world_size']} ranks, batch per rank as given; median ms per "
+        f"{ours['size']}, {ours['precision']}, context {ours['context_length']}, {ours['world_size']} ranks, "
+        "batch per rank as given; median ms per "
         f"step over {ours.get('rounds', 1)} interleaved rounds; "
         "`step/single` = the step over the single-GPU step, `FSDP2/ours` = PyTorch's FSDP2 step over "
         "ours, each with its 95 % bootstrap interval over the steps; the single step is host-bound "
@@ -1068,6 +1069,7 @@ def fsdp_overlap(rows: Rows) -> str:
 def fsdp_overlap_profile(rows: Rows) -> str:
     """Where our FSDP step and the single-GPU step go on the GPU, per batch (profiled steps)."""
     _, profiled = _overlap_rows(rows)
+    first = next(iter(profiled.values()))
     body = []
     for (batch, strategy), row in sorted(profiled.items()):
         body.append([str(batch), strategy, fmt(row["step_median_ms"], 4), fmt(row["profile_step_ms"], 4),
@@ -1076,7 +1078,8 @@ def fsdp_overlap_profile(rows: Rows) -> str:
                      fmt(row["profile_idle_ms"]), fmt(row["profile_wrapper_host_ms"]),
                      fmt(row["profile_gpu_busy_pct"], 2)])
     return claim_block(
-        "xl, bf16, context 512; per rank (mean over ranks) and step: the timed step, the profiled step, "
+        f"{first['size']}, {first['precision']}, context {first['context_length']}; per rank (mean over "
+        "ranks) and step: the timed step, the profiled step, "
         "then on the GPU timeline (`lmscope ddp --profile-steps`, `lmscope.measure.overlap`) compute, "
         "communication with no compute beside it (exposed) by the phase that launched it and in all, "
         "idle, the host time inside the FSDP hooks, and the GPU's busy share of the timed step; ms.",

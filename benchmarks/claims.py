@@ -24,6 +24,7 @@ import io
 import os
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -742,23 +743,29 @@ def fast_xl_runs(rows: Rows) -> str:
 FSDP_X2 = "benchmarks/results/distributed/fsdp-x2-h200"
 
 
+def _sharded_against_single(label: str, by: dict[str, dict], last: Callable[[dict], str],
+                            single_last: str) -> list[list[str]]:
+    """Table rows of our FSDP, FSDP2 and the best DDP of one run (`by` strategy) against its
+    single-GPU step, FSDP2 against ours, then the single step; `last` fills the last column."""
+    single, ours, peer = by["single"], by["fsdp"], by["torch-fsdp2"]
+    body = [[label, name, fmt(by[name]["step_median_ms"], 4), ratio(by[name], single),
+             ratio(peer, ours) if name == "fsdp" else "", last(by[name])]
+            for name in ("fsdp", "torch-fsdp2", "coalesced:1000")]
+    return [*body, [label, "single (1 GPU)", fmt(single["step_median_ms"], 4), "", "", single_last]]
+
+
 @claim("fsdp-x2")
 def fsdp_x2(rows: Rows) -> str:
     """xl and 2.7B on 2 ranks: our FSDP, PyTorch's FSDP2 and the best DDP in one run per size."""
+    def memory(row: dict) -> str:
+        if "predicted_fsdp_peak_gib" not in row:
+            return fmt(row["peak_after_optimizer_gib"])
+        return f"{fmt(row['peak_after_optimizer_rank_max_gib'])} / {fmt(row['predicted_fsdp_peak_gib'])}"
+
     body = []
     for size in ("xl", "2.7B"):
-        pattern = f"{FSDP_X2}/fsdp-{size}-x2.jsonl"
-        by = {r["strategy"]: r for r in rows.select(pattern)}
-        ours, peer, single = by["fsdp"], by["torch-fsdp2"], by["single"]
-        for name in ("fsdp", "torch-fsdp2", "coalesced:1000"):
-            row = by[name]
-            peak_gib = fmt(row["peak_after_optimizer_rank_max_gib"])
-            memory = (f"{peak_gib} / {fmt(row['predicted_fsdp_peak_gib'])}"
-                      if "predicted_fsdp_peak_gib" in row else fmt(row["peak_after_optimizer_gib"]))
-            body.append([size, name, fmt(row["step_median_ms"], 4), ratio(row, single),
-                         ratio(peer, ours) if name == "fsdp" else "", memory])
-        body.append([size, "single (1 GPU)", fmt(single["step_median_ms"], 4), "", "",
-                     fmt(single["peak_after_optimizer_gib"])])
+        by = {r["strategy"]: r for r in rows.select(f"{FSDP_X2}/fsdp-{size}-x2.jsonl")}
+        body += _sharded_against_single(size, by, memory, memory(by["single"]))
     return claim_block(
         "bf16, context 512, batch 4 per rank, 2x H200; median ms per step; `step/single` = the "
         "2-rank step over the single-GPU step of the same run, `FSDP2/ours` = PyTorch's FSDP2 step "
@@ -1009,6 +1016,76 @@ def fast_profile_categories(rows: Rows, run: str) -> str:
 
 for _run in FAST_PROFILES:
     claim(f"fast-profile-{_run.split('-')[0]}")(functools.partial(fast_profile_categories, run=_run))
+
+
+FSDP_OVERLAP = f"{DISTRIBUTED}/fsdp-overlap-x2"
+"""Issue 37's FSDP overlap run: xl on 2 ranks at batch 4 and a GPU-bound batch, interleaved rounds,
+then the profiled steps (`run_fsdp_gpu.sh`'s overlap stage)."""
+
+
+def _overlap_rows(rows: Rows) -> tuple[dict[tuple[int, str], dict], dict[tuple[int, str], dict]]:
+    """(timed rows with their rounds pooled, profiled rows), each by (batch, strategy)."""
+    from lmscope.report.rounds import pool_rounds
+    from lmscope.runner import spec_fields
+
+    timed = pool_rounds(rows.select(f"{FSDP_OVERLAP}/overlap-xl-x2.jsonl"), spec_fields("ddp"))
+    profiled = rows.select(f"{FSDP_OVERLAP}/overlap-xl-x2-profile.jsonl")
+    return ({(r["batch_size"], r["strategy"]): r for r in timed},
+            {(r["batch_size"], r["strategy"]): r for r in profiled})
+
+
+def _bound(profiled: dict) -> str:
+    """'host' or 'GPU', by the GPU's busy share of the timed step (`lmscope.measure.overlap`)."""
+    from lmscope.measure.overlap import HOST_BOUND_BELOW_PCT
+
+    busy = profiled["profile_gpu_busy_pct"]
+    return f"{'host' if busy < HOST_BOUND_BELOW_PCT else 'GPU'} (GPU busy {fmt(busy, 2)} %)"
+
+
+@claim("fsdp-overlap")
+def fsdp_overlap(rows: Rows) -> str:
+    """Our FSDP, FSDP2 and the best DDP against the single-GPU step at xl, per batch, rounds pooled."""
+    timed, profiled = _overlap_rows(rows)
+    body = []
+    for batch in sorted({b for b, _ in timed}):
+        by = {strategy: row for (b, strategy), row in timed.items() if b == batch}
+        body += _sharded_against_single(str(batch), by, lambda row: "", _bound(profiled[batch, "single"]))
+    ours = next(row for (_, strategy), row in timed.items() if strategy == "fsdp")
+    return claim_block(
+        f"{ours['size']}, {ours['precision']}, context {ours['context_length']}, {ours['world_size']} ranks, "
+        "batch per rank as given; median ms per "
+        f"step over {ours.get('rounds', 1)} interleaved rounds; "
+        "`step/single` = the step over the single-GPU step, `FSDP2/ours` = PyTorch's FSDP2 step over "
+        "ours, each with its 95 % bootstrap interval over the steps; the single step is host-bound "
+        "where the GPU was busy for less of it than `lmscope.measure.overlap.HOST_BOUND_BELOW_PCT` "
+        "(from its profile).",
+        table(["batch", "strategy", "step ms", "step/single", "FSDP2/ours", "bound by"], body),
+        f"Rows: `{FSDP_OVERLAP}/overlap-xl-x2.jsonl`; {provenance(list(timed.values()))}.",
+    )
+
+
+@claim("fsdp-overlap-profile")
+def fsdp_overlap_profile(rows: Rows) -> str:
+    """Where our FSDP step and the single-GPU step go on the GPU, per batch (profiled steps)."""
+    _, profiled = _overlap_rows(rows)
+    first = next(iter(profiled.values()))
+    body = []
+    for (batch, strategy), row in sorted(profiled.items()):
+        body.append([str(batch), strategy, fmt(row["step_median_ms"], 4), fmt(row["profile_step_ms"], 4),
+                     fmt(row["profile_compute_ms"]), fmt(row["profile_exposed_comm_forward_ms"]),
+                     fmt(row["profile_exposed_comm_backward_ms"]), fmt(row["profile_exposed_comm_ms"]),
+                     fmt(row["profile_idle_ms"]), fmt(row["profile_wrapper_host_ms"]),
+                     fmt(row["profile_gpu_busy_pct"], 2)])
+    return claim_block(
+        f"{first['size']}, {first['precision']}, context {first['context_length']}; per rank (mean over "
+        "ranks) and step: the timed step, the profiled step, "
+        "then on the GPU timeline (`lmscope ddp --profile-steps`, `lmscope.measure.overlap`) compute, "
+        "communication with no compute beside it (exposed) by the phase that launched it and in all, "
+        "idle, the host time inside the FSDP hooks, and the GPU's busy share of the timed step; ms.",
+        table(["batch", "strategy", "step ms", "profiled ms", "compute", "exposed fwd", "exposed bwd",
+               "exposed", "idle", "hooks (host)", "GPU busy %"], body),
+        f"Rows: `{FSDP_OVERLAP}/overlap-xl-x2-profile.jsonl`; {provenance(list(profiled.values()))}.",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,9 +30,9 @@ FREE_TEXT = {("plan flops", "device_name")}
 """Text options any value of which is valid (a device missing from the catalog gets no MFU)."""
 NEGATIVE_OK = {("precision accumulate", "value")}
 """Options for which a negative number is a valid value."""
-ZERO_OK = {"warmup", "check_max_seq", "warmup_ms", "value", "round_", "margin"}
+ZERO_OK = {"warmup", "check_max_seq", "warmup_ms", "value", "round_", "margin", "profile_steps"}
 """Options for which zero is a valid value (0 warm-up steps, never check, add 0.0, the first of
---rounds, no margin under the budget)."""
+--rounds, no margin under the budget, no profiled steps)."""
 INT_LISTS = {"context_length", "batch_size", "nproc", "warmup", "count", "batch", "heads", "head_dim",
              "seq_len", "contexts"}
 """Text options that hold a comma list of integers."""

@@ -2,6 +2,7 @@
 # FSDP measurements (lmscope.parallel.fsdp vs PyTorch FSDP2), from the repo root:
 #   OUT=/some/dir STAGES=single bash benchmarks/distributed/run_fsdp_gpu.sh      # one H100
 #   OUT=/some/dir STAGES=x2,long,peer bash benchmarks/distributed/run_fsdp_gpu.sh  # 2x H200
+#   OUT=/some/dir STAGES=overlap bash benchmarks/distributed/run_fsdp_gpu.sh  # 2x H100 or H200, < 9.5 min
 # Stages (comma-separated in STAGES), each under `timeout` of its own budget (seconds, *_S):
 #   single  (a) one GPU: the 8B long-context shape reduced to SINGLE_LAYERS layers (default 4),
 #           context 32768, batch 1: fsdp and torch-fsdp2 at world size 1 with --fast on and
@@ -11,6 +12,14 @@
 #           batch 4 per rank, strategies fsdp, torch-fsdp2, coalesced:1000 in one run (plus the
 #           single baseline). X2_S=580 per size; X_SIZES=xl,2.7B (one size per call keeps a
 #           call under the device tool's 10 minutes: X_SIZES=xl, then X_SIZES=2.7B).
+#   overlap (issue 37) X_NPROC ranks, OVERLAP_SIZE (xl), bf16, context OVERLAP_CONTEXT (512), batches OVERLAP_BATCHES
+#           (default 4,8: the study's batch, where the host bounds the eager step, and 8, where the
+#           GPU does and the single-GPU step still fits 80 GB): fsdp, torch-fsdp2, coalesced:1000
+#           and the single step in OVERLAP_ROUNDS interleaved rounds (default 2), OVERLAP_TIMED_S
+#           (default 330); then fsdp and the single step at the same batches again with
+#           OVERLAP_PROFILE_STEPS (default 2) profiled steps each (lmscope ddp --profile-steps: per
+#           rank, compute, exposed communication, idle, host time in the hooks, traces in
+#           $OUT/ddp-profile), in what is left of OVERLAP_S (default 540).
 #   long    the 8B long-context step (d 4096, d_ff 11008, 34 layers, 32 heads, vocab 151936),
 #           context 32768, batch 1 per rank on 2 ranks: fsdp with --fast on, fused AdamW, once per
 #           attention in LONG_ATTENTIONS (default flash; sdpa-cudnn is cuDNN's kernel) and
@@ -21,6 +30,7 @@
 #           (benchmarks/distributed/llama_fsdp2_peer.py). PEER_S=580.
 # Writes into $OUT: log.txt, fsdp-single.jsonl/.md, fsdp-xl-x2.jsonl/.md, fsdp-2.7B-x2.jsonl/.md,
 # fsdp-8b-<attention>.jsonl/.md (each with .summary.md and .fsdp.md: memory per rank beside the accounting),
+# overlap-<size>-x<N>.jsonl and overlap-<size>-x<N>-profile.jsonl (with .md, .summary.md, .fsdp.md, .profile.md),
 # llama-peer.jsonl. The long stage's paired unwrapped step and single baseline run out of
 # memory at 8B (an oom row, and local_step_ms None): expected, they cost one step each.
 set -uo pipefail
@@ -48,6 +58,22 @@ if stage x2; then
       --precision bf16 --nproc "${X_NPROC:-2}" --strategy fsdp,torch-fsdp2,coalesced:1000 \
       --warmup "${X_WARMUP:-5}" --steps "${X_STEPS:-20}" --timeout 200 --out "$OUT/fsdp-$size-x${X_NPROC:-2}.jsonl" --format md
   done
+fi
+if stage overlap; then
+  began=$SECONDS
+  size=${OVERLAP_SIZE:-xl}
+  name="$OUT/overlap-$size-x${X_NPROC:-2}"
+  XO=(--size "$size" --context-length "${OVERLAP_CONTEXT:-512}" --batch-size "${OVERLAP_BATCHES:-4,8}"
+      --precision bf16 --nproc "${X_NPROC:-2}" --timeout 200 --format md)
+  run timeout "${OVERLAP_TIMED_S:-330}" "${LM[@]}" ddp "${XO[@]}" --strategy fsdp,torch-fsdp2,coalesced:1000 \
+    --rounds "${OVERLAP_ROUNDS:-2}" --warmup 3 --steps 10 --out "$name.jsonl"
+  rest=$(( ${OVERLAP_S:-540} - (SECONDS - began) ))
+  if (( rest > 30 )); then
+    run timeout "$rest" "${LM[@]}" ddp "${XO[@]}" --strategy fsdp --profile-steps "${OVERLAP_PROFILE_STEPS:-2}" \
+      --warmup 3 --steps 5 --out "$name-profile.jsonl"
+  else
+    echo "overlap: no time left to profile ($rest s)" | tee -a "$OUT/log.txt"
+  fi
 fi
 if stage long; then
   for attention in ${LONG_ATTENTIONS:-flash}; do

@@ -111,6 +111,10 @@ def _size(size: str | None) -> str:
     return "small" if torch.cuda.is_available() else "tiny"
 
 
+Rounds = Annotated[int, typer.Option(
+    help="run the list of points this many times, interleaved (A,B,A,B); tables pool the rounds")]
+
+
 @app.command()
 def bench(
     model: ModelOpt = None,
@@ -345,20 +349,27 @@ def ddp(
     device: Annotated[str, typer.Option(help="auto | cuda | cpu (gloo)")] = "auto",
     warmup: Annotated[int, typer.Option(help="untimed steps")] = 5,
     steps: Annotated[int, typer.Option(help="timed steps")] = 10,
+    rounds: Rounds = 1,
+    profile_steps: Annotated[int, typer.Option(
+        help="then profile this many steps per point (torch.profiler on every rank, traces in "
+             "<--out folder>/ddp-profile): compute, exposed communication, idle, hooks' host time")] = 0,
     out: Out = None,
     resume: Resume = False,
     timeout: RankTimeout = 900.0,
     fmt: Format = None,
 ) -> None:
     """Data-parallel train step per strategy vs the single-GPU step, with the overhead model."""
+    from lmscope.commands import default_out
     from lmscope.parallel.commands import ddp_points, run_ddp
     from lmscope.parallel.launch import default_world_sizes
     from lmscope.workloads.ddp import Spec
 
+    out = out or default_out()
     fixed = dict(d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
                  vocab_size=vocab_size, attention=attention, backend=backend, device=device,
                  warmup=warmup, steps=steps, timeout_s=timeout, checkpoint=checkpoint,
-                 fast=split_list(fast, bool, "--fast")[0], model_context_length=model_context_length)
+                 fast=split_list(fast, bool, "--fast")[0], model_context_length=model_context_length,
+                 profile_steps=profile_steps, artifacts_dir=str(out.parent / "ddp-profile"))
     swept = {
         **model_axes(size=_size(model_flag(model, size)), context_length=context_length,
                      batch_size=batch_size,
@@ -368,7 +379,7 @@ def ddp(
         "shard_optimizer": split_list(shard_optimizer, bool, "--shard-optimizer"),
     }
     specs = [Spec(**point) for point in ddp_points(fixed, swept)]
-    code = run_ddp(specs, out=out, resume=resume, timeout_s=timeout, fmt=fmt)
+    code = run_ddp(specs, out=out, resume=resume, timeout_s=timeout, fmt=fmt, rounds=rounds)
     if code:
         raise typer.Exit(code)
 

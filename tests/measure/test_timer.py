@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from lmscope.measure.ranges import phase
+from lmscope.measure.ranges import phase, traced
 from lmscope.measure.timer import PhaseClock, percentile, summarize, time_phased_steps, time_steps
 
 
@@ -61,6 +61,19 @@ def test_phase_is_a_profiler_range_and_a_plain_block_otherwise():
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof, phase("inside"):
         torch.ones(3).sum()
     assert "inside" in {event.name for event in prof.events()}
+
+
+def test_a_traced_function_is_a_profiler_range_only_while_profiling():
+    @traced("hook/add")
+    def add(a: float, *, b: float) -> float:
+        """Adds."""
+        return a + b
+
+    assert add(1.0, b=2.5) == 3.5 and add.__doc__ == "Adds." and add.__name__ == "add"
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        add(1.0, b=1.0)
+        add(2.0, b=2.0)
+    assert [event.name for event in prof.events()].count("hook/add") == 2
 
 
 def test_time_phased_steps_collects_phases_results_and_runs_hooks_outside_the_steps():

@@ -17,6 +17,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from lmscope.config import ModelConfig
 from lmscope.model.checkpointing import apply_checkpointing
@@ -123,8 +125,8 @@ def _train_reference(model: nn.Module, batches: list, world: int, dtype: torch.d
 
 
 def _train_fsdp(ctx: RankContext, model: nn.Module, units: list[nn.Module] | None, batches: list,
-                dtype: torch.dtype | None) -> tuple[FullyShardedDP, torch.optim.Optimizer]:
-    wrapped = FullyShardedDP(model, units, param_dtype=dtype)
+                dtype: torch.dtype | None, prefetch: int = 2) -> tuple[FullyShardedDP, torch.optim.Optimizer]:
+    wrapped = FullyShardedDP(model, units, param_dtype=dtype, prefetch=prefetch)
     optimizer = torch.optim.AdamW(wrapped.parameters(), **ADAMW)
     rows = slice(ctx.rank * PER_RANK, (ctx.rank + 1) * PER_RANK)
     for step in batches:
@@ -141,7 +143,8 @@ def _relative(state: dict[str, torch.Tensor], reference: nn.Module) -> float:
                for n, p in reference.named_parameters())
 
 
-def _case(ctx: RankContext, seed: int, kind: str, micro: int, dtype: torch.dtype | None) -> dict[str, object]:
+def _case(ctx: RankContext, seed: int, kind: str, micro: int, dtype: torch.dtype | None,
+          prefetch: int = 2) -> dict[str, object]:
     torch.manual_seed(seed)
     model, units, vocab = _model(kind)
     start = copy.deepcopy(model)
@@ -149,7 +152,7 @@ def _case(ctx: RankContext, seed: int, kind: str, micro: int, dtype: torch.dtype
         apply_checkpointing(model, "block")
     batches = _batches(seed + 1, ctx.world_size, vocab, micro)
     originals = [weakref.ref(p) for p in model.parameters()]
-    wrapped, optimizer = _train_fsdp(ctx, model, units, batches, dtype)
+    wrapped, optimizer = _train_fsdp(ctx, model, units, batches, dtype, prefetch)
     gc.collect()
     state = wrapped.full_state_dict()
     out: dict[str, object] = {"seed": seed, "settings": wrapped.settings,
@@ -204,14 +207,69 @@ def _round_trip(ctx: RankContext, seed: int) -> dict[str, object]:
     return out
 
 
+class _Writes(TorchDispatchMode):
+    """Counts the elements that the ops run inside it write (their outputs; views and allocations
+    write nothing)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.elements = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        out = func(*args, **(kwargs or {}))
+        if not func.is_view and not func.__name__.startswith("empty"):
+            self.elements += sum(t.numel() for t in tree_leaves(out) if isinstance(t, torch.Tensor))
+        return out
+
+
+def _backward_writes(ctx: RankContext, seed: int) -> dict[str, int]:
+    """Elements written by one backward of the model unwrapped and under FullyShardedDP (fp32, the
+    second step of each, so that nothing is allocated for the first time), and the elements of
+    all the wrapper's gathered buffers and of this rank's shards."""
+    torch.manual_seed(seed)
+    model = TransformerLM(CONFIG)
+    plain = copy.deepcopy(model)
+    wrapped = FullyShardedDP(model)
+    tokens, targets = _batches(seed + 3, ctx.world_size, CONFIG.vocab_size, 1)[0][0]
+    rows = slice(ctx.rank * PER_RANK, (ctx.rank + 1) * PER_RANK)
+    out = {"buffers": sum(g.padded_numel for g in wrapped._groups()),
+           "shards": sum(g.shard_numel for g in wrapped._groups())}
+    for name, net in (("plain", plain), ("fsdp", wrapped)):
+        for _ in range(2):
+            net.zero_grad(set_to_none=True)
+            loss = _loss(net(tokens[rows]), targets[rows])
+            counter = _Writes()
+            with counter:
+                loss.backward()
+        out[name] = counter.elements
+    return out
+
+
+def _refusals(build: object, values: tuple) -> list[str]:
+    """The ValueError message `build(value)` raises for each value ('' where it raised none)."""
+    messages = []
+    for value in values:
+        try:
+            build(value)
+            messages.append("")
+        except ValueError as error:
+            messages.append(str(error))
+    return messages
+
+
 def _all_checks(ctx: RankContext, seed: int) -> list[dict[str, object]]:
     results: dict[str, object] = {}
     for kind in ("transformer", "tied", "frozen", "checkpointed"):
         results[f"{kind}/fp32"] = _case(ctx, seed, kind, 1, None)
     results["transformer/accumulate"] = _case(ctx, seed, "transformer", 2, None)
+    for prefetch in (0, 3):  # gathered only when the unit runs; three units ahead
+        results[f"transformer/prefetch{prefetch}"] = _case(ctx, seed, "transformer", 2, None, prefetch)
     results["transformer/bf16"] = _case(ctx, seed, "transformer", 1, torch.bfloat16)
     results["tied/bf16"] = _case(ctx, seed, "tied", 2, torch.bfloat16)
     results["round_trip"] = _round_trip(ctx, seed)
+    results["backward_writes"] = _backward_writes(ctx, seed)
+    results["bad_prefetch"] = _refusals(lambda value: FullyShardedDP(TransformerLM(CONFIG), prefetch=value),
+                                        (-1, 1.5, True))
     gathered: list[dict[str, object]] = [{} for _ in range(ctx.world_size)]
     dist.all_gather_object(gathered, results)
     return gathered
@@ -223,7 +281,8 @@ def ranks(request: pytest.FixtureRequest, launch_seed: int) -> list[dict[str, ob
                   preload=["torch._dynamo"])
 
 
-FP32_CASES = ["transformer/fp32", "tied/fp32", "frozen/fp32", "checkpointed/fp32", "transformer/accumulate"]
+FP32_CASES = ["transformer/fp32", "tied/fp32", "frozen/fp32", "checkpointed/fp32", "transformer/accumulate",
+              "transformer/prefetch0", "transformer/prefetch3"]
 
 
 FP32_TOLERANCE = 1e-6  # relative error of FSDP against one process, both in fp32
@@ -284,7 +343,25 @@ def test_settings_name_units_and_dtypes(ranks):
     settings = ranks[0]["transformer/bf16"]["settings"]
     assert settings["units"] == CONFIG.num_layers + 2 and settings["root"]
     assert settings["param_dtype"] == settings["reduce_dtype"] == "bfloat16"
+    assert settings["prefetch"] == 2 and ranks[0]["transformer/prefetch3"]["settings"]["prefetch"] == 3
     assert ranks[0]["tied/fp32"]["settings"]["units"] == 1  # embed and head hold only the tied weight
+
+
+def test_a_bad_prefetch_is_refused_with_what_to_give(ranks):
+    for message in ranks[0]["bad_prefetch"]:
+        assert "a whole number >= 0" in message, ranks[0]["bad_prefetch"]
+
+
+def test_the_backward_builds_each_flat_gradient_once(ranks):
+    """Beyond what the unwrapped backward writes, ours writes per gathered buffer its gather again
+    and its gradient, once each, and per shard a few shard-sized steps (the own slot's cast, the
+    reduce-scatter, gloo's average, the fp32 grad): at most 2 buffers and 6 shards. Views that
+    slice the buffer made autograd write a zero-filled copy of the whole buffer per parameter
+    and add them up (about twice the parameters per unit times its buffer)."""
+    for rank in ranks:
+        writes = rank["backward_writes"]
+        extra = writes["fsdp"] - writes["plain"]
+        assert 0 < extra <= 2 * writes["buffers"] + 6 * writes["shards"], writes
 
 
 def _llama_losses(ctx: RankContext, seed: int) -> tuple[list[float], list[float], int]:

@@ -104,3 +104,50 @@ def test_fsdp_api_on_cuda():
     assert result["grad on device"] and result["state on device"] and result["same state"], result
     assert "summon_full_params" in result["freed read"], result
     assert result["summoned"], result
+
+
+TWO_GPU_CONFIG = ModelConfig(vocab_size=211, context_length=48, d_model=70, d_ff=191, num_layers=3,
+                             num_heads=5)
+"""Odd vocabulary and d_ff: each rank's half of a unit begins inside a parameter."""
+
+
+def _two_gpu_training(ctx: RankContext, seed: int, prefetch: int) -> float:
+    """fp32 FullyShardedDP on 2 GPUs (side streams, NCCL in place), two micro-batches per step,
+    against one process training on both ranks' rows: the largest relative parameter error."""
+    from lmscope.model.transformer import TransformerLM
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.manual_seed(seed)
+    with ctx.device:
+        model = TransformerLM(TWO_GPU_CONFIG)
+    reference = copy.deepcopy(model)
+    wrapped = FullyShardedDP(model, prefetch=prefetch)
+    adamw = dict(lr=3e-3, eps=1e-4, fused=True)
+    optimizer = torch.optim.AdamW(wrapped.parameters(), **adamw)
+    reference_optimizer = torch.optim.AdamW(reference.parameters(), **adamw)
+    generator = torch.Generator(device=ctx.device).manual_seed(seed + 1)
+
+    def loss(net: torch.nn.Module, rows: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(net(rows[:, :-1]).flatten(0, 1), rows[:, 1:].flatten())
+
+    for _ in range(3):
+        shape = (ctx.world_size, 2, 3, 33)  # rank, micro-batch, rows, tokens
+        batch = torch.randint(0, TWO_GPU_CONFIG.vocab_size, shape, device=ctx.device, generator=generator)
+        optimizer.zero_grad(set_to_none=True)
+        reference_optimizer.zero_grad(set_to_none=True)
+        for micro in range(2):
+            loss(wrapped, batch[ctx.rank, micro]).backward()
+            for rank in range(ctx.world_size):
+                (loss(reference, batch[rank, micro]) / ctx.world_size).backward()
+        optimizer.step()
+        reference_optimizer.step()
+    state = wrapped.full_state_dict(rank0_only=False, device=ctx.device)
+    return max(((state[n] - p.detach()).norm() / p.detach().norm()).item()
+               for n, p in reference.named_parameters())
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_fsdp_on_two_gpus_trains_like_one_process(launch_seed, prefetch):
+    error = launch(_two_gpu_training, launch_seed, prefetch, nproc=2, backend="nccl", timeout_s=300)
+    assert error < 1e-5

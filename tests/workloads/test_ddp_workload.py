@@ -13,12 +13,23 @@ import torch
 from lmscope.accounting.flops import parameter_counts
 from lmscope.cli import main
 from lmscope.commands import exit_status
-from lmscope.parallel.commands import ddp_points, ddp_summary, fsdp_summary, overhead_model_line, results_path
+from lmscope.measure.overlap import HOST_BOUND_BELOW_PCT
+from lmscope.parallel.commands import (
+    ddp_points,
+    ddp_summary,
+    fsdp_summary,
+    overhead_model_line,
+    profile_summary,
+    results_path,
+)
 from lmscope.parallel.launch import launch
+from lmscope.report.rounds import pool_rounds
 from lmscope.report.tables import format_value
+from lmscope.runner import spec_fields
 from lmscope.stats import ratio_interval
 from lmscope.workloads import ddp
 from lmscope.workloads.ddp import Spec
+from lmscope.workloads.ddp_profile import STEP_PHASES
 
 TINY = dict(size="tiny", d_model=16, num_heads=2, d_ff=24, num_layers=2, vocab_size=37, context_length=8,
             batch_size=2, precision="fp32", device="cpu", warmup=1, steps=2)
@@ -37,6 +48,7 @@ TINY = dict(size="tiny", d_model=16, num_heads=2, d_ff=24, num_layers=2, vocab_s
     ({"device": "cuda:1"}, "ranks pick their own GPU"),
     ({"backend": "nccl"}, "not --device cpu"),
     ({"steps": 0}, "--steps"),
+    ({"profile_steps": -1}, "--profile-steps"),
 ])
 def test_spec_rejects_bad_points(changes, message):
     with pytest.raises(ValueError, match=message):
@@ -224,3 +236,66 @@ def test_summary_ratios_carry_intervals_from_rank_0s_times():
     assert flat[header.index("step/local")] == "1.250x [1.250, 1.250]"
     assert flat[header.index("step/single")] == ratio_interval(step_times, single_times).as_text(3)
     assert naive[header.index("step/local")] is None and naive[header.index("step/single")] is None
+
+
+def test_a_profiled_fsdp_point_breaks_each_rank_s_step_down(tmp_path):
+    """On gloo the innermost aten ops stand in for kernels, c10d's collectives among them."""
+    row = ddp.run_point({**TINY, "strategy": "fsdp", "world_size": 2, "profile_steps": 2,
+                         "artifacts_dir": str(tmp_path)})
+    _check_common(row, 2)
+    parts = row["profile_compute_ms"] + row["profile_exposed_comm_ms"] + row["profile_idle_ms"]
+    assert parts == pytest.approx(row["profile_wall_ms"])
+    assert 0 < row["profile_exposed_comm_ms"] <= row["profile_comm_ms"]
+    phases = sum(row[f"profile_exposed_comm_{p}_ms"] for p in STEP_PHASES)
+    assert 0 < phases <= row["profile_exposed_comm_ms"] * (1 + 1e-9)
+    assert row["profile_exposed_comm_forward_ms"] > 0 and row["profile_exposed_comm_backward_ms"] > 0
+    for hook in ("pre_forward", "post_forward", "pre_backward", "post_backward", "all_gather", "finish"):
+        assert row[f"profile_host_fsdp_{hook}_ms"] > 0, hook
+    # per step: every unit's pre- and post-forward and pre- and post-backward, the start and the end
+    units = 4
+    assert row["profile_wrapper_calls"] >= 4 * units
+    assert 0 < row["profile_wrapper_host_ms"] < row["profile_wall_ms"]
+    assert row["profile_gpu_busy_pct"] is None  # no GPU: host or GPU bound does not apply
+    assert Path(row["profile_trace_path"]).is_file()
+    assert sorted(p.name for p in Path(row["profile_trace_path"]).parent.iterdir()) == [
+        "rank0.trace.json", "rank1.trace.json"]
+    ok = {**row, "status": "ok", "strategy": "fsdp", "world_size": 2}
+    header, rows = profile_summary([ok, {**ok, "strategy": "overlap", "profile_wall_ms": None}])
+    assert len(rows) == 1 and rows[0][header.index("bound")] is None
+
+
+def test_profile_summary_says_what_bounds_the_step():
+    rng = random.Random()
+    busy = rng.uniform(0, HOST_BOUND_BELOW_PCT - 1e-6), rng.uniform(HOST_BOUND_BELOW_PCT, 100)
+    records = [{"status": "ok", "strategy": s, "world_size": 2, "batch_size": b, "profile_wall_ms": 9.0,
+                "profile_gpu_busy_pct": pct} for s, b, pct in (("fsdp", 4, busy[0]), ("fsdp", 16, busy[1]))]
+    header, rows = profile_summary(records)
+    assert header[0] == "batch_size"
+    assert [r[header.index("bound")] for r in rows] == ["host", "GPU"]
+
+
+def test_the_summaries_pool_a_point_s_rounds():
+    """Two rounds of each point: one row per point, step statistics and ratios over both rounds."""
+    base = {"workload": "ddp", "status": "ok", "size": "tiny", "context_length": 16, "batch_size": 2,
+            "precision": "fp32", "rounds": 2}
+    rng = random.Random()
+    records, joined = [], {}
+    for index in range(2):
+        for strategy, world in (("single", 1), ("fsdp", 2)):
+            times = [rng.uniform(5, 15) for _ in range(5)]
+            local = [rng.uniform(5, 15) for _ in range(5)] if world > 1 else None
+            joined.setdefault(strategy, ([], []))
+            joined[strategy][0].extend(times)
+            joined[strategy][1].extend(local or [])
+            records.append({**base, "round": index, "strategy": strategy, "world_size": world,
+                            "step_ms": 99.0, "step_median_ms": 99.0, "local_step_ms": 99.0 if local else None,
+                            "times_ms": times, "local_times_ms": local})
+    pooled = pool_rounds(records, spec_fields("ddp"))
+    assert len(pooled) == 2
+    header, rows = ddp_summary(pooled)
+    fsdp = dict(zip(header, rows[1], strict=True))
+    times, local = joined["fsdp"]
+    assert fsdp["step_ms"] == pytest.approx(sum(times) / len(times))
+    assert fsdp["local_step_ms"] == pytest.approx(sum(local) / len(local))
+    assert fsdp["overhead_vs_local_pct"] == pytest.approx(100 * (sum(times) / sum(local) - 1))
+    assert fsdp["step/single"] == ratio_interval(times, joined["single"][0]).as_text(3)

@@ -2,8 +2,9 @@
 
 `comm` writes the busbw-vs-size plot beside the results. `ddp` adds the single-GPU baseline
 to the grid and, after the sweep, prints each strategy against it (step time over the
-baseline's) with the overhead model's prediction and optimal bucket size. Both return the exit
-code of `exit_status` (a failed rank is an error row naming the rank). Under torchrun
+baseline's) with the overhead model's prediction and optimal bucket size, and for profiled
+points their breakdown; a point run in several rounds counts once, its rounds' steps pooled.
+Both return the exit code of `exit_status` (a failed rank is an error row naming the rank). Under torchrun
 every rank runs the sweep; ranks other than 0 write `<results>.rank<R>.jsonl`.
 """
 
@@ -16,12 +17,14 @@ from typing import Any
 
 from lmscope.accounting.comms import ddp_overhead_s, optimal_bucket_bytes, optimal_bucket_count
 from lmscope.commands import default_out, exit_status, run_and_report
+from lmscope.measure.overlap import HOST_BOUND_BELOW_PCT
 from lmscope.parallel.launch import torchrun_env
 from lmscope.report import console
 from lmscope.report.comm_plots import plot_busbw
+from lmscope.report.rounds import pool_rounds
 from lmscope.report.tables import Table, format_value, render
 from lmscope.results import Record
-from lmscope.runner import expand_grid
+from lmscope.runner import expand_grid, spec_fields
 from lmscope.stats import ratio_interval
 
 STARTUP_MARGIN_S = 120.0
@@ -70,31 +73,34 @@ def ddp_points(fixed: dict[str, Any], swept: dict[str, list[Any]]) -> list[dict[
 
 
 def run_ddp(specs: Sequence[Any], *, out: Path | None, resume: bool, timeout_s: float,
-            fmt: str | None) -> int:
-    """Run the ddp sweep, show its table and the summary against baseline and model; the exit code."""
+            fmt: str | None, rounds: int = 1) -> int:
+    """Run the ddp sweep, show its table and the summaries (sharded memory, profiles, against the
+    baseline and the model; each point's rounds pooled); the exit code."""
     out = results_path(out)
     records = run_and_report("ddp", specs, out=out, resume=resume,
                              timeout_s=timeout_s + STARTUP_MARGIN_S, fmt=fmt, title="lmscope ddp",
-                             reuse_worker=True)
-    sharded = fsdp_summary(records)
-    if sharded[1]:
-        console.show_table(sharded, title="fully sharded: memory per rank (max over ranks, rank 0) and "
-                                          "bytes per step beside the FSDP accounting")
-        if fmt == "md":
-            path = out.with_suffix(".fsdp.md")
-            path.write_text(render(sharded, "md"))
-            console.say(f"wrote {path}")
-    table = ddp_summary(records)
-    if table[1]:
-        console.show_table(table, title="against the single-GPU step and the overhead model")
-        model_line = overhead_model_line(records)
-        if model_line:
-            console.say(model_line)
-        if fmt == "md":
-            path = out.with_suffix(".summary.md")
-            path.write_text(render(table, "md") + (f"\n{model_line}\n" if model_line else ""))
-            console.say(f"wrote {path}")
+                             reuse_worker=True, rounds=rounds)
+    pooled = pool_rounds(records, spec_fields("ddp"))
+    _show(fsdp_summary(pooled), "fully sharded: memory per rank (max over ranks, rank 0) and bytes per "
+          "step beside the FSDP accounting", out.with_suffix(".fsdp.md") if fmt == "md" else None)
+    _show(profile_summary(pooled), "profiled steps per rank (mean over ranks): ms per step",
+          out.with_suffix(".profile.md") if fmt == "md" else None)
+    model_line = overhead_model_line(pooled)
+    _show(ddp_summary(pooled), "against the single-GPU step and the overhead model",
+          out.with_suffix(".summary.md") if fmt == "md" else None, model_line)
     return exit_status(records)
+
+
+def _show(table: Table, title: str, path: Path | None, line: str | None = None) -> None:
+    """Print a summary table (and a line under it) when it has rows; write both to `path` as md."""
+    if not table[1]:
+        return
+    console.show_table(table, title=title)
+    if line:
+        console.say(line)
+    if path is not None:
+        path.write_text(render(table, "md") + (f"\n{line}\n" if line else ""))
+        console.say(f"wrote {path}")
 
 
 def _model_key(record: Record) -> tuple[Any, ...]:
@@ -120,9 +126,10 @@ def ddp_summary(records: Sequence[Record]) -> Table:
     rows = []
     for record in ok:
         baseline = single.get(_model_key(record)) or {}
-        base = baseline.get("step_ms")
+        base, local = baseline.get("step_ms"), record.get("local_step_ms")
         overhead = 100 * (record["step_ms"] - base) / base if base else None
         values = {**record, "single_step_ms": base, "overhead_vs_single_pct": overhead,
+                  "overhead_vs_local_pct": 100 * (record["step_ms"] / local - 1) if local else None,
                   "step/local": _bounded(record.get("times_ms"), record.get("local_times_ms")),
                   "step/single": _bounded(record.get("times_ms"), baseline.get("times_ms"))}
         rows.append([values.get(key) for key in header])
@@ -151,6 +158,28 @@ def fsdp_summary(records: Sequence[Record]) -> Table:
     rows = [[r.get(key) for key in FSDP_COLUMNS] for r in records
             if r.get("status") == "ok" and r.get("predicted_fsdp_peak_gib") is not None]
     return list(FSDP_COLUMNS), rows
+
+
+PROFILE_COLUMNS = (
+    "step_ms", "profile_step_ms", "profile_compute_ms", "profile_comm_ms", "profile_exposed_comm_ms",
+    "profile_exposed_comm_forward_ms", "profile_exposed_comm_backward_ms", "profile_idle_ms",
+    "profile_gpu_busy_pct", "bound", "profile_wrapper_host_ms", "profile_wrapper_calls",
+)
+
+
+def profile_summary(records: Sequence[Record]) -> Table:
+    """Per profiled ok point: the step's breakdown (`lmscope.workloads.ddp_profile`), and whether
+    the GPU or the host bound the timed step (by the GPU's busy share of it)."""
+    ok = [r for r in records if r.get("status") == "ok" and r.get("profile_wall_ms") is not None]
+    varying = [k for k in ("size", "context_length", "batch_size", "precision")
+               if len({str(r.get(k)) for r in ok}) > 1]
+    header = [*varying, "strategy", "world_size", *PROFILE_COLUMNS]
+    rows = []
+    for record in ok:
+        busy = record.get("profile_gpu_busy_pct")
+        bound = None if busy is None else "host" if busy < HOST_BOUND_BELOW_PCT else "GPU"
+        rows.append([{**record, "bound": bound}.get(key) for key in header])
+    return header, rows
 
 
 def overhead_model_line(records: Sequence[Record]) -> str | None:

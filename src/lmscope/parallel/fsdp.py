@@ -11,20 +11,23 @@ unit holds, and parameters shared by several units, form the *root*). Per unit a
   `__dict__`, ahead of the placeholders) that are views of the unit's gathered buffer.
 * **Forward.** In a unit's forward pre-hook its full parameters are all-gathered into one flat
   buffer of the compute dtype (`param_dtype`; the master dtype for modules in `keep_fp32`): each
-  rank casts its shard *before* sending, so the wire and the buffer are in the compute dtype.
-  The gathers of the next two units are issued at once (prefetch, at most two units ahead, on a
-  side stream on CUDA; synchronous on CPU). After the unit's forward its buffer's storage is
-  freed (resized to 0 bytes; the tensors autograd saved keep pointing at it) and its views leave
-  the modules; the last unit stays gathered for the backward.
+  rank casts its shard into its own slot of that buffer and gathers in place, so the wire and
+  the buffer are in the compute dtype and nothing else is allocated. The gathers of the next
+  `prefetch` units (default two) are issued at once, on a side stream on CUDA (synchronous on
+  CPU). The modules see the buffer through one `split` into per-parameter views, so the
+  backward assembles the buffer's gradient with one concatenation. After the unit's forward its
+  buffer's storage is freed (resized to 0 bytes; the tensors autograd saved keep pointing at
+  it) and its views leave the modules; the last unit stays gathered for the backward.
 * **Backward.** When the gradient of a unit's output arrives (a tensor hook, before the unit's
-  backward) the unit is gathered again into the same storage, and the two units before it are
-  prefetched. A checkpointed unit recomputes its forward here, from the gathered parameters.
+  backward) the unit is gathered again into the same storage, and the `prefetch` units before
+  it are issued. A checkpointed unit recomputes its forward here, from the gathered parameters.
   When autograd has accumulated the gradient of the unit's flat buffer (all its parameters),
-  that gradient is reduce-scattered in the compute dtype (`reduce_dtype`, default the compute
-  dtype) on a side stream, averaged, and added to the fp32 shard's `.grad`; the gathered
-  buffer is freed. Successive backwards (micro-batches) accumulate into the same shard grads.
-  At the end of the backward (an autograd callback) the compute stream waits for the
-  reduce-scatters and every buffer still gathered (the root, frozen groups) is freed.
+  that gradient is reduce-scattered in place in the compute dtype (`reduce_dtype`, default the
+  compute dtype) on a second side stream, averaged, and written (first micro-batch) or added
+  to the fp32 shard's `.grad`; the gathered buffer is freed. Successive backwards
+  (micro-batches) accumulate into the same shard grads. At the end of the backward (an
+  autograd callback) the compute stream waits for the reduce-scatters and every buffer still
+  gathered (the root, frozen groups) is freed.
 
 The units run in one order every forward (the reverse in the backward), each once per forward:
 a list of modules must be given in that order (the first forward checks it), a class policy and
@@ -53,6 +56,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from lmscope.measure.ranges import traced
 from lmscope.parallel.ddp import _averaging, broadcast_state
 from lmscope.parallel.fsdp_precision import KeepFp32, cast_at_boundaries, kept_modules
 from lmscope.parallel.fsdp_units import UnitsSpec, default_units, parameter_owners, resolve_units
@@ -61,7 +65,8 @@ from lmscope.parallel.sharded_param import READ_HINT, ShardedParameter
 __all__ = ["PREFETCH_UNITS", "FullyShardedDP", "default_units"]
 
 PREFETCH_UNITS = 2
-"""How many units ahead the gathers are issued (forward: the next two; backward: the two before)."""
+"""How many units ahead the gathers are issued by default (forward: the next two; backward: the
+two before): `FullyShardedDP(prefetch=...)`."""
 
 Owner = list[tuple[nn.Module, str]]
 """Where one parameter is attached: [(module, attribute name), ...] (tied: several)."""
@@ -87,6 +92,9 @@ class _FlatGroup:
         self.numel = sum(self.numels)
         self.shard_numel = math.ceil(self.numel / world_size)
         self.padded_numel = self.shard_numel * world_size
+        padding = self.padded_numel - self.numel
+        self.sizes = [*self.numels, padding] if padding else list(self.numels)
+        """How `views` splits the flat buffer: each parameter, then the padding (if any)."""
         self.begin = rank * self.shard_numel
         """Where this rank's shard begins in the flat parameters."""
         first = params[0][0]
@@ -133,10 +141,13 @@ class _FlatGroup:
             self.attached = False
 
     def gather(self, group: dist.ProcessGroup | None) -> None:
-        """All-gather every rank's shard, cast to the compute dtype first, into the buffer."""
-        send = self.shard.detach().to(self.compute_dtype)
+        """All-gather every rank's shard into the buffer, in place: this rank's shard is cast to the
+        compute dtype into its own slot, which is the collective's input (no send buffer)."""
+        flat = self.full.detach()
+        mine = flat[self.begin: self.begin + self.shard_numel]
         with torch.autograd._unsafe_preserve_version_counter(self.full):
-            dist.all_gather_into_tensor(self.full.detach(), send, group=group)
+            mine.copy_(self.shard.detach())
+            dist.all_gather_into_tensor(flat, mine, group=group)
 
     def gather_master(self, group: dist.ProcessGroup | None) -> torch.Tensor:
         """Every rank's shard in the master dtype, in a new flat tensor (padding included)."""
@@ -145,11 +156,12 @@ class _FlatGroup:
         return flat
 
     def views(self, flat: torch.Tensor) -> Iterator[tuple[Owner, torch.Tensor]]:
-        """(where, the parameter's view of `flat`) per parameter."""
-        offset = 0
-        for owners, shape, numel in zip(self.owners, self.shapes, self.numels, strict=True):
-            yield owners, flat[offset: offset + numel].view(shape)
-            offset += numel
+        """(where, the parameter's view of `flat`) per parameter: one `split` of the whole buffer,
+        so that autograd gives `flat` its gradient with one concatenation of the parameters'
+        gradients (slices would each add a zero-filled copy of the whole buffer)."""
+        pieces = flat.split(self.sizes)[: len(self.owners)]  # the padding's piece is left out
+        for owners, shape, piece in zip(self.owners, self.shapes, pieces, strict=True):
+            yield owners, piece.view(shape)
 
     def attach(self, *, fresh: bool) -> None:
         """Put views of the gathered buffer on the modules: new ones (each forward builds its own
@@ -205,17 +217,26 @@ class FullyShardedDP(nn.Module):
     parameters are cast to before the all-gather (None: keep the master dtype). `reduce_dtype`:
     the dtype gradients are reduce-scattered in (None: the compute dtype). `keep_fp32`: module
     classes or modules whose parameters stay in the master dtype (`fsdp_precision`).
-    `process_group`: the ranks that shard this model (None: all). `parameters()` are the local
-    fp32 shards: build the optimizer over them; `named_parameters()` gives the original names.
+    `process_group`: the ranks that shard this model (None: all). `prefetch`: how many units'
+    gathers are issued ahead of the unit that runs (more hides slower links, each costs one
+    unit's gathered buffer of memory). `parameters()` are the local fp32 shards: build the
+    optimizer over them; `named_parameters()` gives the original names.
     """
 
     def __init__(self, module: nn.Module, units: UnitsSpec = None, *,
                  param_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None,
-                 keep_fp32: KeepFp32 = (), process_group: dist.ProcessGroup | None = None) -> None:
+                 keep_fp32: KeepFp32 = (), process_group: dist.ProcessGroup | None = None,
+                 prefetch: int = PREFETCH_UNITS) -> None:
         super().__init__()
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("FullyShardedDP needs an initialized process group: "
                                "run inside lmscope.parallel.launch or torchrun")
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+            raise ValueError(f"prefetch={prefetch!r}: give the number of units gathered ahead, a whole "
+                             f"number >= 0 (0: each unit is gathered when it runs; default {PREFETCH_UNITS})")
+        self.prefetch = prefetch
+        """Units whose gathers are issued ahead of the one running (forward: after it; backward:
+        before it)."""
         self.module = module
         self.group = process_group
         self.world_size = dist.get_world_size(process_group)
@@ -253,8 +274,10 @@ class FullyShardedDP(nn.Module):
         self._kept = len(kept)
         device = self.shards[0].device if len(self.shards) else torch.device("cpu")
         cuda = device.type == "cuda"
-        self._gather_stream = torch.cuda.Stream(device) if cuda else None
-        self._reduce_stream = torch.cuda.Stream(device) if cuda else None
+        # high priority: a gather's cast and a reduce-scatter's copy into the fp32 grad start as soon
+        # as they may, ahead of the compute kernels waiting to run, so neither delays a collective
+        self._gather_stream = torch.cuda.Stream(device, priority=-1) if cuda else None
+        self._reduce_stream = torch.cuda.Stream(device, priority=-1) if cuda else None
         self._callback_queued = False
         self.bytes_gathered = 0
         """Bytes the all-gathers produced on this rank so far (their output buffers)."""
@@ -314,7 +337,7 @@ class FullyShardedDP(nn.Module):
             "param_dtype": dtype(self.param_dtype),
             "reduce_dtype": dtype(self.reduce_dtype or self.param_dtype),
             **({"kept_fp32": self._kept} if self._kept else {}),
-            "prefetch": PREFETCH_UNITS,
+            "prefetch": self.prefetch,
             "padding": sum(g.padding for g in self._groups()),
         }
 
@@ -396,6 +419,7 @@ class FullyShardedDP(nn.Module):
 
     # ---- gather, wait, free -------------------------------------------------------------------
 
+    @traced("fsdp/all_gather")
     def _issue(self, unit: _Unit) -> None:
         """Start gathering `unit` (no-op when it is gathered or on the way)."""
         if unit.state is not _State.FREE:
@@ -436,11 +460,7 @@ class FullyShardedDP(nn.Module):
 
     def forward(self, *args: object, **kwargs: object) -> object:
         """The wrapped module's forward, with the root gathered first and the first units prefetched."""
-        self._ran = []
-        if self.root is not None:
-            self._ready(self.root, attach=True)
-        for unit in self.units[:PREFETCH_UNITS]:
-            self._issue(unit)
+        self._start_forward()
         self._in_forward = True
         try:
             out = self.module(*args, **kwargs)
@@ -452,6 +472,16 @@ class FullyShardedDP(nn.Module):
             self._finish()
         return out
 
+    @traced("fsdp/forward_start")
+    def _start_forward(self) -> None:
+        """Gather the root (the compute stream waits for it) and issue the first units' gathers."""
+        self._ran = []
+        if self.root is not None:
+            self._ready(self.root, attach=True)
+        for unit in self.units[: max(self.prefetch, 1)]:
+            self._issue(unit)
+
+    @traced("fsdp/pre_forward")
     def _pre_forward(self, unit: _Unit) -> None:
         if _in_backward():  # a recompute (checkpoint through __call__): gathered, no prefetch
             self._ready(unit, attach=False)
@@ -462,7 +492,7 @@ class FullyShardedDP(nn.Module):
         self._check_order(unit)
         self._ran.append(unit)
         self._ready(unit, attach=True)
-        for ahead in self.units[unit.position + 1: unit.position + 1 + PREFETCH_UNITS]:
+        for ahead in self.units[unit.position + 1: unit.position + 1 + self.prefetch]:
             self._issue(ahead)
 
     def _check_order(self, unit: _Unit) -> None:
@@ -492,6 +522,7 @@ class FullyShardedDP(nn.Module):
                 unit.position = position
         self._order_known = True
 
+    @traced("fsdp/post_forward")
     def _post_forward(self, unit: _Unit, output: Any) -> None:
         if _in_backward():
             return
@@ -502,6 +533,7 @@ class FullyShardedDP(nn.Module):
                 if tensor.requires_grad:
                     tensor.register_hook(lambda grad, u=unit: self._pre_backward(u))
 
+    @traced("fsdp/pre_backward")
     def _pre_backward(self, unit: _Unit) -> None:
         if not self._callback_queued:
             torch.autograd.Variable._execution_engine.queue_callback(self._finish)
@@ -510,9 +542,10 @@ class FullyShardedDP(nn.Module):
             return
         unit.backward_started = True
         self._ready(unit, attach=False)
-        for before in self.units[max(unit.position - PREFETCH_UNITS, 0): unit.position][::-1]:
+        for before in self.units[max(unit.position - self.prefetch, 0): unit.position][::-1]:
             self._issue(before)
 
+    @traced("fsdp/post_backward")
     def _reduce_scatter(self, unit: _Unit, group: _FlatGroup) -> None:
         """The unit's flat gradient is complete: reduce-scatter it into the shard's fp32 grad."""
         grad = group.full.grad
@@ -520,27 +553,34 @@ class FullyShardedDP(nn.Module):
         group.full.grad = None
         grad = grad.to(group.reduce_dtype)
         self.bytes_reduced += grad.numel() * grad.element_size()
-        if group.shard.grad is None:
-            group.shard.grad = torch.zeros_like(group.shard)
+        accumulate = group.shard.grad is not None
+        if not accumulate:  # allocated on the compute stream, which frees it after the optimizer
+            group.shard.grad = torch.empty_like(group.shard)
         if self._reduce_stream is None:
-            self._reduce_into(grad, group)
+            self._reduce_into(grad, group, accumulate=accumulate)
         else:
             self._reduce_stream.wait_stream(torch.cuda.current_stream(self._reduce_stream.device))
             with torch.cuda.stream(self._reduce_stream):
-                self._reduce_into(grad, group)
+                self._reduce_into(grad, group, accumulate=accumulate)
             grad.record_stream(self._reduce_stream)
         unit.reduced.add(id(group))
         if len(unit.reduced) == len(unit.groups):  # frozen groups wait for the end of the backward
             self._free(unit)
 
-    def _reduce_into(self, grad: torch.Tensor, group: _FlatGroup) -> None:
-        out = torch.empty(group.shard_numel, dtype=grad.dtype, device=grad.device)
+    def _reduce_into(self, grad: torch.Tensor, group: _FlatGroup, *, accumulate: bool) -> None:
+        """Reduce-scatter `grad` in place (this rank's slot of it is the output), average, and write
+        it into the shard's grad (cast to the master dtype) or add it there."""
+        out = grad[group.begin: group.begin + group.shard_numel]
         dist.reduce_scatter_tensor(out, grad, op=self.reduce_op, group=self.group)
         if self._divisor is not None:
             out.div_(self._divisor)
         assert group.shard.grad is not None
-        group.shard.grad.add_(out)
+        if accumulate:
+            group.shard.grad.add_(out)
+        else:
+            group.shard.grad.copy_(out)
 
+    @traced("fsdp/finish")
     def _finish(self) -> None:
         """End of a backward (or a no-grad forward): wait for reduce-scatters, free every unit."""
         if self._reduce_stream is not None:

@@ -1,10 +1,11 @@
-"""Pooling the rounds of a point (`lmscope bench --rounds R`) into one row for reports.
+"""Pooling the rounds of a point (`lmscope bench --rounds R`, `lmscope ddp --rounds R`) into one row.
 
 A point run in R interleaved rounds has R rows (`round` 0..R-1, `rounds` R). A report shows it
 as one row: the last row of each round, with every per-step times list (`times_ms`,
 `fwd_times_ms`, ...) joined over the rounds that finished `ok`, the timing statistics taken again
 from the joined times, throughput scaled to the pooled median, and `rounds` the number of rounds
-pooled. Other metrics are the last round's.
+pooled. Other metrics are the last round's. A ddp row's `times_ms` are rank 0's steps, so its
+pooled `step_ms` (the mean) and `step_median_ms` are rank 0's.
 """
 
 from __future__ import annotations
@@ -52,17 +53,21 @@ def _pooled(rounds: dict[int, Record]) -> Record:
 def _statistics(record: Record, key: str, times: list[float]) -> dict[str, Any]:
     """The summary of `times` under the keys the workload wrote for the list named `key`."""
     prefix = key[: -len("times_ms")]
-    median = statistics.median(times)
+    median, mean = statistics.median(times), statistics.fmean(times)
     p20, p80 = (float(v) for v in np.percentile(times, [20, 80]))
-    if not prefix:  # a step's timer statistics (bench, memory, profile)
-        old = record.get("median_ms")
+    if key == "local_times_ms":  # lmscope ddp's paired unwrapped step, by its mean
+        return {"local_step_ms": mean} if "local_step_ms" in record else {}
+    if not prefix:  # a step's timer statistics (bench, memory, profile; ddp's step_* names)
         out: dict[str, Any] = {
-            "mean_ms": statistics.fmean(times), "std_ms": statistics.stdev(times),
+            "mean_ms": mean, "std_ms": statistics.stdev(times),
             "median_ms": median, "min_ms": min(times), "max_ms": max(times),
             "p20_ms": p20, "p80_ms": p80, "n": len(times),
+            "step_ms": mean, "step_median_ms": median, "step_std_ms": statistics.stdev(times),
         }
+        old, new = ((record.get("median_ms"), median) if "median_ms" in record
+                    else (record.get("step_ms"), mean))  # ddp's tokens_per_s follows its mean step
         if isinstance(old, float | int) and old > 0:
-            out.update({k: record[k] * old / median for k in THROUGHPUT_KEYS
+            out.update({k: record[k] * old / new for k in THROUGHPUT_KEYS
                         if isinstance(record.get(k), float | int)})
         return {k: v for k, v in out.items() if k in record}
     name = prefix.rstrip("_")  # attention's passes: fwd_times_ms -> fwd_ms, fwd_p20_ms, ...

@@ -28,6 +28,11 @@ the fast model (`fast`) and checkpointed blocks (`checkpoint`). Their rows add m
 after the step and rank 0's values beside the mean/min/max, the FSDP accounting
 (`lmscope.accounting.fsdp`) with error columns, the bytes our all-gathers and reduce-scatters
 moved per step, and `exposed_comm_ms`: the step beyond the paired unwrapped step.
+
+With `profile_steps` > 0 every rank then profiles that many more steps
+(`lmscope.workloads.ddp_profile`): the row adds `profile_*` metrics (compute, exposed
+communication by phase, idle, host time in the wrapper's hooks, the GPU's busy share of the
+step), and rank 0's trace path.
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ from lmscope.parallel.sharded_optimizer import ShardedOptimizer
 from lmscope.parallel.torch_fsdp2 import torch_fully_shard
 from lmscope.runner import release_device_memory
 from lmscope.workloads.collectives import time_calls
+from lmscope.workloads.ddp_profile import point_folder, profile_steps
 from lmscope.workloads.model_spec import ModelPointSpec
 from lmscope.workloads.train_step import autocast_context, device_facts
 
@@ -79,7 +85,7 @@ CALIBRATION_BYTES = {"cuda": (1e6, 64e6), "cpu": (1e6, 32e6)}
 class Spec(ModelPointSpec):
     """A data-parallel training point: the model point plus strategy, sharding and world size."""
 
-    RUN_OPTIONS: ClassVar[tuple[str, ...]] = ("timeout_s",)
+    RUN_OPTIONS: ClassVar[tuple[str, ...]] = ("timeout_s", "artifacts_dir")
     """Fields that change how the point runs, not what it measures (left out of its identity)."""
 
     precision: str = "bf16"
@@ -101,6 +107,10 @@ class Spec(ModelPointSpec):
     """Timed steps."""
     timeout_s: float = 900.0
     """A rank that fails or hangs ends the point within this many seconds."""
+    profile_steps: int = 0
+    """Steps profiled after the timed ones (0: none): the step's breakdown per rank."""
+    artifacts_dir: str = "runs/ddp-profile"
+    """Folder of the profiled points' traces (one sub-folder per point)."""
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda"):
@@ -136,6 +146,7 @@ class Spec(ModelPointSpec):
         check_world(self.world_size, self.resolved_backend())
         check_steps("warmup", self.warmup, 0)
         check_steps("steps", self.steps, 1)
+        check_steps("profile_steps", self.profile_steps, 0)
         check_timeout(self.timeout_s)
 
     def resolved_backend(self) -> str:
@@ -283,9 +294,17 @@ def train(ctx: RankContext, point: dict[str, Any]) -> dict[str, Any]:
         ran = spec.warmup + spec.steps
         local["allgather_gib"] = run.wrapped.bytes_gathered / ran / GIB
         local["reduce_scatter_gib"] = run.wrapped.bytes_reduced / ran / GIB
+    trace_path = None
+    if spec.profile_steps:
+        profiled, trace_path = profile_steps(
+            run.step, steps=spec.profile_steps, device=ctx.device, rank=ctx.rank,
+            folder=point_folder(point, spec.artifacts_dir), step_median_ms=local["step_median_ms"])
+        local.update(profiled)
     first = [{k: local[k] for k in MEMORY_KEYS}]
     dist.broadcast_object_list(first, src=0)
     metrics = across_ranks(local)
+    if trace_path is not None:
+        metrics["profile_trace_path"] = trace_path  # rank 0's; the others' lie beside it
     metrics.update({k.replace("_gib", "_rank0_gib"): v for k, v in first[0].items()})
     unit = run.source.unit
     items = ctx.world_size * spec.batch_size * (spec.context_length if unit == "tokens" else 1)

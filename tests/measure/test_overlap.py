@@ -1,0 +1,88 @@
+"""The step breakdown of a distributed rank's trace: compute, exposed communication, idle, hook host time."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from lmscope.measure.kernels import STEP, Activity, Span, Trace
+from lmscope.measure.overlap import covered_ns, merged, range_name, step_breakdown
+
+GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64"
+GATHER = "ncclDevKernel_AllGather_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
+REDUCE = "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
+
+
+def _act(name: str, start: int, end: int, launch: int, lane: str = "stream 7") -> Activity:
+    return Activity(name, start, end - start, launch, lane)
+
+
+def _step(offset: int) -> tuple[list[Activity], list[Span]]:
+    """One step of 100 ns at `offset`: forward [0, 40) and backward [40, 100) on the host.
+
+    Compute runs [0, 25) and [70, 80); a gather launched in the forward runs [20, 35), a
+    reduce-scatter launched in the backward [60, 90). Exposed: [25, 35) in the forward, [60, 70)
+    and [80, 90) in the backward; idle: [35, 60) and [90, 100).
+    """
+    o = offset
+    acts = [_act(GEMM, o, o + 25, o + 1), _act(GATHER, o + 20, o + 35, o + 5, "stream 20"),
+            _act(REDUCE, o + 60, o + 90, o + 45, "stream 20"), _act(GEMM, o + 70, o + 80, o + 50)]
+    spans = [Span(STEP, o, o + 100), Span("forward", o, o + 40), Span("backward", o + 40, o + 100),
+             Span("fsdp/pre_forward", o + 1, o + 5), Span("fsdp/all_gather", o + 2, o + 4),
+             Span("FSDP::pre_backward (layers.3)", o + 41, o + 44)]
+    return acts, spans
+
+
+def test_merged_and_covered():
+    assert merged([(5, 9), (0, 3), (2, 4), (9, 10), (12, 12)]) == [(0, 4), (5, 10)]
+    assert covered_ns([(0, 10), (5, 15), (20, 21)]) == 16
+
+
+def test_a_step_is_compute_plus_exposed_communication_plus_idle():
+    offset = random.randrange(10**6, 10**9)
+    acts, spans = _step(offset)
+    noise = [_act(GEMM, offset - 50, offset - 10, offset - 60)]  # launched before the step: not its own
+    late = _act(GEMM, offset + 95, offset + 130, offset + 90)  # runs past the step's end: clipped
+    trace = Trace(acts + noise + [late], spans, on_gpu=True)
+    result = step_breakdown(trace, trace.spans_named(STEP), ("forward", "backward"))
+    ns = 1e-6  # ms per ns
+    assert result.steps == 1 and result.wall_ms == pytest.approx(100 * ns)
+    assert result.compute_ms == pytest.approx(40 * ns)  # 25 + 10 + 5 of the late one
+    assert result.comm_ms == pytest.approx(45 * ns)
+    assert result.exposed_comm_ms == pytest.approx(30 * ns)
+    assert result.idle_ms == pytest.approx(30 * ns)  # [35, 60) and [90, 95)
+    assert result.compute_ms + result.exposed_comm_ms + result.idle_ms == pytest.approx(result.wall_ms)
+    assert result.exposed_comm_by_phase_ms == pytest.approx({"forward": 10 * ns, "backward": 20 * ns})
+    assert result.host_ms == pytest.approx({"fsdp/pre_forward": 4 * ns, "fsdp/all_gather": 2 * ns,
+                                            "FSDP::pre_backward": 3 * ns})
+    assert result.wrapper_host_ms == pytest.approx(7 * ns) and result.wrapper_calls == 2
+    row = result.as_record()
+    assert row["profile_exposed_comm_backward_ms"] == pytest.approx(20 * ns)
+    assert row["profile_host_fsdp_pre_backward_ms"] == pytest.approx(3 * ns)
+    assert row["profile_host_fsdp_all_gather_ms"] == pytest.approx(2 * ns)
+
+
+def test_medians_over_steps():
+    first, second = random.randrange(10**6), random.randrange(10**7, 10**8)
+    acts, spans = _step(first)
+    more_acts, more_spans = _step(second)
+    third = second + 1000  # a step without communication: exposed 0
+    quiet = [_act(GEMM, third, third + 50, third + 1)]
+    spans += [*more_spans, Span(STEP, third, third + 100)]
+    trace = Trace(acts + more_acts + quiet, spans, on_gpu=True)
+    result = step_breakdown(trace, trace.spans_named(STEP), ("forward",))
+    assert result.steps == 3
+    assert result.exposed_comm_ms == pytest.approx(30e-6)  # median of 30, 30, 0
+    assert result.wrapper_calls == 2  # median of 2, 2, 0
+
+
+def test_no_steps_is_an_error():
+    with pytest.raises(ValueError, match="at least one step"):
+        step_breakdown(Trace([], [], on_gpu=True), [], ("forward",))
+
+
+def test_range_names_drop_the_module():
+    assert range_name("FSDP::pre_forward (layers.0)") == "FSDP::pre_forward"
+    assert range_name("FSDP::backward_prefetch for layers.1") == "FSDP::backward_prefetch"
+    assert range_name("fsdp/post_backward") == "fsdp/post_backward"

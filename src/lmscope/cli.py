@@ -111,10 +111,6 @@ def _size(size: str | None) -> str:
     return "small" if torch.cuda.is_available() else "tiny"
 
 
-Rounds = Annotated[int, typer.Option(
-    help="run the list of points this many times, interleaved (A,B,A,B); tables pool the rounds")]
-
-
 @app.command()
 def bench(
     model: ModelOpt = None,

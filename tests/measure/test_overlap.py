@@ -86,3 +86,18 @@ def test_range_names_drop_the_module():
     assert range_name("FSDP::pre_forward (layers.0)") == "FSDP::pre_forward"
     assert range_name("FSDP::backward_prefetch for layers.1") == "FSDP::backward_prefetch"
     assert range_name("fsdp/post_backward") == "fsdp/post_backward"
+
+
+def test_a_cpu_op_s_self_time_leaves_its_nested_collective_exposed():
+    """On a CPU the op around a collective ran before and after it, not during: its self time
+    comes in pieces (`Activity.segments`), and the collective between them is exposed."""
+    o = random.randrange(10**6, 10**9)
+    outer = Activity("aten::matmul", o, 40, o, "thread 1", segments=((o, o + 20), (o + 50, o + 70)))
+    collective = _act("c10d::_reduce_scatter_base_", o + 20, o + 50, o + 20, "thread 1")
+    trace = Trace([outer, collective], [Span(STEP, o, o + 100), Span("backward", o, o + 100)], on_gpu=False)
+    result = step_breakdown(trace, trace.spans_named(STEP), ("backward",))
+    ns = 1e-6
+    assert result.compute_ms == pytest.approx(40 * ns)
+    assert result.exposed_comm_ms == pytest.approx(30 * ns)
+    assert result.exposed_comm_by_phase_ms == pytest.approx({"backward": 30 * ns})
+    assert result.idle_ms == pytest.approx(30 * ns)

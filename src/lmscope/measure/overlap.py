@@ -121,14 +121,15 @@ def step_breakdown(trace: Trace, steps: Sequence[Span], phases: Sequence[str],
 def _one_step(trace: Trace, step: Span, phases: Sequence[str], prefixes: Sequence[str]) -> dict[str, int]:
     """ns of each part of one step, and `calls`: the number of outermost wrapper ranges."""
     acts = trace.launched_in(step.start_ns, step.end_ns)
-    comm = [_clipped(a, step) for a in acts if classify(a.name) == "communication"]
-    others = [_clipped(a, step) for a in acts if classify(a.name) != "communication"]
+    comm = [iv for a in acts if classify(a.name) == "communication" for iv in _clipped(a, step)]
+    others = [iv for a in acts if classify(a.name) != "communication" for iv in _clipped(a, step)]
     compute, busy = covered_ns(others), covered_ns(others + comm)
     out = {"wall": step.dur_ns, "compute": compute, "comm": covered_ns(comm), "exposed": busy - compute,
            "idle": step.dur_ns - busy}
     for phase in phases:
-        launched = [_clipped(a, step) for span in trace.spans_named(phase, within=step) for a in acts
-                    if classify(a.name) == "communication" and span.start_ns <= a.launch_ns < span.end_ns]
+        launched = [iv for span in trace.spans_named(phase, within=step) for a in acts
+                    if classify(a.name) == "communication" and span.start_ns <= a.launch_ns < span.end_ns
+                    for iv in _clipped(a, step)]
         out[f"exposed/{phase}"] = covered_ns(others + launched) - compute
     wrapper = [s for s in trace.spans
                if step.start_ns <= s.start_ns < step.end_ns and s.name.startswith(tuple(prefixes))]
@@ -141,5 +142,7 @@ def _one_step(trace: Trace, step: Span, phases: Sequence[str], prefixes: Sequenc
     return out
 
 
-def _clipped(act: Activity, step: Span) -> Interval:
-    return max(act.start_ns, step.start_ns), min(act.end_ns, step.end_ns)
+def _clipped(act: Activity, step: Span) -> list[Interval]:
+    """Where `act` ran inside `step`: its intervals (a CPU op's self time comes in pieces around
+    the ops nested in it, which its whole span would cover too) cut to the step."""
+    return [(max(start, step.start_ns), min(end, step.end_ns)) for start, end in act.intervals()]

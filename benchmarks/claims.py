@@ -1019,6 +1019,9 @@ for _run in FAST_PROFILES:
 
 
 FSDP_OVERLAP = f"{DISTRIBUTED}/fsdp-overlap-x2"
+OVERLAP_TIMED = "overlap-xl-x2-b*.jsonl"
+"""The timed rows: one `lmscope ddp` run per batch (the stage's own two-round file did not come back
+from the device, see the folder's README)."""
 """Issue 37's FSDP overlap run: xl on 2 ranks at batch 4 and a GPU-bound batch, interleaved rounds,
 then the profiled steps (`run_fsdp_gpu.sh`'s overlap stage)."""
 
@@ -1028,7 +1031,7 @@ def _overlap_rows(rows: Rows) -> tuple[dict[tuple[int, str], dict], dict[tuple[i
     from lmscope.report.rounds import pool_rounds
     from lmscope.runner import spec_fields
 
-    timed = pool_rounds(rows.select(f"{FSDP_OVERLAP}/overlap-xl-x2.jsonl"), spec_fields("ddp"))
+    timed = pool_rounds(rows.select(f"{FSDP_OVERLAP}/{OVERLAP_TIMED}"), spec_fields("ddp"))
     profiled = rows.select(f"{FSDP_OVERLAP}/overlap-xl-x2-profile.jsonl")
     return ({(r["batch_size"], r["strategy"]): r for r in timed},
             {(r["batch_size"], r["strategy"]): r for r in profiled})
@@ -1054,13 +1057,13 @@ def fsdp_overlap(rows: Rows) -> str:
     return claim_block(
         f"{ours['size']}, {ours['precision']}, context {ours['context_length']}, {ours['world_size']} ranks, "
         "batch per rank as given; median ms per "
-        f"step over {ours.get('rounds', 1)} interleaved rounds; "
+        f"step ({ours.get('rounds', 1)} round(s) of interleaved points); "
         "`step/single` = the step over the single-GPU step, `FSDP2/ours` = PyTorch's FSDP2 step over "
         "ours, each with its 95 % bootstrap interval over the steps; the single step is host-bound "
         "where the GPU was busy for less of it than `lmscope.measure.overlap.HOST_BOUND_BELOW_PCT` "
         "(from its profile).",
         table(["batch", "strategy", "step ms", "step/single", "FSDP2/ours", "bound by"], body),
-        f"Rows: `{FSDP_OVERLAP}/overlap-xl-x2.jsonl`; {provenance(list(timed.values()))}.",
+        f"Rows: `{FSDP_OVERLAP}/{OVERLAP_TIMED}`; {provenance(list(timed.values()))}.",
     )
 
 
@@ -1075,15 +1078,19 @@ def fsdp_overlap_profile(rows: Rows) -> str:
                      fmt(row["profile_compute_ms"]), fmt(row["profile_exposed_comm_forward_ms"]),
                      fmt(row["profile_exposed_comm_backward_ms"]), fmt(row["profile_exposed_comm_ms"]),
                      fmt(row["profile_idle_ms"]), fmt(row["profile_wrapper_host_ms"]),
-                     fmt(row["profile_gpu_busy_pct"], 2)])
+                     fmt(100 * row["profile_compute_ms"] / row["step_median_ms"], 2),
+                     fmt(row["profile_gpu_busy_pct"], 2) if not row.get("profile_comm_ms") else "-"])
     return claim_block(
         f"{first['size']}, {first['precision']}, context {first['context_length']}; per rank (mean over "
         "ranks) and step: the timed step, the profiled step, "
         "then on the GPU timeline (`lmscope ddp --profile-steps`, `lmscope.measure.overlap`) compute, "
         "communication with no compute beside it (exposed) by the phase that launched it and in all, "
-        "idle, the host time inside the FSDP hooks, and the GPU's busy share of the timed step; ms.",
+        "idle, the host time inside the FSDP hooks, ms; then the compute kernels' share of the timed "
+        "step, and the GPU's busy share (compute and exposed communication) of it where the step "
+        "has no collectives (a collective's kernel spins while it waits for the other rank, longer "
+        "under the profiler, so its time is not the GPU's work: `-`).",
         table(["batch", "strategy", "step ms", "profiled ms", "compute", "exposed fwd", "exposed bwd",
-               "exposed", "idle", "hooks (host)", "GPU busy %"], body),
+               "exposed", "idle", "hooks (host)", "compute %", "GPU busy %"], body),
         f"Rows: `{FSDP_OVERLAP}/overlap-xl-x2-profile.jsonl`; {provenance(list(profiled.values()))}.",
     )
 

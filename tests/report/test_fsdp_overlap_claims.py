@@ -39,13 +39,15 @@ def test_the_overlap_claims_pool_rounds_and_say_what_bounds_each_batch(tmp_path:
                 times = [rng.uniform(100, 300) for _ in range(4)]
                 joined.setdefault((batch, strategy), []).extend(times)
                 timed.append(_row(batch, strategy, times, round=index, rounds=2))
-    _write(tmp_path, "overlap-xl-x2.jsonl", timed)
+    _write(tmp_path, "overlap-xl-x2-b4.jsonl", [r for r in timed if r["batch_size"] == 4])
+    _write(tmp_path, "overlap-xl-x2-b8.jsonl", [r for r in timed if r["batch_size"] == 8])
     busy = {4: 60.0, 8: 97.0}
     profiled = [_row(batch, strategy, joined[batch, strategy][:3], profile_step_ms=250.0,
                      profile_compute_ms=200.0, profile_exposed_comm_forward_ms=1.0,
                      profile_exposed_comm_backward_ms=2.0, profile_exposed_comm_ms=3.5, profile_idle_ms=40.0,
                      profile_wrapper_host_ms=12.0 if strategy == "fsdp" else 0.0,
-                     profile_gpu_busy_pct=busy[batch])
+                     profile_comm_ms=9.0 if strategy == "fsdp" else 0.0,
+                     profile_gpu_busy_pct=busy[batch] if strategy == "single" else 150.0)
                 for batch in (4, 8) for strategy in ("single", "fsdp")]
     _write(tmp_path, "overlap-xl-x2-profile.jsonl", profiled)
 
@@ -60,8 +62,11 @@ def test_the_overlap_claims_pool_rounds_and_say_what_bounds_each_batch(tmp_path:
         assert f"| {claims.fmt(statistics.median(ours), 4)} |" in row
     assert "host (GPU busy 60 %)" in lines["4", "single (1 GPU)"]
     assert "GPU (GPU busy 97 %)" in lines["8", "single (1 GPU)"]
-    assert "over 2 interleaved rounds" in text and "2 ranks" in text
+    assert "2 round(s) of interleaved points" in text and "2 ranks" in text
 
     profile = claims.fsdp_overlap_profile(Rows(tmp_path))
     assert sum(line.startswith("| ") for line in profile.splitlines()) == 5  # header + 4 rows
     assert "overlap-xl-x2-profile.jsonl" in profile
+    fsdp_rows = [line for line in profile.splitlines() if "| fsdp |" in line]
+    assert len(fsdp_rows) == 2 and all(line.rstrip().endswith("| - |") for line in fsdp_rows)
+    assert "150" not in profile  # a collective's spinning is never shown as the GPU's busy share

@@ -163,7 +163,8 @@ def fsdp_summary(records: Sequence[Record]) -> Table:
 PROFILE_COLUMNS = (
     "step_ms", "profile_step_ms", "profile_compute_ms", "profile_comm_ms", "profile_exposed_comm_ms",
     "profile_exposed_comm_forward_ms", "profile_exposed_comm_backward_ms", "profile_idle_ms",
-    "profile_gpu_busy_pct", "bound", "profile_wrapper_host_ms", "profile_wrapper_calls",
+    "profile_compute_pct", "profile_gpu_busy_pct", "bound", "profile_wrapper_host_ms",
+    "profile_wrapper_calls",
 )
 
 

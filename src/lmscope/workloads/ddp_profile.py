@@ -5,9 +5,13 @@ under torch.profiler (CPU and CUDA activity), writes its trace to
 `<artifacts_dir>/<point>/rank<R>.trace.json` (Perfetto opens it) and reads it back into the
 breakdown of `lmscope.measure.overlap`: per step, compute, exposed communication (by the phase
 that launched it), idle, and the host time in the wrapper's hooks (ranges `fsdp/...`; FSDP2's
-`FSDP::...`). `profile_gpu_busy_pct` puts the GPU's busy time (compute and exposed
-communication, from the profile) beside the unprofiled step: the profiler slows the host, not
-the kernels, so a share well below 100 % says the timed step waited on the host (host-bound).
+`FSDP::...`). `profile_compute_pct` puts the compute kernels' time beside the unprofiled step:
+the profiler slows the host, not the kernels, so it is the share of the timed step the GPU
+computed. `profile_gpu_busy_pct` (compute and exposed communication over the unprofiled step)
+says whether the host bounds a step, and only for a step without collectives: a collective's
+kernel spins while it waits for the other ranks, and under the profiler they wait longer, so
+communication time says nothing about the GPU's work (it is None there; a share above 100 % was
+the sign of it).
 """
 
 from __future__ import annotations
@@ -48,8 +52,10 @@ def profile_steps(step: Callable[[PhaseClock], Any], *, steps: int, device: torc
     trace = load_trace(path)
     breakdown = step_breakdown(trace, step_spans(trace), STEP_PHASES)
     busy_ms = breakdown.compute_ms + breakdown.exposed_comm_ms
+    no_collectives = breakdown.comm_ms == 0
     return {
         **breakdown.as_record(),
         "profile_step_ms": statistics.median(times),
-        "profile_gpu_busy_pct": 100 * busy_ms / step_median_ms if trace.on_gpu else None,
+        "profile_compute_pct": 100 * breakdown.compute_ms / step_median_ms if trace.on_gpu else None,
+        "profile_gpu_busy_pct": 100 * busy_ms / step_median_ms if trace.on_gpu and no_collectives else None,
     }, str(path)

@@ -380,7 +380,7 @@ def _model_forward(led: Ledger, s: _Dims, grad: bool, treatments: BlockTreatment
         for index, block in enumerate(blocks):
             led.apply(_forward_segment(s, block, blocks[index - 1] if index else None))
         if blocks and blocks[-1][1]:
-            led.offload(_device_kept(s, blocks[-1][0]))  # the last block's copies finish
+            led.offload(_offloaded_bytes(s, blocks[-1][0]))  # the last block's copies finish
     if grad:
         led.adopt("residual", s.res)
     _rmsnorm_forward(led, s, grad)
@@ -609,7 +609,7 @@ def _forward_segment(s: _Dims, block: Block, before: Block | None) -> Segment:
         if kind == SELECTIVE:
             led.hold("selective_cache", _selective_cache(s), True)
         if before is not None and before[1]:
-            led.offload(_device_kept(s, before[0]))
+            led.offload(_offloaded_bytes(s, before[0]))
 
     return record(run)
 
@@ -622,9 +622,9 @@ def _backward_segment(s: _Dims, block: Block, before: Block | None, after_offloa
 
     def run(led: Ledger) -> None:
         if offloaded and not after_offloaded:
-            led.fetch(_device_kept(s, kind))
+            led.fetch(_offloaded_bytes(s, kind))
         if offloaded and before is not None and before[1]:
-            led.fetch(_device_kept(s, before[0]))
+            led.fetch(_offloaded_bytes(s, before[0]))
         if kind != NONE:
             if kind == SELECTIVE:
                 led.free(_selective_cache(s))  # handed to the recompute as its matmuls' outputs
@@ -635,9 +635,14 @@ def _backward_segment(s: _Dims, block: Block, before: Block | None, after_offloa
     return record(run)
 
 
-def _device_kept(s: _Dims, kind: str) -> int:
-    """Activation bytes a block of `kind` keeps for its backward (what offloading moves)."""
-    return _forward_segment(s, (kind, False), None).kept_bytes(leave_out=("autocast_copies",))
+STAY_ON_DEVICE = ("autocast_copies", "rope_tables", "attn_mask")
+"""Saved kinds offloading leaves on the device: weight copies, and tensors without the batch's
+tokens in their leading dims (RoPE's cos/sin casts, the causal mask)."""
+
+
+def _offloaded_bytes(s: _Dims, kind: str) -> int:
+    """Bytes a block of `kind` keeps for its backward that offloading moves to the host."""
+    return _forward_segment(s, (kind, False), None).kept_bytes(leave_out=STAY_ON_DEVICE)
 
 
 def _selective_cache(s: _Dims) -> int:

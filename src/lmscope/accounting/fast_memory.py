@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from lmscope.accounting.flops import parameter_counts
 from lmscope.accounting.fsdp import predict_fsdp
 from lmscope.accounting.ledger import Ledger, Segment, record
+from lmscope.accounting.treatment_cost import BlockBytes
 from lmscope.accounting.treatments import FULL, NONE, SELECTIVE, parse_treatments
 from lmscope.config import ModelConfig
 
@@ -156,6 +157,16 @@ def _moved(s: _Fast, kind: str, first: bool, before_full: bool) -> int:
     if kind == FULL:
         return (s.res if first or before_full else 0) + (0 if first else s.act)
     return sum(v for k, v in saved_by_block(s, kind).items() if k not in stays_on_device(s))
+
+
+def fast_block_bytes(s: _Fast) -> BlockBytes:
+    """What offloading moves per block by kind, and the traffic of selective's rebuilt work: each
+    norm reads its residual and writes its output and 1/rms, SwiGLU reads gate_up and writes its
+    output, and (SDPA) the heads' copy reads and writes o."""
+    d, f, n, c = s.config.d_model, s.config.d_ff, s.n, s.c
+    traffic = n * (2 * (4 * d + c * d + 4) + 3 * c * f) + 2 * s.o_copy
+    return BlockBytes(moved={kind: _moved(s, kind, False, True) for kind in (NONE, FULL, SELECTIVE)},
+                      rebuild_traffic=traffic)
 
 
 # ---------------------------------------------------------------- one block, forward and backward

@@ -45,8 +45,11 @@ class Ledger:
         """Autocast weight copies alive only in autocast's cache (freed when autocast exits)."""
         self.host = 0
         """Bytes kept for backward in host memory (offloaded activations)."""
+        self.allocated = 0
+        """Bytes allocated in all (what the ops wrote)."""
 
     def alloc(self, nbytes: int) -> None:
+        self.allocated += nbytes
         self.level += nbytes
         self.peak = max(self.peak, self.level)
 

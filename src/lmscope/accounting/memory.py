@@ -44,7 +44,8 @@ from dataclasses import dataclass, field
 
 from lmscope.accounting.flops import MODES, parameter_counts
 from lmscope.accounting.ledger import Ledger, Segment, record
-from lmscope.accounting.treatments import NONE, SELECTIVE, BlockTreatments, parse_treatments
+from lmscope.accounting.treatment_cost import BlockBytes
+from lmscope.accounting.treatments import FULL, NONE, SELECTIVE, BlockTreatments, parse_treatments
 from lmscope.config import ModelConfig
 
 GIB = 2**30
@@ -643,6 +644,18 @@ tokens in their leading dims (RoPE's cos/sin casts, the causal mask)."""
 def _offloaded_bytes(s: _Dims, kind: str) -> int:
     """Bytes a block of `kind` keeps for its backward that offloading moves to the host."""
     return _forward_segment(s, (kind, False), None).kept_bytes(leave_out=STAY_ON_DEVICE)
+
+
+def eager_block_bytes(config: ModelConfig, *, batch_size: int, seq_len: int, precision: str,
+                      attention: str) -> BlockBytes:
+    """What offloading moves per eager block by kind, and the memory traffic of torch's selective
+    recompute of one block: every op but the matmuls and attention runs again, each reading about
+    what it writes (twice the bytes the block's forward allocates beyond the cached outputs)."""
+    s = _dims(config, batch_size, seq_len, precision, attention)
+    led = Ledger(0)
+    _block_forward(led, s, save=False, input_kept=True)
+    return BlockBytes(moved={kind: _offloaded_bytes(s, kind) for kind in (NONE, FULL, SELECTIVE)},
+                      rebuild_traffic=2 * (led.allocated - _selective_cache(s)))
 
 
 def _selective_cache(s: _Dims) -> int:

@@ -736,6 +736,21 @@ def saved_activations_by_group(config: ModelConfig, *, batch_size: int, seq_len:
     }
 
 
+def saved_by_treatment(config: ModelConfig, *, batch_size: int, seq_len: int, precision: str,
+                       attention: str = "naive", kernel: str | None = None) -> dict[str, int]:
+    """Bytes one block keeps on the device for its backward under each treatment: none, full,
+    selective, and each of them offloaded (`none+offload`, ...: what offloading leaves, RoPE's
+    casts and the mask). Its input counts, weight copies do not (as in saved_activations_by_group).
+    """
+    s = _dims(config, batch_size, seq_len, precision, attention, kernel)
+    kept = {}
+    for kind in (NONE, FULL, SELECTIVE):
+        segment = _forward_segment(s, (kind, False), None)
+        kept[kind] = segment.kept_bytes(leave_out=("autocast_copies",))
+        kept[f"{kind}+offload"] = kept[kind] - _offloaded_bytes(s, kind)
+    return kept
+
+
 def predict_memory(
     config: ModelConfig,
     *,

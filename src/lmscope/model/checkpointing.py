@@ -41,6 +41,8 @@ from lmscope.model.offload import Offloader
 from lmscope.model.saved_tensors import BlockFrame
 
 _MARK = "_lmscope_checkpointed"
+RECOMPUTE_RANGE = "recompute"
+"""torch.profiler range around a checkpointed block's forward rerun in the backward."""
 _SAVED_BY_SELECTIVE = ("mm", "addmm", "bmm", "baddbmm", "_scaled_dot_product_flash_attention",
                        "_scaled_dot_product_flash_attention_for_cpu",
                        "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
@@ -90,15 +92,30 @@ def checkpoint_blocks(layers: Sequence[nn.Module], policy: str) -> tuple[int, ..
 
 
 def _checkpointed(forward: Callable[..., Any], selective: bool = False) -> Callable[..., Any]:
+    """torch.utils.checkpoint around `forward`; its rerun in the backward is a `recompute` range
+    (torch.profiler), so a trace shows what recomputing costs. Not under selective checkpointing:
+    its cache would have to hold the range's profiler op (an ordered effect), which the forward
+    does not run."""
     options: dict[str, Any] = {}
     if selective:
         options["context_fn"] = functools.partial(
             torch.utils.checkpoint.create_selective_checkpoint_contexts, _save_matmuls_and_attention)
         if _SAC_TAKES_HOOKS:  # its cache goes through the surrounding hooks (offload, measurement)
             options["respect_saved_tensors_hooks"] = True
+    running = [False]
+
+    def replay(*args: Any, **kwargs: Any) -> Any:
+        if running[0] or selective:
+            return forward(*args, **kwargs)
+        with torch.profiler.record_function(RECOMPUTE_RANGE):
+            return forward(*args, **kwargs)
 
     def run(*args: Any, **kwargs: Any) -> Any:
-        return checkpoint(forward, *args, use_reentrant=False, **options, **kwargs)
+        running[0] = True
+        try:
+            return checkpoint(replay, *args, use_reentrant=False, **options, **kwargs)
+        finally:
+            running[0] = False
 
     return run
 

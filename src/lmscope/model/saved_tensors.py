@@ -37,6 +37,8 @@ import torch
 
 from lmscope.model.offload import OffloadFrame
 
+REBUILD_RANGE = "rebuild"
+"""torch.profiler range around a rebuilt tensor's kernels in the backward."""
 _ACTIVE: list[BlockFrame] = []
 """Frames whose block forward is running, innermost last."""
 
@@ -74,7 +76,7 @@ class _Rebuilt:
         self.rebuild, self.sources, self.shape = rebuild, sources, shape
 
     def unpack(self) -> torch.Tensor:
-        with torch.no_grad():
+        with torch.no_grad(), torch.profiler.record_function(REBUILD_RANGE):
             return self.rebuild(*(source.unpack() for source in self.sources)).reshape(self.shape)
 
 

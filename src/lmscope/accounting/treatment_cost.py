@@ -67,11 +67,16 @@ def block_forward_flops(config: ModelConfig, batch_size: int, seq_len: int, caus
     return block / config.num_layers
 
 
-def step_time_s(config: ModelConfig, batch_size: int, seq_len: int, causal: bool, rates: Rates) -> float:
-    """Ideal time of a forward + backward (3x the forward's matmul FLOPs) at the device's peak."""
+def model_step_flops(config: ModelConfig, batch_size: int, seq_len: int, causal: bool) -> float:
+    """Model FLOPs of a forward + backward (3x the forward's matmuls; attention at half the square
+    when `causal`): what MFU divides by."""
     parts = forward_flops_by_component(config, batch_size, seq_len)
-    forward = config.num_layers * block_forward_flops(config, batch_size, seq_len, causal) + parts["lm_head"]
-    return 3 * forward / rates.flops
+    return 3 * (config.num_layers * block_forward_flops(config, batch_size, seq_len, causal) + parts["lm_head"])
+
+
+def step_time_s(config: ModelConfig, batch_size: int, seq_len: int, causal: bool, rates: Rates) -> float:
+    """Ideal time of a forward + backward at the device's peak."""
+    return model_step_flops(config, batch_size, seq_len, causal) / rates.flops
 
 
 def treatment_time_s(blocks: list[tuple[str, bool]], *, block_flops: float, costs: BlockBytes,

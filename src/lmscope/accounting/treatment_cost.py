@@ -70,8 +70,8 @@ def block_forward_flops(config: ModelConfig, batch_size: int, seq_len: int, caus
 def model_step_flops(config: ModelConfig, batch_size: int, seq_len: int, causal: bool) -> float:
     """Model FLOPs of a forward + backward (3x the forward's matmuls; attention at half the square
     when `causal`): what MFU divides by."""
-    parts = forward_flops_by_component(config, batch_size, seq_len)
-    return 3 * (config.num_layers * block_forward_flops(config, batch_size, seq_len, causal) + parts["lm_head"])
+    head = forward_flops_by_component(config, batch_size, seq_len)["lm_head"]
+    return 3 * (config.num_layers * block_forward_flops(config, batch_size, seq_len, causal) + head)
 
 
 def step_time_s(config: ModelConfig, batch_size: int, seq_len: int, causal: bool, rates: Rates) -> float:

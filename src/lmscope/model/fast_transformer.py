@@ -43,7 +43,7 @@ from lmscope.kernels.rmsnorm import add_rmsnorm, rmsnorm
 from lmscope.kernels.rope import rope_qkv
 from lmscope.kernels.swiglu import swiglu
 from lmscope.model.attention import get_attention
-from lmscope.model.saved_tensors import rebuild_in_backward
+from lmscope.model.saved_tensors import rebuild_in_backward, recording_recipes
 from lmscope.model.shadow_weights import ShadowWeights
 from lmscope.model.transformer import TransformerBlock, TransformerLM
 
@@ -299,7 +299,9 @@ class FastTransformerLM(TransformerLM):
 
 def _rebuilt_norm(h: torch.Tensor, x: torch.Tensor, norm: torch.nn.Module) -> None:
     """Under selective recompute, save the norm output h as the norm of the residual x it read."""
-    rebuild_in_backward(h, functools.partial(rmsnorm, weight=norm.weight, eps=norm.eps, out_dtype=h.dtype), x)
+    if recording_recipes():
+        recipe = functools.partial(rmsnorm, weight=norm.weight, eps=norm.eps, out_dtype=h.dtype)
+        rebuild_in_backward(h, recipe, x)
 
 
 def _merged_heads(o: torch.Tensor) -> torch.Tensor:

@@ -43,6 +43,11 @@ _ACTIVE: list[BlockFrame] = []
 """Frames whose block forward is running, innermost last."""
 
 
+def recording_recipes() -> bool:
+    """Whether the innermost running block takes recipes (so building one is worth its host time)."""
+    return bool(_ACTIVE) and _ACTIVE[-1].recipes
+
+
 def rebuild_in_backward(target: torch.Tensor, rebuild: Callable[..., torch.Tensor],
                         *sources: torch.Tensor) -> None:
     """Inside a block run with selective recompute, save `target` as ``rebuild(*sources)``.
@@ -51,7 +56,7 @@ def rebuild_in_backward(target: torch.Tensor, rebuild: Callable[..., torch.Tenso
     tensor of `target`'s number of elements; it runs under no_grad in the backward. Outside such
     a block (no frame, or one without recipes) this does nothing.
     """
-    if _ACTIVE and _ACTIVE[-1].recipes:
+    if recording_recipes():
         _ACTIVE[-1].add_recipe(target, rebuild, sources)
 
 

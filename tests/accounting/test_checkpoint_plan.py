@@ -163,9 +163,9 @@ def test_eager_selective_candidates_carry_the_replays_peaks():
     assert plan_checkpointing(CONFIG, budget=2**40, **EXACT).chosen.policy == "none"  # nothing to pay for
 
 
-DEEP = WIDE.replace(num_layers=32)
+DEEP = WIDE.replace(num_layers=20)
 DEEP_POINT = dict(WIDE_POINT, world_size=8, fast=True, margin_pct=0)
-"""32 fully checkpointed blocks' inputs outweigh one block's recompute: the peak is the forward's end."""
+"""20 fully checkpointed blocks' inputs outweigh one block's recompute: the peak is the forward's end."""
 
 
 @functools.cache

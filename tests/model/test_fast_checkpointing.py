@@ -1,5 +1,6 @@
-"""Block treatments on lmscope's fast model: the same loss and gradients bit for bit under every
-policy, and what each block keeps on the device as `lmscope.accounting.fast_memory` predicts it.
+"""Block treatments on lmscope's fast model: the same loss and gradients under every policy (bit for
+bit in the interpreter), and what each block keeps on the device as
+`lmscope.accounting.fast_memory` predicts it.
 
 Without CUDA the Triton kernels run in Triton's interpreter: `test_fast_treatments_in_interpreter`
 reruns this file in a child pytest with TRITON_INTERPRET=1 and the kernel tests skip in the parent.
@@ -81,7 +82,16 @@ def test_every_treatment_keeps_gradients_and_the_predicted_bytes(fast_cls, atten
     assert kept == _predicted("none", attention, bf16)
     for policy in policies:
         loss_t, grads_t, kept_t = _run(fast_cls, policy, attention, bf16, seed)
-        assert torch.equal(loss, loss_t), policy  # recipes rerun the same kernels on the same inputs
-        for name, grad in grads.items():
-            assert torch.equal(grad, grads_t[name]), (policy, name)
+        for name, value in {"loss": loss, **grads}.items():
+            _same(value, loss_t if name == "loss" else grads_t[name], bf16, (policy, name))
         assert kept_t == _predicted(policy, attention, bf16), policy
+
+
+def _same(reference: torch.Tensor, value: torch.Tensor, bf16: bool, what: tuple[str, str]) -> None:
+    """Bit for bit in the interpreter (recipes rerun the same kernels on the same inputs); on a GPU
+    within run-to-run noise, since the flash backward may add dQ atomically."""
+    if DEVICE == "cpu":
+        assert torch.equal(reference, value), what
+    else:
+        torch.testing.assert_close(value, reference, rtol=2e-2 if bf16 else 1e-4, atol=1e-3 if bf16 else 1e-5,
+                                   msg=str(what))

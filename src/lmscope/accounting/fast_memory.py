@@ -58,8 +58,6 @@ CHUNK_BYTES = 256 * 2**20
 """The fused cross-entropy's largest chunk of logits (lmscope.kernels.fused_cross_entropy)."""
 CHUNK_MIN_TOKENS = 256
 
-Block = tuple[str, bool]
-"""A block's treatment: none, full or selective, and whether it is offloaded."""
 
 
 @dataclass(frozen=True)

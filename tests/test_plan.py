@@ -128,6 +128,9 @@ def test_cli_worked_example_json(capsys):
     ["plan", "parallel", "--tp", "0"],
     ["plan", "comm", "--device-name", "RTX 4090"],
     ["plan", "flops", "--format", "xml"],
+    ["plan", "checkpoint", "--treatments", "full,recompute"],
+    ["plan", "checkpoint", "--device", "RTX 4090"],
+    ["plan", "checkpoint", "--fast", "on", "--mode", "forward-backward"],
 ])
 def test_cli_user_errors_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -204,3 +207,16 @@ def test_plans_never_claim_a_zero_token_threshold(capsys):
     rows = {r["strategy"]: r for r in comm["communication per step"]}
     assert rows["tp"]["collectives"].startswith("cannot hold: tensor parallelism 7")
     assert rows["dp"]["step_mb"] > 0
+
+
+def test_cli_plan_checkpoint_of_the_fast_model_under_fsdp(capsys):
+    main(["plan", "checkpoint", "--model", "small", "--context-length", "8192", "--batch-size", "1",
+          "--attention", "flash", "--fast", "on", "--fsdp", "2", "--budget", "3.5GiB", "--device", "H200",
+          "--format", "json"])
+    sections = json.loads(capsys.readouterr().out)["sections"]
+    setup, chosen = sections["setup"][0], sections["chosen"][0]
+    assert (setup["memory_model"], setup["ranks"], setup["device"]) == ("fast-fsdp", 2, "H200")
+    assert chosen["fits"] and chosen["policy"] != "none" and chosen["predicted_peak_gib"] <= 3.5 * 0.95
+    command = f"lmscope ddp --strategy fsdp --nproc 2 --fast on --checkpoint {chosen['policy']}"
+    assert chosen["run_it"] == command
+    assert {"selective_blocks", "offloaded_blocks", "predicted_extra_pct"} <= set(sections["candidates"][0])

@@ -338,7 +338,9 @@ def ddp(
     shard_optimizer: Annotated[str, typer.Option(help="ShardedOptimizer: off | on | off,on")] = "off",
     fast: Annotated[str, typer.Option("--fast", help="FastTransformerLM (fused kernels and loss; with "
                                       "fsdp, torch-fsdp2 and single): off | on")] = "off",
-    checkpoint: Annotated[str, typer.Option(help="checkpointing: none | block | every:K")] = "none",
+    checkpoint: Annotated[str, typer.Option(help="per-block treatment: none | block | every:K | blocks:LIST "
+                                            "| selective[:LIST] | offload[:LIST], parts joined with +")]
+    = "none",
     model_context_length: ModelContextLength = None,
     nproc: Nproc = None,
     backend: Backend = "auto",
@@ -396,8 +398,9 @@ def memory(
     precision: Precision = "fp32",
     attention: Attention = "naive",
     checkpoint: Annotated[str, typer.Option(help="activation checkpointing: none | block | every:K | "
-                                                 "blocks:0-3,7 | plan:40GiB, list ok (';' between "
-                                                 "block lists)")] = "none",
+                                                 "blocks:0-3,7 | selective[:LIST] | offload[:LIST], "
+                                                 "joined with + | plan:40GiB, list ok (';' between "
+                                                 "policies with block lists)")] = "none",
     compile: Compile = "off",
     compile_scope: CompileScope = "model",
     warmup: Annotated[int, typer.Option(help="steps before measuring")] = 2,
@@ -578,9 +581,20 @@ def plan_checkpoint(
     from_results: Annotated[Path | None, typer.Option(
         "--from", help="a results.jsonl with a `memory --activations on` row without checkpointing: "
                        "plan from its measured peak and bytes per block")] = None,
+    fast: Annotated[str, typer.Option("--fast", help="plan lmscope's fast model (what its fused "
+                                      "kernels save): off | on")] = "off",
+    fsdp: Annotated[int, typer.Option(help="FSDP degree: memory per rank over this many ranks (1: off)")] = 1,
+    treatments: Annotated[str, typer.Option(help="what plans may use: full,selective,offload "
+                                            "(plan:BUDGET policies use full only)")]
+    = "full,selective,offload",
+    device: Annotated[str, typer.Option(help="catalog device whose peaks price the treatments' time")]
+    = "H100 SXM",
+    host_link_gbps: Annotated[float | None, typer.Option(
+        help="host-link bandwidth for offload, GB/s one way (default: the catalog's PCIe figure)")] = None,
     fmt: PlanFormat = "table",
 ) -> None:
-    """Which blocks to checkpoint under a memory budget: candidates, predicted peak, recompute cost."""
+    """Which blocks to checkpoint, recompute selectively or offload under a memory budget: candidates,
+    predicted peak, recompute share and the time the treatments add."""
     from lmscope import plan
     from lmscope.accounting.checkpoint_plan import parse_bytes
     from lmscope.plan_checkpoint import checkpoint_sections, measured_from
@@ -600,7 +614,10 @@ def plan_checkpoint(
     sections = checkpoint_sections(model, config, batch_size=point["batch_size"],
                                    seq_len=point["context_length"], budget=parse_bytes(budget),
                                    mode=point["mode"], precision=point["precision"],
-                                   attention=point["attention"], measured=measured, margin_pct=margin)
+                                   attention=point["attention"], measured=measured, margin_pct=margin,
+                                   fast=split_list(fast, bool, "--fast")[0], world_size=fsdp,
+                                   treatments=tuple(split_list(treatments, str, "--treatments")),
+                                   device=device, host_link_gbps=host_link_gbps)
     plan.show(sections, fmt, title=f"lmscope plan checkpoint: {model}", command=_command_line())
 
 

@@ -11,7 +11,13 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from lmscope.accounting.checkpoint_plan import MARGIN_PCT, MeasuredSaved, plan_checkpointing
+from lmscope.accounting.checkpoint_plan import (
+    DEFAULT_DEVICE,
+    MARGIN_PCT,
+    TREATMENTS,
+    MeasuredSaved,
+    plan_checkpointing,
+)
 from lmscope.accounting.flops import parameter_counts
 from lmscope.accounting.memory import GIB
 from lmscope.config import PRESETS, ModelConfig, preset
@@ -42,21 +48,33 @@ def preset_record(name: str, config: ModelConfig) -> Record:
 
 def checkpoint_sections(name: str, config: ModelConfig, *, batch_size: int, seq_len: int, budget: int,
                         mode: str, precision: str, attention: str,
-                        measured: MeasuredSaved | None = None, margin_pct: float = MARGIN_PCT) -> Sections:
-    """Setup, the chosen plan and every candidate (policy, blocks, predicted peak, recompute share)."""
+                        measured: MeasuredSaved | None = None, margin_pct: float = MARGIN_PCT,
+                        fast: bool = False, world_size: int = 1, treatments: tuple[str, ...] = TREATMENTS,
+                        device: str = DEFAULT_DEVICE, host_link_gbps: float | None = None) -> Sections:
+    """Setup, the chosen plan and the candidates (policy, blocks per treatment, predicted peak,
+    recompute share, time added)."""
     plan = plan_checkpointing(config, batch_size=batch_size, seq_len=seq_len, budget=budget, mode=mode,
                               precision=precision, attention=attention, measured=measured,
-                              margin_pct=margin_pct)
+                              margin_pct=margin_pct, fast=fast, world_size=world_size, treatments=treatments,
+                              device=device, host_link_gbps=host_link_gbps)
     setup = {"model": name, "num_layers": config.num_layers, "batch_size": batch_size,
              "context_length": seq_len, "mode": mode, "precision": precision, "attention": attention,
-             "budget_gib": budget / GIB, "margin_pct": margin_pct,
+             "memory_model": plan.model, "ranks": world_size, "device": plan.device,
+             "treatments": ",".join(treatments), "budget_gib": budget / GIB, "margin_pct": margin_pct,
              "usable_gib": budget * (1 - margin_pct / 100) / GIB, "source": plan.source}
     if measured is not None:
         setup.update(measured_step_peak_gib=measured.step_peak / GIB,
                      measured_block_saved_mib=measured.block_saved / 2**20)
-    chosen = {**plan.chosen.as_record(), "run_it": f"lmscope memory --checkpoint {plan.chosen.policy}"}
+    chosen = {**plan.chosen.as_record(), "run_it": _run_it(plan.chosen.policy, fast, world_size)}
     return {"setup": [setup], "chosen": [chosen],
             "candidates": [c.as_record() for c in plan.candidates]}
+
+
+def _run_it(policy: str, fast: bool, world_size: int) -> str:
+    if fast or world_size > 1:
+        return (f"lmscope ddp --strategy fsdp --nproc {world_size} {'--fast on ' if fast else ''}"
+                f"--checkpoint {policy}")
+    return f"lmscope memory --checkpoint {policy}"
 
 
 def measured_from(path: Path, **point: Any) -> tuple[str, ModelConfig, dict[str, Any], MeasuredSaved]:

@@ -1,28 +1,52 @@
-"""Which blocks to checkpoint under a memory budget: candidate plans, their peak and recompute cost.
+"""Which blocks to checkpoint, recompute selectively or offload under a memory budget: candidate
+plans, their peak, and what they cost in time.
 
-A plan is a checkpoint policy of `lmscope.model.checkpointing` (none, every:K, blocks:0-N, block).
-The candidates are: no checkpointing; every K-th block (one K per number of blocks it
-checkpoints; K = ceil(sqrt(L)) is the classic sqrt(L) schedule); the first N blocks for every N
-(the finest dial: one more block at a time, recomputed late in the backward when little else is
-alive); all blocks. For each, the peak
-of the step comes from `predict_memory` (the allocator replay), or, with measured saved
-activations, from a measured peak without checkpointing plus the predicted change scaled by the
-measured/predicted bytes a block saves. A plan fits when its peak is at most the budget less a
-margin (default 5 %, a choice: the memory model leaves out cuBLAS workspaces and the allocator's
-rounding, and on GPUs it has predicted a little under the measured peaks; see docs/memory.md).
-The recompute cost is the forward FLOPs of the checkpointed
-blocks as a share of the step's FLOPs (`lmscope.accounting.flops`). The chosen plan is the one with
-the least recompute whose peak fits the budget (ties: the lower peak).
+A plan is a checkpoint policy of `lmscope.accounting.treatments`: per block full checkpointing,
+selective recompute, offload to host memory, or nothing. The candidates:
+
+* full checkpointing alone (as before): none; every K-th block (one K per number of blocks it
+  checkpoints; K = ceil(sqrt(L)) is the classic sqrt(L) schedule); the first N blocks for every
+  N (the finest dial: one more block at a time, recomputed late in the backward when little else
+  is alive); all blocks;
+* with selective recompute: the first n blocks full, the next m selective, the rest as they are,
+  for every n and m;
+* with offload: each of those that does not fit, with its first k blocks offloaded, k the fewest
+  that fit (the earliest blocks' activations are needed last, so their copies have the most time).
+
+A candidate's peak comes from the memory model of the step that runs: the eager model's replay
+(`predict_memory`; with `world_size` > 1 its FSDP peak, `predict_fsdp`), or the fast model's
+(`predict_fast_memory`, which models what the fast block saves: see its docstring), or, with a
+measured `memory --activations` row, the measured peak without checkpointing plus the predicted
+change scaled by the measured/predicted bytes a block saves. A plan fits when its peak is at most
+the budget less a margin (default 5 %, a choice: the memory models leave out cuBLAS workspaces
+and the allocator's rounding, and on GPUs they have predicted a little under the measured peaks;
+see docs/memory.md). What a plan costs is the time its treatments add
+(`lmscope.accounting.treatment_cost`: recompute FLOPs at the device's peak, the rebuilt
+elementwise work's traffic at its memory bandwidth, offload's exposed transfers at its host-link
+bandwidth), as a share of the ideal step; `recompute_share_pct` is the full recompute's FLOPs
+as a share of the step's (the matmul convention: selective's elementwise work adds none). The
+chosen plan is the one that adds the least time and fits (ties: the lower peak).
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from lmscope.accounting.fast_memory import fast_block_bytes, fast_dims, predict_fast_memory, saved_by_block
 from lmscope.accounting.flops import forward_flops_by_component, step_flops
-from lmscope.accounting.memory import GIB, checkpointed_blocks, predict_memory, saved_activations_by_group
+from lmscope.accounting.fsdp import predict_fsdp
+from lmscope.accounting.memory import (
+    GIB,
+    checkpointed_blocks,
+    eager_block_bytes,
+    predict_memory,
+    saved_activations_by_group,
+)
+from lmscope.accounting.treatment_cost import Rates, block_forward_flops, step_time_s, treatment_time_s
+from lmscope.accounting.treatments import BlockTreatments, parse_treatments
 from lmscope.config import ModelConfig
 
 _UNITS = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
@@ -58,37 +82,52 @@ class MeasuredSaved:
     """Measured bytes one block saves for backward (median over the blocks)."""
 
 
+TREATMENTS = ("full", "selective", "offload")
+"""What the planner may use; `plan:BUDGET` policies use full checkpointing only."""
+DEFAULT_DEVICE = "H100 SXM"
+
+
 @dataclass(frozen=True, kw_only=True)
 class Candidate:
-    """One checkpointing plan with its predicted peak and recompute cost."""
+    """One plan with its predicted peak and what it costs."""
 
     policy: str
     schedule: str
     checkpointed: int
+    """Fully checkpointed blocks."""
+    selective: int = 0
+    offloaded: int = 0
     peak: int
     recompute_share_pct: float
+    extra_pct: float
+    """Time the treatments add, as a percentage of the ideal step."""
     fits: bool
 
     def as_record(self) -> dict[str, object]:
         return {"policy": self.policy, "schedule": self.schedule, "checkpointed_blocks": self.checkpointed,
+                "selective_blocks": self.selective, "offloaded_blocks": self.offloaded,
                 "predicted_peak_gib": self.peak / GIB, "recompute_share_pct": self.recompute_share_pct,
-                "fits": self.fits}
+                "predicted_extra_pct": self.extra_pct, "fits": self.fits}
 
 
 @dataclass(frozen=True, kw_only=True)
 class CheckpointPlan:
-    """The candidates (no checkpointing first, all blocks last) and the one chosen."""
+    """The candidates shown (full checkpointing alone, then per number of fully checkpointed
+    blocks the fastest mix that fits) and the one chosen."""
 
     budget: int
     margin_pct: float
     candidates: tuple[Candidate, ...]
     chosen: Candidate
     source: str
-    """'model' (predict_memory) or 'measured' (a measured peak and block size)."""
+    """'model' (a memory model) or 'measured' (a measured peak and block size)."""
+    model: str
+    """Which memory model: eager, eager-fsdp, fast or fast-fsdp."""
+    device: str
 
 
 def candidate_policies(num_layers: int) -> list[tuple[str, str]]:
-    """(policy, schedule) pairs, each distinct set of blocks once."""
+    """(policy, schedule) pairs of full checkpointing alone, each distinct set of blocks once."""
     sqrt_k = math.ceil(math.sqrt(num_layers))
     out: list[tuple[str, str]] = [("none", "none")]
     seen: set[tuple[int, ...]] = {()}
@@ -108,55 +147,151 @@ def candidate_policies(num_layers: int) -> list[tuple[str, str]]:
     return out
 
 
+def _mix(num_layers: int, full: int, selective: int, offload: int) -> str:
+    return BlockTreatments(num_layers, tuple(range(full)), tuple(range(full, full + selective)),
+                           tuple(range(offload))).policy
+
+
 def plan_checkpointing(config: ModelConfig, *, batch_size: int, seq_len: int, budget: int,
                        mode: str = "train-step", precision: str = "bf16", attention: str = "sdpa",
-                       measured: MeasuredSaved | None = None,
-                       margin_pct: float = MARGIN_PCT) -> CheckpointPlan:
-    """Every candidate's peak and recompute share, and the cheapest whose peak fits `budget` bytes
-    less `margin_pct` percent of it.
+                       measured: MeasuredSaved | None = None, margin_pct: float = MARGIN_PCT,
+                       treatments: tuple[str, ...] = TREATMENTS, fast: bool = False, world_size: int = 1,
+                       device: str = DEFAULT_DEVICE, host_link_gbps: float | None = None) -> CheckpointPlan:
+    """Every candidate's peak and cost, and the fastest whose peak fits `budget` bytes less
+    `margin_pct` percent of it. `fast`: lmscope's fast model; `world_size` > 1: FSDP over that many
+    ranks (memory per rank); `device`: the catalog entry whose rates price the treatments.
 
     Raises ValueError naming the smallest predicted peak when no candidate fits.
     """
     if not 0 <= margin_pct < 100:
         raise ValueError(f"margin must be a percentage in [0, 100), got {margin_pct!r}: e.g. --margin 5")
-    usable = budget * (1 - margin_pct / 100)
+    unknown = sorted(set(treatments) - set(TREATMENTS))
+    if unknown:
+        raise ValueError(f"unknown treatments {', '.join(unknown)}: choose from {', '.join(TREATMENTS)}")
     if mode == "forward":
         raise ValueError("checkpointing saves memory kept for backward: plan it for "
                          "--mode train-step or forward-backward")
+    if fast and mode != "train-step":
+        raise ValueError("the fast model's memory model covers train steps: plan it with --mode train-step")
+    usable = budget * (1 - margin_pct / 100)
     config = config.replace(context_length=max(config.context_length, seq_len))
+    model = _StepModel(config, batch_size, seq_len, mode, precision, attention, fast, world_size, measured)
+    rates = Rates.of(device, precision, host_link_gbps)
+    causal = attention != "naive"
+    block_flops = block_forward_flops(config, batch_size, seq_len, causal)
+    ideal = step_time_s(config, batch_size, seq_len, causal, rates)
+    layers = config.num_layers
+    evaluated: dict[str, Candidate] = {}
 
-    def predicted(policy: str) -> int:
-        return predict_memory(config, batch_size=batch_size, seq_len=seq_len, mode=mode,
-                              precision=precision, attention=attention, checkpoint=policy).step_peak
+    def candidate(policy: str, schedule: str) -> Candidate:
+        if policy not in evaluated:
+            chosen = parse_treatments(policy, layers)
+            peak = model.peak(policy)
+            times = treatment_time_s(chosen.per_block(), block_flops=block_flops, costs=model.block_bytes,
+                                     rates=rates)
+            evaluated[policy] = Candidate(
+                policy=policy, schedule=schedule, checkpointed=len(chosen.full),
+                selective=len(chosen.selective), offloaded=len(chosen.offload), peak=peak,
+                recompute_share_pct=recompute_share_pct(config, batch_size, seq_len, mode, len(chosen.full)),
+                extra_pct=100 * times["extra"] / ideal, fits=peak <= usable)
+        return evaluated[policy]
 
-    without = predicted("none")
-    scale = 1.0
-    if measured is not None:
-        block = saved_activations_by_group(config, batch_size=batch_size, seq_len=seq_len,
-                                           precision=precision, attention=attention)["block"]
-        scale = measured.block_saved / block
-    candidates = []
-    for policy, schedule in candidate_policies(config.num_layers):
-        count = len(checkpointed_blocks(policy, config.num_layers))
-        if measured is None:
-            peak = predicted(policy)
-        else:
-            peak = round(measured.step_peak + scale * (predicted(policy) - without))
-        candidates.append(Candidate(policy=policy, schedule=schedule, checkpointed=count, peak=peak,
-                                    recompute_share_pct=recompute_share_pct(config, batch_size, seq_len,
-                                                                            mode, count),
-                                    fits=peak <= usable))
-    fitting = [c for c in candidates if c.fits]
+    full_only = [candidate(policy, schedule) for policy, schedule in candidate_policies(layers)
+                 if "full" in treatments or policy == "none"]
+    fulls = range(layers + 1) if "full" in treatments else range(1)
+    mixes = [(n, m) for n in fulls for m in range(layers - n + 1)
+             if m == 0 or "selective" in treatments]
+    frontier: dict[int, Candidate] = {}
+    for n, m in mixes:
+        base = candidate(_mix(layers, n, m, 0), _schedule(n, m, 0))
+        if not base.fits and "offload" in treatments:
+            base = _fewest_offloaded(lambda k, n=n, m=m: candidate(_mix(layers, n, m, k), _schedule(n, m, k)),
+                                     layers) or base
+        if n not in frontier or _better(base, frontier[n]):
+            frontier[n] = base
+    fitting = [c for c in evaluated.values() if c.fits]
     if not fitting:
-        least = min(candidates, key=lambda c: c.peak)
+        least = min(evaluated.values(), key=lambda c: c.peak)
         need = least.peak / (1 - margin_pct / 100)
         raise ValueError(f"no checkpointing plan fits {budget / GIB:.2f} GiB with a {margin_pct:g} % margin: "
                          f"the smallest predicted peak is {least.peak / GIB:.2f} GiB ({least.policy}); "
                          f"raise --budget to at least {need / GIB:.2f} GiB, or lower the batch size or "
                          "context length")
-    chosen = min(fitting, key=lambda c: (c.recompute_share_pct, c.peak))
-    return CheckpointPlan(budget=budget, margin_pct=margin_pct, candidates=tuple(candidates), chosen=chosen,
-                          source="measured" if measured else "model")
+    chosen = min(fitting, key=_rank)
+    shown = list(dict.fromkeys([*full_only, *(frontier[n] for n in sorted(frontier))]))
+    if chosen not in shown:
+        shown.append(chosen)
+    return CheckpointPlan(budget=budget, margin_pct=margin_pct, candidates=tuple(shown), chosen=chosen,
+                          source="measured" if measured else "model", model=model.name, device=rates.device)
+
+
+def _rank(candidate: Candidate) -> tuple[float, int]:
+    return candidate.extra_pct, candidate.peak
+
+
+def _better(one: Candidate, other: Candidate) -> bool:
+    """Fits where the other does not, or is faster among fitting, or is smaller among not fitting."""
+    if one.fits != other.fits:
+        return one.fits
+    return _rank(one) < _rank(other) if one.fits else one.peak < other.peak
+
+
+def _schedule(full: int, selective: int, offload: int) -> str:
+    parts = [f"first {full} full"] if full else []
+    if selective:
+        parts.append(f"next {selective} selective")
+    if offload:
+        parts.append(f"first {offload} offloaded")
+    return ", ".join(parts) or "none"
+
+
+def _fewest_offloaded(candidate: Callable[[int], Candidate], layers: int) -> Candidate | None:
+    """The candidate with the fewest offloaded first blocks that fits (peaks fall as k grows)."""
+    low, high = 1, layers
+    if not candidate(high).fits:
+        return None
+    while low < high:
+        middle = (low + high) // 2
+        if candidate(middle).fits:
+            high = middle
+        else:
+            low = middle + 1
+    return candidate(low)
+
+
+class _StepModel:
+    """The memory model a plan's peaks come from, and what a block saves and moves."""
+
+    def __init__(self, config: ModelConfig, batch_size: int, seq_len: int, mode: str, precision: str,
+                 attention: str, fast: bool, world_size: int, measured: MeasuredSaved | None) -> None:
+        self.config, self.batch_size, self.seq_len, self.mode = config, batch_size, seq_len, mode
+        self.precision, self.attention, self.fast, self.world_size = precision, attention, fast, world_size
+        self.name = ("fast" if fast else "eager") + ("-fsdp" if world_size > 1 else "")
+        point = dict(batch_size=batch_size, seq_len=seq_len, precision=precision, attention=attention)
+        if fast:
+            dims = fast_dims(config, world_size=world_size, **point)
+            self.block_bytes = fast_block_bytes(dims)
+            predicted_block = sum(saved_by_block(dims, "none").values())
+        else:
+            self.block_bytes = eager_block_bytes(config, **point)
+            predicted_block = saved_activations_by_group(config, **point)["block"]
+        self.measured = measured
+        self.scale = measured.block_saved / predicted_block if measured is not None else 1.0
+        self.without = self._predicted("none")
+
+    def _predicted(self, policy: str) -> int:
+        point = dict(batch_size=self.batch_size, seq_len=self.seq_len, precision=self.precision,
+                     attention=self.attention, checkpoint=policy)
+        if self.fast:
+            return predict_fast_memory(self.config, world_size=self.world_size, **point).step_peak
+        if self.world_size > 1:
+            return predict_fsdp(self.config, world_size=self.world_size, **point).peak
+        return predict_memory(self.config, mode=self.mode, **point).step_peak
+
+    def peak(self, policy: str) -> int:
+        if self.measured is None:
+            return self._predicted(policy)
+        return round(self.measured.step_peak + self.scale * (self._predicted(policy) - self.without))
 
 
 def recompute_share_pct(config: ModelConfig, batch_size: int, seq_len: int, mode: str, blocks: int) -> float:
@@ -168,10 +303,12 @@ def recompute_share_pct(config: ModelConfig, batch_size: int, seq_len: int, mode
 
 def resolve_checkpoint(policy: str, config: ModelConfig, *, batch_size: int, seq_len: int, mode: str,
                        precision: str, attention: str) -> str:
-    """A concrete policy: `plan:BUDGET` becomes the planner's choice, anything else is checked as is."""
+    """A concrete policy: `plan:BUDGET` becomes the planner's choice among full checkpointing plans
+    (as it always has), anything else is checked as is."""
     if policy.startswith(PLAN_PREFIX):
         budget = parse_bytes(policy.removeprefix(PLAN_PREFIX))
         return plan_checkpointing(config, batch_size=batch_size, seq_len=seq_len, budget=budget,
-                                  mode=mode, precision=precision, attention=attention).chosen.policy
+                                  mode=mode, precision=precision, attention=attention,
+                                  treatments=("full",)).chosen.policy
     checkpointed_blocks(policy, config.num_layers)
     return policy

@@ -25,6 +25,9 @@ class DeviceSpec:
     """Scale-up interconnect bandwidth per device, one direction, decimal GB/s (NVLink, ICI)."""
     source: str
     """Where the figures come from."""
+    host_link_gbps: float | None = None
+    """Link to host memory (PCIe), one direction, decimal GB/s: half the datasheet's bidirectional
+    figure; None where the datasheet gives none. What offloading activations moves over."""
     collective_gbps: float | None = None
     """Bandwidth W that a ring collective over one mesh axis moves per device, decimal GB/s (the W
     of the TPU Scaling Book): NVLink one-way per GPU behind an NVSwitch (= interconnect_gbps, the
@@ -46,21 +49,21 @@ CATALOG: dict[str, DeviceSpec] = {
     "H100 SXM": DeviceSpec(
         name="H100 SXM",
         peak_tflops={"fp32": 66.9, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4, "fp8": 1978.9},
-        hbm_gb=80, hbm_gbps=3350, interconnect_gbps=450,
+        hbm_gb=80, hbm_gbps=3350, interconnect_gbps=450, host_link_gbps=64,  # PCIe Gen5: 128 GB/s
         source="NVIDIA H100 Tensor Core GPU datasheet (SXM5), dense figures",
     ),
     # Same datasheet, PCIe card: 80 GB HBM2e 2.0 TB/s, NVLink bridge 600 GB/s bidirectional.
     "H100 PCIe": DeviceSpec(
         name="H100 PCIe",
         peak_tflops={"fp32": 51.2, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0, "fp8": 1513.0},
-        hbm_gb=80, hbm_gbps=2000, interconnect_gbps=300,
+        hbm_gb=80, hbm_gbps=2000, interconnect_gbps=300, host_link_gbps=64,  # PCIe Gen5: 128 GB/s
         source="NVIDIA H100 Tensor Core GPU datasheet (PCIe), dense figures",
     ),
     # NVIDIA H200 datasheet: same compute as H100 SXM, 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s.
     "H200": DeviceSpec(
         name="H200",
         peak_tflops={"fp32": 66.9, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4, "fp8": 1978.9},
-        hbm_gb=141, hbm_gbps=4800, interconnect_gbps=450,
+        hbm_gb=141, hbm_gbps=4800, interconnect_gbps=450, host_link_gbps=64,  # PCIe Gen5: 128 GB/s
         source="NVIDIA H200 Tensor Core GPU datasheet (SXM), dense figures",
     ),
     # NVIDIA A100 datasheet: 80 GB SXM, 2,039 GB/s, NVLink 600 GB/s bidirectional;
@@ -68,7 +71,7 @@ CATALOG: dict[str, DeviceSpec] = {
     "A100": DeviceSpec(
         name="A100",
         peak_tflops={"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
-        hbm_gb=80, hbm_gbps=2039, interconnect_gbps=300,
+        hbm_gb=80, hbm_gbps=2039, interconnect_gbps=300, host_link_gbps=32,  # PCIe Gen4: 64 GB/s
         source="NVIDIA A100 Tensor Core GPU datasheet (SXM 80GB), dense figures",
     ),
     # NVIDIA HGX B200 figures per GPU: BF16/FP16 2.25 PFLOP/s dense, TF32 1.1, FP8 4.5, FP32 75;

@@ -38,10 +38,14 @@ for eager mode.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
 from lmscope.accounting.flops import MODES, parameter_counts
+from lmscope.accounting.ledger import Ledger, Segment, record
+from lmscope.accounting.treatment_cost import BlockBytes
+from lmscope.accounting.treatments import FULL, NONE, SELECTIVE, BlockTreatments, parse_treatments
 from lmscope.config import ModelConfig
 
 GIB = 2**30
@@ -57,39 +61,14 @@ LSE_ALIGN = 32
 
 
 def checkpointed_blocks(policy: str, num_layers: int) -> tuple[int, ...]:
-    """Indices of the blocks a policy checkpoints.
+    """Indices of the blocks a policy checkpoints fully (recomputes whole in the backward).
 
     none; block (all); every:K (0, K, 2K, ...); blocks:LIST (explicit indices and ranges, e.g.
-    blocks:0-3,7). `plan:BUDGET` is resolved to one of these by `lmscope.accounting.checkpoint_plan`.
+    blocks:0-3,7); parts joined with + may add selective[:LIST] and offload[:LIST] blocks
+    (`lmscope.accounting.treatments`). `plan:BUDGET` is resolved to a policy by
+    `lmscope.accounting.checkpoint_plan`.
     """
-    if policy == "none":
-        return ()
-    if policy == "block":
-        return tuple(range(num_layers))
-    prefix, _, rest = policy.partition(":")
-    if prefix == "every" and rest.isdigit() and int(rest) >= 1:
-        return tuple(range(0, num_layers, int(rest)))
-    if prefix == "blocks" and rest:
-        return _block_list(rest, num_layers)
-    raise ValueError(
-        f"unknown checkpoint policy {policy!r}: use none, block, every:K (K >= 1, e.g. every:2), "
-        "blocks:LIST (e.g. blocks:0-3,7) or plan:BUDGET (e.g. plan:40GiB)"
-    )
-
-
-def _block_list(text: str, num_layers: int) -> tuple[int, ...]:
-    chosen: set[int] = set()
-    for part in text.split(","):
-        low, dash, high = part.strip().partition("-")
-        if not low.isdigit() or (dash and not high.isdigit()):
-            raise ValueError(f"bad checkpoint policy blocks:{text}: give indices and ranges, "
-                             "e.g. blocks:0-3,7")
-        first, last = int(low), int(high) if dash else int(low)
-        if first > last or last >= num_layers:
-            raise ValueError(f"checkpoint policy blocks:{text} names blocks outside 0..{num_layers - 1}: "
-                             "the model has that many blocks")
-        chosen.update(range(first, last + 1))
-    return tuple(sorted(chosen))
+    return parse_treatments(policy, num_layers).full
 
 
 @dataclass(frozen=True)
@@ -113,7 +92,8 @@ class MemoryPrediction:
     """Peak over the whole step."""
     components: dict[str, int] = field(default_factory=dict)
     """Bytes by kind: parameters, buffers, batch, gradients, optimizer_state, autocast_copies,
-    activations (kept for backward at the end of forward), logits (loss buffers), recompute."""
+    activations (kept for backward on the device at the end of forward), logits (loss buffers),
+    recompute, offloaded (kept in host memory)."""
     residual_activation_bytes: int = 0
     """One batch x seq x d_model tensor in the activation dtype."""
 
@@ -235,56 +215,10 @@ class _Dims:
         return 2 * elements if self.autocast else 0
 
 
-class _Ledger:
-    """Running total of allocated bytes, its peak, what autograd keeps (by kind) and the weight cache."""
-
-    def __init__(self, level: int) -> None:
-        self.level = level
-        self.peak = level
-        self.kept: dict[str, int] = {}
-        self.cache = 0
-        """Autocast weight copies alive only in autocast's cache (freed when autocast exits)."""
-
-    def alloc(self, nbytes: int) -> None:
-        self.level += nbytes
-        self.peak = max(self.peak, self.level)
-
-    def free(self, nbytes: int) -> None:
-        self.level -= nbytes
-
-    def adopt(self, kind: str, nbytes: int) -> None:
-        """Count live bytes as kept for backward (no allocation: the tensor exists already)."""
-        self.kept[kind] = self.kept.get(kind, 0) + nbytes
-
-    def hold(self, kind: str, nbytes: int, save: bool) -> None:
-        """Allocate a tensor that autograd keeps when `save` (grad mode, block not checkpointed)."""
-        self.alloc(nbytes)
-        if save:
-            self.adopt(kind, nbytes)
-
-    def drop(self, nbytes: int, save: bool) -> None:
-        """Last use of a tensor that `hold` allocated: freed unless autograd keeps it."""
-        if not save:
-            self.free(nbytes)
-
-    def weight_copy(self, nbytes: int, save: bool) -> None:
-        """Autocast casts a weight: saved by the matmul in grad mode, else alive in the cache only."""
-        self.hold("autocast_copies", nbytes, save)
-        if not save:
-            self.cache += nbytes
-
-    def exit_autocast(self) -> None:
-        self.free(self.cache)
-        self.cache = 0
-
-    def start_phase(self) -> None:
-        self.peak = self.level
-
-
 # ---------------------------------------------------------------- forward, op by op
 
 
-def _linear_forward(led: _Ledger, s: _Dims, kind: str, weight: int, out: int, save: bool,
+def _linear_forward(led: Ledger, s: _Dims, kind: str, weight: int, out: int, save: bool,
                     fp32_input: bool) -> None:
     """y = x W^T: under autocast an fp32 input is cast (kept), the weight cast (cached); y is left live."""
     cast = s.cast if fp32_input else 0
@@ -294,7 +228,7 @@ def _linear_forward(led: _Ledger, s: _Dims, kind: str, weight: int, out: int, sa
     led.drop(cast, save)
 
 
-def _rmsnorm_forward(led: _Ledger, s: _Dims, save: bool) -> None:
+def _rmsnorm_forward(led: Ledger, s: _Dims, save: bool) -> None:
     """RMSNorm of a live fp32 x (kept by the caller): leaves h = normed * gain (fp32) live."""
     led.alloc(s.res)  # x.pow(2)
     led.alloc(s.rows)  # .mean(-1)
@@ -309,7 +243,7 @@ def _rmsnorm_forward(led: _Ledger, s: _Dims, save: bool) -> None:
     led.drop(s.res, save)
 
 
-def _rope_forward(led: _Ledger, s: _Dims, save: bool) -> None:
+def _rope_forward(led: Ledger, s: _Dims, save: bool) -> None:
     """RoPE of a live projection: leaves the rotated tensor live and frees the projection."""
     half = s.act // 2
     led.hold("rope_tables", s.rope_tables, save)  # cos/sin .to(x.dtype)
@@ -327,7 +261,7 @@ def _rope_forward(led: _Ledger, s: _Dims, save: bool) -> None:
     led.drop(s.rope_tables, save)
 
 
-def _naive_attention_forward(led: _Ledger, s: _Dims, save: bool) -> None:
+def _naive_attention_forward(led: Ledger, s: _Dims, save: bool) -> None:
     """Scores, mask, softmax, P V on live q, k, v: leaves the (B*H, T, D) output live."""
     led.alloc(s.scores)  # q @ k^T
     led.alloc(s.scores)  # / sqrt(d)
@@ -352,7 +286,7 @@ def _naive_attention_forward(led: _Ledger, s: _Dims, save: bool) -> None:
     led.drop(s.mask, save)
 
 
-def _attention_forward(led: _Ledger, s: _Dims, save: bool) -> None:
+def _attention_forward(led: Ledger, s: _Dims, save: bool) -> None:
     """CausalSelfAttention on the live fp32 norm output h: leaves the projection o live, frees h."""
     d = s.config.d_model
     for _ in ("q", "k"):
@@ -385,7 +319,7 @@ def _attention_forward(led: _Ledger, s: _Dims, save: bool) -> None:
     led.drop(s.res, save and not s.autocast)
 
 
-def _ffn_forward(led: _Ledger, s: _Dims, save: bool) -> None:
+def _ffn_forward(led: Ledger, s: _Dims, save: bool) -> None:
     """SwiGLU on the live fp32 norm output h: leaves w2(silu(w1 h) * w3 h) live, frees h."""
     d, f = s.config.d_model, s.config.d_ff
     _linear_forward(led, s, "ffn_input", d * f, s.ffn, save, fp32_input=True)  # w1
@@ -405,7 +339,7 @@ def _ffn_forward(led: _Ledger, s: _Dims, save: bool) -> None:
     led.drop(s.res, save and not s.autocast)
 
 
-def _block_forward(led: _Ledger, s: _Dims, save: bool, input_kept: bool) -> None:
+def _block_forward(led: Ledger, s: _Dims, save: bool, input_kept: bool) -> None:
     """One pre-norm block on the live residual x; leaves the block output live.
 
     save: grad mode and not checkpointed (autograd keeps what the ops save). input_kept: x stays
@@ -431,13 +365,23 @@ def _block_forward(led: _Ledger, s: _Dims, save: bool, input_kept: bool) -> None
         led.free(s.res)  # x: the caller's loop variable holds it until the block returns
 
 
-def _model_forward(led: _Ledger, s: _Dims, grad: bool, checkpointed: tuple[int, ...]) -> None:
+Block = tuple[str, bool]
+"""A block's treatment: its kind (none, full, selective) and whether it is offloaded."""
+
+
+def _model_forward(led: Ledger, s: _Dims, grad: bool, treatments: BlockTreatments) -> None:
     """Embedding, blocks, final norm, LM head, autocast exit: leaves the logits live."""
     c = s.config
     led.alloc(s.res)  # token embedding (fp32: embedding is not an autocast op)
-    for index in range(c.num_layers):
-        save = grad and index not in checkpointed
-        _block_forward(led, s, save, input_kept=grad)
+    if not grad:
+        for _ in range(c.num_layers):
+            led.apply(_inference_segment(s))
+    else:
+        blocks = treatments.per_block()
+        for index, block in enumerate(blocks):
+            led.apply(_forward_segment(s, block, blocks[index - 1] if index else None))
+        if blocks and blocks[-1][1]:
+            led.offload(_offloaded_bytes(s, blocks[-1][0]))  # the last block's copies finish
     if grad:
         led.adopt("residual", s.res)
     _rmsnorm_forward(led, s, grad)
@@ -449,7 +393,7 @@ def _model_forward(led: _Ledger, s: _Dims, grad: bool, checkpointed: tuple[int, 
     led.exit_autocast()
 
 
-def _loss_forward(led: _Ledger, s: _Dims) -> None:
+def _loss_forward(led: Ledger, s: _Dims) -> None:
     """cross_entropy(logits.float()): keeps the fp32 log-softmax, frees the logits."""
     if s.autocast:
         led.alloc(s.logits32)  # .float()
@@ -462,7 +406,7 @@ def _loss_forward(led: _Ledger, s: _Dims) -> None:
 # ---------------------------------------------------------------- backward, node by node
 
 
-def _linear_backward(led: _Ledger, s: _Dims, weight: int, grad_input: int, saved_input: int) -> None:
+def _linear_backward(led: Ledger, s: _Dims, weight: int, grad_input: int, saved_input: int) -> None:
     """MmBackward: grads of the input and weight, release of the saved input and weight copy.
 
     grad_input: bytes of the input's grad in the compute dtype; under autocast a grad to an fp32
@@ -476,14 +420,14 @@ def _linear_backward(led: _Ledger, s: _Dims, weight: int, grad_input: int, saved
         led.free(2 * weight)
 
 
-def _grad_to_fp32(led: _Ledger, s: _Dims, nbytes: int, fp32_bytes: int) -> None:
+def _grad_to_fp32(led: Ledger, s: _Dims, nbytes: int, fp32_bytes: int) -> None:
     """Under autocast, the grad of a cast fp32 input goes back to fp32 (ToCopyBackward)."""
     if s.autocast:
         led.alloc(fp32_bytes)
         led.free(nbytes)
 
 
-def _rmsnorm_backward(led: _Ledger, s: _Dims) -> None:
+def _rmsnorm_backward(led: Ledger, s: _Dims) -> None:
     """RMSNorm backward from a live grad of h: accumulates into the residual grad, frees x, normed, rstd."""
     d = s.config.d_model
     led.alloc(s.res)  # grad * normed, for the gain
@@ -509,7 +453,7 @@ def _rmsnorm_backward(led: _Ledger, s: _Dims) -> None:
     led.free(s.res)  # release x
 
 
-def _rope_backward(led: _Ledger, s: _Dims) -> None:
+def _rope_backward(led: Ledger, s: _Dims) -> None:
     """RoPE backward from a live grad of the rotated tensor: leaves the projection's grad live."""
     half = s.act // 2
     led.alloc(half)  # -grad for the difference
@@ -525,7 +469,7 @@ def _rope_backward(led: _Ledger, s: _Dims) -> None:
     led.free(s.act)
 
 
-def _naive_attention_backward(led: _Ledger, s: _Dims) -> None:
+def _naive_attention_backward(led: Ledger, s: _Dims) -> None:
     """P V, softmax, mask, scale and Q K^T backward from a live grad of the output; leaves dq, dk, dv."""
     led.alloc(s.act)  # grad of the output as (B*H, T, D): copy of the transposed view
     led.free(s.act)
@@ -551,7 +495,7 @@ def _naive_attention_backward(led: _Ledger, s: _Dims) -> None:
     led.free(2 * s.act)  # release q, k
 
 
-def _fused_attention_backward(led: _Ledger, s: _Dims) -> None:
+def _fused_attention_backward(led: Ledger, s: _Dims) -> None:
     """SDPA / fused kernel backward from a live grad of the output; leaves dq, dk, dv."""
     led.alloc(3 * s.act + s.lse)  # dq, dk, dv, softmax row sums
     led.free(s.lse)
@@ -559,7 +503,7 @@ def _fused_attention_backward(led: _Ledger, s: _Dims) -> None:
     led.free(4 * s.act + s.lse)  # release q, k, v, output, lse
 
 
-def _attention_backward(led: _Ledger, s: _Dims) -> None:
+def _attention_backward(led: Ledger, s: _Dims) -> None:
     """Attention branch backward from the live residual grad: leaves the grad of h (fp32) live."""
     d = s.config.d_model
     led.alloc(s.cast)  # the residual grad cast to the projection's dtype
@@ -586,7 +530,7 @@ def _attention_backward(led: _Ledger, s: _Dims) -> None:
         led.free(s.res)  # release the shared fp32 h
 
 
-def _ffn_backward(led: _Ledger, s: _Dims) -> None:
+def _ffn_backward(led: Ledger, s: _Dims) -> None:
     """SwiGLU branch backward from the live residual grad: leaves the grad of h (fp32) live."""
     d, f = s.config.d_model, s.config.d_ff
     led.alloc(s.cast)  # the residual grad cast to w2's dtype
@@ -609,7 +553,7 @@ def _ffn_backward(led: _Ledger, s: _Dims) -> None:
         led.free(s.res)  # release the shared fp32 h
 
 
-def _block_backward(led: _Ledger, s: _Dims) -> None:
+def _block_backward(led: Ledger, s: _Dims) -> None:
     """One block's backward from the live grad of its output; leaves the grad of its input live."""
     _ffn_backward(led, s)
     _rmsnorm_backward(led, s)
@@ -617,7 +561,7 @@ def _block_backward(led: _Ledger, s: _Dims) -> None:
     _rmsnorm_backward(led, s)
 
 
-def _model_backward(led: _Ledger, s: _Dims, checkpointed: tuple[int, ...]) -> None:
+def _model_backward(led: Ledger, s: _Dims, treatments: BlockTreatments) -> None:
     """Loss, LM head, final norm, blocks last to first (recomputing checkpointed ones), embedding."""
     c = s.config
     led.alloc(s.logits32)  # NllLossBackward
@@ -632,13 +576,94 @@ def _model_backward(led: _Ledger, s: _Dims, checkpointed: tuple[int, ...]) -> No
     led.free(s.logits)  # grad of the logits consumed
     _rmsnorm_backward(led, s)
     led.alloc(s.res)  # the final norm's input grad becomes the residual grad
+    blocks = treatments.per_block()
     for index in reversed(range(c.num_layers)):
-        if index in checkpointed:
+        before = blocks[index - 1] if index else None
+        after = blocks[index + 1][1] if index + 1 < c.num_layers else False
+        led.apply(_backward_segment(s, blocks[index], before, after))
+    led.alloc(4 * c.vocab_size * c.d_model)  # embedding grad
+    led.free(s.res)  # residual grad consumed
+
+
+# ---------------------------------------------------------------- blocks by treatment, as segments
+
+
+@functools.lru_cache(maxsize=512)
+def _inference_segment(s: _Dims) -> Segment:
+    """A block's no-grad forward: its input dies at its last use."""
+    return record(lambda led: _block_forward(led, s, save=False, input_kept=False))
+
+
+@functools.lru_cache(maxsize=512)
+def _forward_segment(s: _Dims, block: Block, before: Block | None) -> Segment:
+    """A block's forward under its treatment; the previous block's copies to host end with it.
+
+    full: torch.utils.checkpoint keeps the block's input, the ops save nothing. selective (torch's
+    selective checkpointing on an eager block): the same, and the outputs of the matmuls and of
+    attention are cached until the backward (counted from the block's end: inside the block they
+    live from their op on, so its forward's own peak may be higher by up to that much).
+    """
+    kind, _ = block
+
+    def run(led: Ledger) -> None:
+        _block_forward(led, s, save=kind == NONE, input_kept=True)
+        if kind == SELECTIVE:
+            led.hold("selective_cache", _selective_cache(s), True)
+        if before is not None and before[1]:
+            led.offload(_offloaded_bytes(s, before[0]))
+
+    return record(run)
+
+
+@functools.lru_cache(maxsize=512)
+def _backward_segment(s: _Dims, block: Block, before: Block | None, after_offloaded: bool) -> Segment:
+    """A block's backward: its offloaded tensors back (unless the next block's backward prefetched
+    them), the previous block's prefetched when both are offloaded, the recompute, the backward."""
+    kind, offloaded = block
+
+    def run(led: Ledger) -> None:
+        if offloaded and not after_offloaded:
+            led.fetch(_offloaded_bytes(s, kind))
+        if offloaded and before is not None and before[1]:
+            led.fetch(_offloaded_bytes(s, before[0]))
+        if kind != NONE:
+            if kind == SELECTIVE:
+                led.free(_selective_cache(s))  # handed to the recompute as its matmuls' outputs
             _block_forward(led, s, save=True, input_kept=True)  # recompute, keeping what it saves
             led.free(s.res)  # early stop: the block output is not recomputed
         _block_backward(led, s)
-    led.alloc(4 * c.vocab_size * c.d_model)  # embedding grad
-    led.free(s.res)  # residual grad consumed
+
+    return record(run)
+
+
+STAY_ON_DEVICE = ("autocast_copies", "rope_tables", "attn_mask")
+"""Saved kinds offloading leaves on the device: weight copies, and tensors without the batch's
+tokens in their leading dims (RoPE's cos/sin casts, the causal mask)."""
+
+
+def _offloaded_bytes(s: _Dims, kind: str) -> int:
+    """Bytes a block of `kind` keeps for its backward that offloading moves to the host."""
+    return _forward_segment(s, (kind, False), None).kept_bytes(leave_out=STAY_ON_DEVICE)
+
+
+def eager_block_bytes(config: ModelConfig, *, batch_size: int, seq_len: int, precision: str,
+                      attention: str) -> BlockBytes:
+    """What offloading moves per eager block by kind, and the memory traffic of torch's selective
+    recompute of one block: every op but the matmuls and attention runs again, each reading about
+    what it writes (twice the bytes the block's forward allocates beyond the cached outputs)."""
+    s = _dims(config, batch_size, seq_len, precision, attention)
+    led = Ledger(0)
+    _block_forward(led, s, save=False, input_kept=True)
+    return BlockBytes(moved={kind: _offloaded_bytes(s, kind) for kind in (NONE, FULL, SELECTIVE)},
+                      rebuild_traffic=2 * (led.allocated - _selective_cache(s)))
+
+
+def _selective_cache(s: _Dims) -> int:
+    """What torch's selective checkpointing caches of an eager block: the outputs of the q, k, v,
+    output, w1, w3 and w2 matmuls and of attention (SDPA's output and log-sum-exp; naive: both
+    bmm outputs, the scores and P V)."""
+    attention = s.scores + s.act if s.kernel == "naive" else s.act + s.lse
+    return 5 * s.act + 2 * s.ffn + attention
 
 
 # ---------------------------------------------------------------- public API
@@ -681,8 +706,8 @@ def saved_activations(config: ModelConfig, *, batch_size: int, seq_len: int, pre
     the attention kernel (naive, efficient, flash): CPU SDPA, for one, lays its output out like flash.
     """
     s = _dims(config, batch_size, seq_len, precision, attention, kernel)
-    led = _Ledger(0)
-    _model_forward(led, s, grad=True, checkpointed=())
+    led = Ledger(0)
+    _model_forward(led, s, grad=True, treatments=BlockTreatments(config.num_layers))
     _loss_forward(led, s)
     kept = {k: v for k, v in led.kept.items() if k != "autocast_copies"}
     kept["total"] = sum(kept.values())
@@ -699,7 +724,7 @@ def saved_activations_by_group(config: ModelConfig, *, batch_size: int, seq_len:
     out, as in `saved_activations`.
     """
     s = _dims(config, batch_size, seq_len, precision, attention, kernel)
-    led = _Ledger(0)
+    led = Ledger(0)
     _block_forward(led, s, save=True, input_kept=True)
     block = sum(v for k, v in led.kept.items() if k != "autocast_copies")
     return {
@@ -709,6 +734,21 @@ def saved_activations_by_group(config: ModelConfig, *, batch_size: int, seq_len:
         "lm_head": s.cast if s.autocast else s.res,  # the linear's input
         "loss": s.logits32,  # cross-entropy's fp32 log-softmax
     }
+
+
+def saved_by_treatment(config: ModelConfig, *, batch_size: int, seq_len: int, precision: str,
+                       attention: str = "naive", kernel: str | None = None) -> dict[str, int]:
+    """Bytes one block keeps on the device for its backward under each treatment: none, full,
+    selective, and each of them offloaded (`none+offload`, ...: what offloading leaves, RoPE's
+    casts and the mask). Its input counts, weight copies do not (as in saved_activations_by_group).
+    """
+    s = _dims(config, batch_size, seq_len, precision, attention, kernel)
+    kept = {}
+    for kind in (NONE, FULL, SELECTIVE):
+        segment = _forward_segment(s, (kind, False), None)
+        kept[kind] = segment.kept_bytes(leave_out=("autocast_copies",))
+        kept[f"{kind}+offload"] = kept[kind] - _offloaded_bytes(s, kind)
+    return kept
 
 
 def predict_memory(
@@ -724,13 +764,17 @@ def predict_memory(
     """Predicted allocated bytes of each phase of one step (steady state: after warm-up).
 
     mode: forward (no_grad), forward-backward, train-step (fused AdamW). precision: fp32, or
-    bf16/fp16 autocast over fp32 weights. checkpoint: none, block, every:K (activation checkpointing
-    of transformer blocks, torch.utils.checkpoint without reentrancy).
+    bf16/fp16 autocast over fp32 weights. checkpoint: a policy of `lmscope.accounting.treatments`
+    (none, block, every:K, blocks:LIST, selective[:LIST], offload[:LIST], joined with +): full
+    checkpointing is torch.utils.checkpoint without reentrancy; selective is torch's selective
+    checkpointing (the eager blocks' outputs of matmuls and attention cached); offloaded blocks
+    free their saved activations once the next block's forward ends and get them back for their
+    backward (prefetched during the next block's backward when that one is offloaded too).
     """
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}: choose one of {', '.join(MODES)}")
     s = _dims(config, batch_size, seq_len, precision, attention)
-    checkpointed = checkpointed_blocks(checkpoint, config.num_layers)
+    treatments = parse_treatments(checkpoint, config.num_layers)
     params = parameter_counts(config)["total"] * 4
     buffers = 2 * config.context_length * (config.head_dim // 2) * 4  # RoPE cos/sin
     batch = 2 * batch_size * seq_len * 8  # int64 inputs and targets
@@ -740,9 +784,9 @@ def predict_memory(
     components = {"parameters": params, "buffers": buffers, "batch": batch}
 
     base = after_init + optimizer
-    led = _Ledger(base)
+    led = Ledger(base)
     grad = mode != "forward"
-    _model_forward(led, s, grad=grad, checkpointed=checkpointed)
+    _model_forward(led, s, grad=grad, treatments=treatments)
     components.update(
         gradients=params if grad else 0,
         optimizer_state=optimizer,
@@ -750,8 +794,10 @@ def predict_memory(
         activations=sum(v for k, v in led.kept.items() if k != "autocast_copies"),
         logits=s.logits + (s.logits32 if grad and s.autocast else 0) + (s.logits32 if grad else 0),
     )
-    if checkpointed:
+    if treatments.full or treatments.selective:
         components["recompute"] = _block_saved(s)
+    if treatments.offload:
+        components["offloaded"] = led.host
     if not grad:
         led.free(s.logits)  # the step drops the logits
         return MemoryPrediction(
@@ -761,7 +807,7 @@ def predict_memory(
     _loss_forward(led, s)
     forward_peak = led.peak
     led.start_phase()
-    _model_backward(led, s, checkpointed)
+    _model_backward(led, s, treatments)
     backward_peak = led.peak
     optimizer_peak = None
     if mode == "train-step":
@@ -777,7 +823,7 @@ def predict_memory(
 
 def _block_saved(s: _Dims) -> int:
     """Bytes one block keeps for backward: what a checkpointed block brings back when recomputed."""
-    led = _Ledger(0)
+    led = Ledger(0)
     _block_forward(led, s, save=True, input_kept=True)
     return sum(v for k, v in led.kept.items() if k not in ("autocast_copies", "residual"))
 

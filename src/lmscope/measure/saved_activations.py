@@ -16,8 +16,10 @@ modules running) and, inside `recording()`, a `torch.autograd.graph.saved_tensor
 
 A module's block is its outermost ancestor that is an entry of an `nn.ModuleList` (`layers.3`,
 `transformer.h.3`), else its top-level child (`lm_head`), else `(outside modules)` (e.g. the loss).
-Blocks checkpointed with torch.utils.checkpoint save through their own hooks: they show nothing
-here (their input is kept by the checkpoint, not by an op).
+A block checkpointed with torch.utils.checkpoint shows its inputs only (the checkpoint keeps them;
+what its ops save goes through the checkpoint's own hooks). Blocks under lmscope's selective
+recompute or offload (`lmscope.model.saved_tensors`) hand what they keep on the device to the hooks
+around them, so it shows here; rebuilt and offloaded tensors do not.
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ runs in the parameters' dtype.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable, Sequence
 
@@ -42,6 +43,7 @@ from lmscope.kernels.rmsnorm import add_rmsnorm, rmsnorm
 from lmscope.kernels.rope import rope_qkv
 from lmscope.kernels.swiglu import swiglu
 from lmscope.model.attention import get_attention
+from lmscope.model.saved_tensors import rebuild_in_backward, recording_recipes
 from lmscope.model.shadow_weights import ShadowWeights
 from lmscope.model.transformer import TransformerBlock, TransformerLM
 
@@ -148,7 +150,14 @@ _WEIGHT_UPDATES: weakref.WeakKeyDictionary[torch.nn.Module, weakref.ref] = weakr
 
 class FastTransformerBlock(TransformerBlock):
     """A `TransformerBlock` run by the fused kernels (called as a module, so hooks and
-    activation checkpointing apply to it): forward(x, pending, ...) -> (x, pending)."""
+    activation checkpointing apply to it): forward(x, pending, ...) -> (x, pending).
+
+    Under selective recompute (`lmscope.model.saved_tensors`) its norm outputs, SwiGLU's output and
+    the attention output's (batch, seq, d_model) copy are saved as recipes: rebuilt in the backward
+    from the residual, the SwiGLU input and the attention output, which stay saved."""
+
+    rebuilds_cheap_tensors = True
+    """Selective recompute of this block uses its recipes, not torch's selective checkpointing."""
 
     def __init__(self, config: ModelConfig, rope: torch.nn.Module, attention: str) -> None:
         super().__init__(config, rope, attention)
@@ -163,18 +172,23 @@ class FastTransformerBlock(TransformerBlock):
         Takes the residual without the previous block's FFN output (`pending`) and returns it
         without this block's: each residual add runs inside the following RMSNorm (add_rmsnorm).
         """
-        batch, seq, d_model = x.shape
         attn, ffn = self.attn, self.ffn
         w_qkv, w_o, w_13, w_2 = stacks
         x, h = _norm(x, pending, self.ln1, dtype)
+        _rebuilt_norm(h, x, self.ln1)
         qkv = master_linear(h, attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, stacked=w_qkv,
                             update=update)
         q, k, v = rope_qkv(qkv, cos, sin, attn.num_heads)
-        out = self._attend(q, k, v).transpose(1, 2).reshape(batch, seq, d_model)
+        o = self._attend(q, k, v)
+        out = _merged_heads(o)
+        rebuild_in_backward(out, _merged_heads, o)
         x, h = _norm(x, master_linear(out, attn.output_proj.weight, stacked=w_o, update=update),
                      self.ln2, dtype)
+        _rebuilt_norm(h, x, self.ln2)
         gate_up = master_linear(h, ffn.w1.weight, ffn.w3.weight, stacked=w_13, update=update)
-        return x, master_linear(swiglu(gate_up), ffn.w2.weight, stacked=w_2, update=update)
+        hidden = swiglu(gate_up)
+        rebuild_in_backward(hidden, swiglu, gate_up)
+        return x, master_linear(hidden, ffn.w2.weight, stacked=w_2, update=update)
 
 
 class FastTransformerLM(TransformerLM):
@@ -281,6 +295,19 @@ class FastTransformerLM(TransformerLM):
             if targets is None:
                 return F.linear(h, weight.to(dtype))
             return fused_linear_cross_entropy(h.flatten(0, -2), weight, targets.flatten())
+
+
+def _rebuilt_norm(h: torch.Tensor, x: torch.Tensor, norm: torch.nn.Module) -> None:
+    """Under selective recompute, save the norm output h as the norm of the residual x it read."""
+    if recording_recipes():
+        recipe = functools.partial(rmsnorm, weight=norm.weight, eps=norm.eps, out_dtype=h.dtype)
+        rebuild_in_backward(h, recipe, x)
+
+
+def _merged_heads(o: torch.Tensor) -> torch.Tensor:
+    """(batch, heads, seq, head_dim) attention output -> (batch, seq, heads * head_dim), a copy."""
+    batch, heads, seq, head_dim = o.shape
+    return o.transpose(1, 2).reshape(batch, seq, heads * head_dim)
 
 
 def _norm(

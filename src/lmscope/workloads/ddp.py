@@ -94,7 +94,8 @@ class Spec(ModelPointSpec):
     """naive | flat | overlap | bucketed:<MiB> | coalesced:<MiB> | torch-ddp[:<MiB>] | fsdp |
     torch-fsdp2 | single (baseline)."""
     checkpoint: str = "none"
-    """Activation checkpointing of the blocks: none | block | every:K."""
+    """Per-block treatment (`lmscope.accounting.treatments`): none | block | every:K | blocks:LIST |
+    selective[:LIST] | offload[:LIST], parts joined with +."""
     shard_optimizer: bool = False
     """Shard AdamW's state across ranks (ShardedOptimizer, ZeRO stage 1)."""
     world_size: int = 2

@@ -59,8 +59,9 @@ class Spec(ModelPointSpec):
     """Fields that change how the point runs, not what it measures (left out of its identity)."""
 
     checkpoint: str = "none"
-    """Activation checkpointing of blocks: none | block | every:K (blocks 0, K, 2K, ...) |
-    blocks:LIST (e.g. blocks:0-3,7) | plan:BUDGET (the planner's choice under e.g. 40GiB)."""
+    """Per-block treatment (`lmscope.accounting.treatments`): none | block | every:K (blocks 0, K,
+    2K, ...) | blocks:LIST (e.g. blocks:0-3,7) | selective[:LIST] | offload[:LIST], parts joined
+    with + | plan:BUDGET (the planner's full-checkpointing choice under e.g. 40GiB)."""
     activations: bool = False
     """Run one more step measuring what each block and op saves for backward, the gradients, and
     the breakdown of the step's peak (parameters, gradients, optimizer state, activations, rest)."""
@@ -119,9 +120,9 @@ class Spec(ModelPointSpec):
 
 
 def checkpoint_values(text: str) -> list[str]:
-    """The --checkpoint list: split on ';' when given, else on ',' unless it is one blocks:LIST."""
-    if text.strip().startswith("blocks:") and ";" not in text:
-        values = [text.strip()]
+    """The --checkpoint list: split on ';' when given, else on ',' unless it is one policy with a list."""
+    if ";" not in text and any(f"{kind}:" in text for kind in ("blocks", "selective", "offload")):
+        values = [text.strip()]  # one policy whose block lists hold commas
     else:
         values = list_items(text, "--checkpoint", ";" if ";" in text else ",")
     return list(dict.fromkeys(values))

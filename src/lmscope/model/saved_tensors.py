@@ -1,0 +1,144 @@
+"""What a block keeps for its backward, decided per saved tensor: kept, rebuilt, or sent to the host.
+
+`BlockFrame` runs one block's forward under `torch.autograd.graph.saved_tensors_hooks`. Each tensor
+an op saves for backward goes one of three ways:
+
+* **rebuilt** (selective recompute): the block's forward names cheap tensors with
+  `rebuild_in_backward(target, rebuild, *sources)`, e.g. a norm's output as the norm of its input,
+  which the norm saved anyway. When `target` is then saved, the frame stores the recipe instead
+  and the backward runs ``rebuild(*sources)`` under no_grad when it needs the tensor: the same
+  kernels on the same inputs, so the same values, and freed again after the node that read it.
+  The sources are found among the tensors this block saved before (by address: the latest tensor
+  saved at that address is the source); a target whose sources were not saved stays saved.
+* **offloaded**: an activation (see `lmscope.model.offload`) is handed to the block's
+  `OffloadFrame`, which copies it to host memory and brings it back for the backward;
+* **kept**: anything else, passed on to the saved-tensor hooks that were active around the block
+  (e.g. `lmscope.measure.saved_activations.SavedActivations`, which thus still sees what the block
+  keeps on the device), or kept as is.
+
+Why recipes rather than torch's selective checkpointing (`create_selective_checkpoint_contexts`):
+SAC decides per aten op at dispatch and recomputes the block's forward up to what it cached.
+lmscope's fast block runs RMSNorm, RoPE, SwiGLU and FlashAttention as Triton kernels inside
+autograd Functions, invisible to SAC's dispatch cache, so its recompute would run flash attention
+again, the costliest op of a long-context block. A recipe names exactly the tensor to drop and
+the kernel that rebuilds it from what is saved anyway, and nothing else runs again. Eager blocks
+(lmscope's TransformerBlock, transformers' layers) use SAC (`lmscope.model.checkpointing`).
+
+Under CUDA-graph capture the hooks run while capturing and the recipes' kernels are captured into
+the backward graph; offloading refuses to run there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from lmscope.model.offload import OffloadFrame
+
+REBUILD_RANGE = "rebuild"
+"""torch.profiler range around a rebuilt tensor's kernels in the backward."""
+_ACTIVE: list[BlockFrame] = []
+"""Frames whose block forward is running, innermost last."""
+
+
+def recording_recipes() -> bool:
+    """Whether the innermost running block takes recipes (so building one is worth its host time)."""
+    return bool(_ACTIVE) and _ACTIVE[-1].recipes
+
+
+def rebuild_in_backward(target: torch.Tensor, rebuild: Callable[..., torch.Tensor],
+                        *sources: torch.Tensor) -> None:
+    """Inside a block run with selective recompute, save `target` as ``rebuild(*sources)``.
+
+    `rebuild` must give `target`'s values from `sources` (tensors the block saved already), as a
+    tensor of `target`'s number of elements; it runs under no_grad in the backward. Outside such
+    a block (no frame, or one without recipes) this does nothing.
+    """
+    if recording_recipes():
+        _ACTIVE[-1].add_recipe(target, rebuild, sources)
+
+
+class _Kept:
+    """A tensor saved as it is (or as the outer hooks packed it)."""
+
+    __slots__ = ("inner", "outer_unpack")
+
+    def __init__(self, inner: Any, outer_unpack: Callable[[Any], torch.Tensor] | None) -> None:
+        self.inner, self.outer_unpack = inner, outer_unpack
+
+    def unpack(self) -> torch.Tensor:
+        return self.outer_unpack(self.inner) if self.outer_unpack is not None else self.inner
+
+
+class _Rebuilt:
+    """A tensor saved as a recipe: rebuilt from its sources' saved handles when unpacked."""
+
+    __slots__ = ("rebuild", "sources", "shape")
+
+    def __init__(self, rebuild: Callable[..., torch.Tensor], sources: list[Any], shape: torch.Size) -> None:
+        self.rebuild, self.sources, self.shape = rebuild, sources, shape
+
+    def unpack(self) -> torch.Tensor:
+        with torch.no_grad(), torch.profiler.record_function(REBUILD_RANGE):
+            return self.rebuild(*(source.unpack() for source in self.sources)).reshape(self.shape)
+
+
+def _key(tensor: torch.Tensor) -> tuple:
+    return tensor.data_ptr(), tuple(tensor.shape), tensor.stride(), tensor.dtype
+
+
+def _outer_hooks() -> tuple[Callable, Callable] | None:
+    """The saved-tensor hooks active around the block (private torch API; None if missing)."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    return top(False) if top is not None else None
+
+
+class BlockFrame:
+    """The saved-tensor hooks of one block's forward (a context manager; see the module docstring)."""
+
+    def __init__(self, *, recipes: bool, offload: OffloadFrame | None) -> None:
+        self.recipes = recipes
+        self.offload = offload
+        self._recipes: dict[tuple, _Rebuilt] = {}
+        self._latest: dict[int, Any] = {}
+        """Handle of the latest tensor saved at each address (the sources of recipes)."""
+        self._outer = _outer_hooks()
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
+
+    def __enter__(self) -> BlockFrame:
+        self._hooks.__enter__()
+        _ACTIVE.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _ACTIVE.remove(self)
+        self._hooks.__exit__(*exc)
+        self._latest.clear()
+        self._recipes.clear()
+
+    def add_recipe(self, target: torch.Tensor, rebuild: Callable[..., torch.Tensor],
+                   sources: tuple[torch.Tensor, ...]) -> None:
+        handles = [self._latest.get(source.data_ptr()) for source in sources]
+        if any(h is None for h in handles) or not target.is_contiguous():
+            return  # not rebuildable from what this block saved: it stays saved
+        self._recipes[_key(target)] = _Rebuilt(rebuild, handles, target.shape)
+
+    def _pack(self, tensor: torch.Tensor) -> Any:
+        recipe = self._recipes.get(_key(tensor)) if self._recipes else None
+        if recipe is not None:
+            return recipe
+        if self.offload is not None and self.offload.takes(tensor):
+            handle: Any = self.offload.pack(tensor)
+        elif self._outer is not None:
+            handle = _Kept(self._outer[0](tensor), self._outer[1])
+        else:
+            handle = _Kept(tensor, None)
+        if self.recipes:
+            self._latest[tensor.data_ptr()] = handle
+        return handle
+
+
+def _unpack(handle: Any) -> torch.Tensor:
+    return handle.unpack()

@@ -1,0 +1,74 @@
+"""BlockFrame: recipes rebuild cheap tensors in the backward, offloaded tensors come back, and what
+stays is handed to the saved-tensor hooks around the block."""
+
+from __future__ import annotations
+
+import torch
+
+from lmscope.model.offload import Offloader
+from lmscope.model.saved_tensors import BlockFrame, rebuild_in_backward
+
+
+def _graph(rebuild: bool, frame: BlockFrame | None, calls: list[str]) -> tuple[torch.Tensor, ...]:
+    torch.manual_seed(0)
+    x = torch.randn(5, 7, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(7, 3, dtype=torch.float64, requires_grad=True)
+
+    def sine(t: torch.Tensor) -> torch.Tensor:
+        calls.append("rebuilt")
+        return torch.sin(t)
+
+    with frame or torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+        s = x * 3  # saves nothing (a scalar factor)
+        h = torch.sin(s)  # saves s
+        if rebuild:
+            rebuild_in_backward(h, sine, s)
+        y = h @ w  # saves h and w
+    (y.square().sum()).backward()
+    return x.grad, w.grad
+
+
+def test_a_recipe_saves_the_rebuild_instead_of_the_tensor():
+    calls: list[str] = []
+    reference = _graph(False, None, calls)
+    seen: list[tuple[int, ...]] = []
+
+    def outer_pack(t: torch.Tensor) -> torch.Tensor:
+        seen.append(tuple(t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(outer_pack, lambda t: t):
+        grads = _graph(True, BlockFrame(recipes=True, offload=None), calls)
+    assert calls == ["rebuilt"]  # once, when the matmul's backward read h
+    assert all(torch.equal(a, b) for a, b in zip(grads, reference, strict=True))
+    assert sorted(seen) == [(5, 3), (5, 7), (7, 3)]  # s, w (and y, outside) reach the outer hooks; h not
+
+
+def test_outside_a_frame_with_recipes_nothing_changes():
+    calls: list[str] = []
+    _graph(True, None, calls)
+    _graph(True, BlockFrame(recipes=False, offload=None), calls)
+    assert calls == []
+
+
+def test_a_target_whose_source_was_not_saved_stays_saved():
+    calls: list[str] = []
+    x = torch.randn(4, 6, requires_grad=True)
+    with BlockFrame(recipes=True, offload=None):
+        h = x.exp()  # saves its output, not x
+        rebuild_in_backward(h, lambda t: calls.append("rebuilt") or t.exp(), x)
+        y = (h * 2).sum()
+    y.backward()
+    assert calls == [] and torch.equal(x.grad, 2 * x.exp())
+
+
+def test_offloaded_sources_feed_recipes_and_come_back():
+    calls: list[str] = []
+    reference = _graph(False, None, calls)
+    torch.manual_seed(0)
+    x = torch.randn(5, 7, dtype=torch.float64, requires_grad=True)
+    offloader = Offloader()
+    frame = offloader.frame(0, torch.nn.Identity(), (x.unsqueeze(0),), {})  # tokens: batch 1, seq 5
+    grads = _graph(True, BlockFrame(recipes=True, offload=frame), calls)
+    assert calls == ["rebuilt"]
+    assert all(torch.equal(a, b) for a, b in zip(grads, reference, strict=True))

@@ -8,8 +8,8 @@ Workloads read only these two objects and never ask which kind of source it was.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -90,3 +90,5 @@ class ModelSource:
     """Whether the source brings its own optimizer (else lmscope's AdamW)."""
     context_limit: int | None = None
     """Longest sequence the model accepts, where it has one."""
+    facts: Mapping[str, Any] = field(default_factory=dict)
+    """Fields every row of this source carries (e.g. fast_replaced: which modules --fast replaced)."""

@@ -10,7 +10,8 @@ head); the position table is raised to the context length when shorter
 (--model-context-length sets it). ``--attention`` picks ``attn_implementation``: naive -> eager,
 sdpa -> sdpa, flash and flash-torch -> lmscope's kernels (`lmscope.sources.hf_attention`). The loss is fp32
 cross-entropy of the logits against random targets, as for the presets; --checkpoint wraps
-the decoder layers (the largest ModuleList of the model).
+the decoder layers (the largest ModuleList of the model). ``--fast on`` (Llama, Qwen2, Mistral)
+and ``--peer liger`` run the same model faster (`lmscope.sources.hf_speedups`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from torch import nn
 
 from lmscope.sources.contract import ModelSource, UserModel
 from lmscope.sources.hf_attention import IMPLEMENTATIONS, check_config, register
+from lmscope.sources.hf_speedups import LIGER, check_speedup, speedup_user_model
 from lmscope.sources.preset import token_batch
 from lmscope.sources.request import ModelRequest
 
@@ -44,27 +46,25 @@ POSITIONS = ("max_position_embeddings", "n_positions")
 def hf_source(request: ModelRequest) -> ModelSource:
     """Resolve hf:<model_type or config.json>: the config, checked by building the model on the
     meta device (no memory, no download). ValueError names what is wrong."""
-    if request.fast:
-        raise ValueError(f"--fast on runs lmscope's own model family, not {request.name}: drop --fast")
-    if request.peer != "none":
-        raise ValueError(f"--peer hf is a peer of lmscope's presets; {request.name} is itself a "
-                         "transformers model: drop --peer")
     if request.attention not in ATTENTION:
         raise ValueError(f"{request.name}: --attention {request.attention} has no transformers "
                          f"implementation here: choose one of {', '.join(ATTENTION)}")
     config = hf_config(request)
-    if request.attention in IMPLEMENTATIONS:
-        if not hasattr(_transformers(), "AttentionInterface"):
-            raise ValueError(f"--attention {request.attention} with {request.name} needs transformers' "
-                             "AttentionInterface (transformers >= 4.50): upgrade it or use --attention sdpa")
-        check_config(config, request.name, request.attention)
+    if request.attention in IMPLEMENTATIONS and not hasattr(_transformers(), "AttentionInterface"):
+        raise ValueError(f"--attention {request.attention} with {request.name} needs transformers' "
+                         "AttentionInterface (transformers >= 4.50): upgrade it or use --attention sdpa")
     with torch.device("meta"):
         model = _causal_lm(config, request)
+    facts = check_speedup(request, config.model_type, model)
+    if request.attention in IMPLEMENTATIONS:
+        check_config(config, request.name, request.attention)
     return ModelSource(
         name=request.name, kind="hf", unit="tokens",
         build=lambda device: _build(config, request, device),
         blocks=len(decoder_layers(model)),
+        has_optimizer=request.fast,
         context_limit=_positions(config),
+        facts=facts,
     )
 
 
@@ -115,6 +115,9 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
 def _build(config: Any, request: ModelRequest, device: torch.device) -> UserModel:
     with device:
         model = _causal_lm(config, request)
+    if request.fast or request.peer == LIGER:
+        return speedup_user_model(model, config.model_type, request, token_batch(config.vocab_size), device,
+                                  decoder_layers(model))
     from lmscope.sources.preset import logits_loss
 
     return UserModel(model=_Logits(model), make_batch=token_batch(config.vocab_size), loss=logits_loss,

@@ -22,8 +22,9 @@ from lmscope.measure.timer import PhaseClock
 from lmscope.workloads.model_spec import ModelPointSpec
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-PEERS = ("none", "hf")
-"""Models other than lmscope's: none, or hf (transformers' Llama of the same sizes)."""
+PEERS = ("none", "hf", "liger")
+"""Peers of a point's model: none; hf (a preset's sizes as transformers' Llama); liger (Liger-Kernel
+applied to an hf: model)."""
 
 
 def resolve_device(name: str) -> torch.device:
@@ -54,7 +55,7 @@ def check_model_choice(fast: bool, peer: str, attention: str) -> None:
         raise ValueError(f"unknown peer {peer!r}: choose one of {', '.join(PEERS)} "
                          "(the torch.compile peer is --compile on)")
     if fast and peer != "none":
-        raise ValueError("--fast on runs lmscope's model, --peer hf transformers': pick one per point")
+        raise ValueError(f"--fast on and --peer {peer} are two different setups: pick one per point")
     if peer == "hf" and attention != "sdpa":
         raise ValueError("--peer hf runs transformers' Llama with SDPA attention: pass --attention sdpa")
 
@@ -162,9 +163,10 @@ class TrainStep:
         return sum(p.numel() for p in self.model.parameters())
 
     def model_facts(self) -> dict[str, Any]:
-        """Which kind of source the model came from, its unit and its parameter count."""
+        """Which kind of source the model came from, its unit, its parameter count and the source's
+        own facts (fast_replaced)."""
         return {"model_source": self.source.kind, "unit": self.source.unit,
-                "parameters": self.parameter_count()}
+                "parameters": self.parameter_count(), **self.source.facts}
 
 
 class _NullClock:

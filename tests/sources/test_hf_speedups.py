@@ -137,6 +137,31 @@ def test_the_fast_step_computes_the_eager_step(monkeypatch) -> None:
     assert trained.loss().item() < first
 
 
+def test_checkpointed_fast_layers_give_the_same_gradients() -> None:
+    """bench --checkpoint block on the fast step: the decoder layers recompute their fused forwards."""
+    skip_in_parent("test_hf_speedups_in_interpreter")
+    from lmscope.model.checkpointing import checkpoint_blocks
+    from lmscope.workloads.train_step import TrainStep
+
+    common = dict(size="hf:llama", device=DEVICE, context_length=9, batch_size=2, fast=True,
+                  attention=ATTENTION, mode="forward-backward", **SMALL)
+    plain, checkpointed = TrainStep(Spec(**common)), TrainStep(Spec(**common, checkpoint="block"))
+    assert checkpoint_blocks(checkpointed.built.blocks, "block") == (0, 1)
+    plain()
+    checkpointed()
+    for (name, a), b in zip(plain.model.named_parameters(), checkpointed.model.parameters(), strict=True):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-6, atol=1e-7, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"size": "small", "fast": True, "attention": "flash"}, "the fast model's forward does not run them"),
+    ({"size": "hf:llama", "checkpoint": "every:0"}, "every:K"),
+])
+def test_bench_checkpoint_refusals(fields, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        Spec(device="cpu", **{"checkpoint": "block", **fields})
+
+
 def test_fast_forward_mode_returns_logits() -> None:
     skip_in_parent("test_hf_speedups_in_interpreter")
     from lmscope.workloads.train_step import TrainStep

@@ -176,3 +176,35 @@ def test_fast_forward_mode_returns_logits() -> None:
 def test_model_point_spec_accepts_hf_fast(mistral) -> None:
     spec = ModelPointSpec(size=mistral, fast=True, attention="flash", device="cpu", context_length=16)
     assert spec.source().facts["fast_replaced"] == "norm=5,mlp=2,attention=2,causal_lm=1"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_fast_step_replays_from_cuda_graphs_on_gpu() -> None:
+    """The whole hf fast train step (forward, backward, FusedAdamW) captured in CUDA graphs: the
+    replays train as the eager fast step does, and bench's row says the graphs ran."""
+    from dataclasses import asdict
+
+    from lmscope.workloads.cuda_graph_step import GraphedStep
+    from lmscope.workloads.step import run_point
+    from lmscope.workloads.train_step import TrainStep
+
+    common = dict(size="hf:llama", fast=True, attention="flash", device="cuda", precision="bf16",
+                  context_length=256, batch_size=2, d_model=256, num_heads=4, num_layers=2, d_ff=512,
+                  vocab_size=1000)
+    eager = TrainStep(Spec(**common, cuda_graph="off"), capturable=True)
+    captured = TrainStep(Spec(**common, cuda_graph="on"), capturable=True)
+    graphed = GraphedStep(captured)  # three eager steps before the capture
+    for _ in range(3):
+        eager()
+    losses: dict[str, list[float]] = {"eager": [], "graphed": []}
+    for _ in range(10):
+        eager()
+        graphed()
+        losses["eager"].append(eager.last_loss.item())
+        losses["graphed"].append(captured.last_loss.item())
+    assert losses["graphed"][-1] < losses["graphed"][0]
+    for a, b in zip(losses["eager"], losses["graphed"], strict=True):
+        assert abs(a - b) <= 2e-2 * abs(a), losses
+    row = run_point(asdict(Spec(**common, warmup=2, steps=3)))
+    assert row["cuda_graph_used"] and row["fast_replaced"] == "norm=5,mlp=2,attention=2,causal_lm=1"

@@ -32,6 +32,7 @@ refused with one line before anything changes. See docs/own_model.md.
 
 from __future__ import annotations
 
+import importlib.util
 import types
 from collections import Counter
 from collections.abc import Iterator
@@ -103,6 +104,7 @@ def plan_fast_patch(model: nn.Module, attention: str = "flash") -> FastPlan:
                          f"choose one of {', '.join(ATTENTIONS)}")
     if getattr(model, _PATCH, None) is not None:
         raise ValueError(f"{type(model).__name__} runs lmscope's fast path already: apply it once")
+    _check_transformers()
     targets = []
     for name, module in model.named_modules():
         found = classify(module)
@@ -115,6 +117,15 @@ def plan_fast_patch(model: nn.Module, attention: str = "flash") -> FastPlan:
     for target in targets:
         _check(target, config)
     return FastPlan(tuple(targets), attention)
+
+
+def _check_transformers() -> None:
+    """transformers >= 4.53: masks made per attention implementation (none for lmscope's)."""
+    import transformers
+
+    if importlib.util.find_spec("transformers.masking_utils") is None:
+        raise ValueError(f"lmscope's fast path needs transformers >= 4.53 (masks built per attention "
+                         f"implementation), this is {transformers.__version__}: upgrade it")
 
 
 def _check(target: _Target, model_config: Any) -> None:

@@ -106,7 +106,12 @@ def base_forward(self: nn.Module, input_ids: Any = None, attention_mask: torch.T
 
 def _check_unpadded(mask: torch.Tensor | None) -> None:
     """Refuse a mask that hides tokens (an all-ones one costs one host synchronization)."""
-    if mask is not None and not (mask.ndim == 2 and bool(mask.all())):
+    if mask is None:
+        return
+    if mask.ndim != 2:
+        raise ValueError(f"lmscope's fast attention takes no {mask.ndim}-D attention mask (it is causal "
+                         "over whole rows): pass a 2-D one of all ones, or none")
+    if not bool(mask.all()):
         raise ValueError("lmscope's fast attention is causal over whole rows: pass no padding mask "
                          "(attention_mask=None or all ones)")
 

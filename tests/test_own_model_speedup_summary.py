@@ -47,6 +47,17 @@ def test_tables_ratios_targets_and_plot(tmp_path: Path) -> None:
     assert len(read_records(tmp_path / "bench.jsonl")) == len(rows)
 
 
+def test_the_fastest_attention_backend_of_lmscope_is_compared() -> None:
+    module = load_script("benchmarks/own_model/speedup_summary.py", "own_model_speedup_summary")
+    groups = module.grouped([_row("liger", 130.0, 30.0), _row("fast", 120.0, 31.0),
+                             _row("fast", 100.0, 29.0, attention="sdpa-cudnn")])
+    setups = next(iter(groups.values()))
+    assert module.setups_of(setups) == ["eager", "compile", "liger", "fast", "fast (sdpa-cudnn)"]
+    lines = module.model_table(setups)
+    assert "lmscope below: `fast (sdpa-cudnn)`." in lines
+    assert any(line.startswith("- liger step / lmscope step: 1.300x [") for line in lines)
+
+
 def test_missed_targets_say_so(tmp_path: Path) -> None:
     module = load_script("benchmarks/own_model/speedup_summary.py", "own_model_speedup_summary")
     groups = module.grouped([_row("liger", 130.0, 30.0), _row("fast", 120.0, 31.0)])

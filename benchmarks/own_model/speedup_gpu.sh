@@ -5,7 +5,9 @@
 #   compile  the same under torch.compile (--compile $COMPILE; compile_s is its compile time)
 #   liger    Liger-Kernel's apply_liger_kernel_to_<model_type>(model=...) (RMSNorm, SwiGLU, RoPE,
 #            fused linear cross-entropy), SDPA attention (--peer liger)
-#   fast     lmscope's fused path (--fast on: lmscope.model.hf_fast, FusedAdamW, CUDA graphs)
+#   fast     lmscope's fused path (--fast on: lmscope.model.hf_fast, FusedAdamW, CUDA graphs) with
+#            lmscope's Triton FlashAttention (FAST_ATTENTION, default flash); at context 8192 also
+#            with torch's SDPA pinned to cuDNN (FAST_ATTENTION_LONG, default flash,sdpa-cudnn)
 # on the models
 #   Llama-3.2-1B shape   batch 4 x 2048 (examples/llama-3.2-1b-shape.json), ROUNDS_1B rounds
 #   Qwen2-0.5B shape     batch 4 x 2048 (examples/qwen2-0.5b-shape.json)
@@ -21,7 +23,8 @@
 # in gpu_deps/ (or point LIGER_WHEEL at it); it is installed into $OUT/deps, never into the
 # system's Python. Without it the liger rows are one-line errors and the rest still runs.
 # Usage (repo root, GPU machine, no uv):
-#   OUT=/some/dir [BUDGET_S=510] [COMPILE=on] [ROUNDS_1B=2] [STEPS=8] bash benchmarks/own_model/speedup_gpu.sh
+#   OUT=/some/dir [BUDGET_S=510] [COMPILE=on] [ROUNDS_1B=2] [STEPS=8] [FAST_ATTENTION=flash]
+#   [FAST_ATTENTION_LONG=flash,sdpa-cudnn] bash benchmarks/own_model/speedup_gpu.sh
 # COMPILE=max-autotune-no-cudagraphs (torch.compile's best mode, once `--compile` takes modes)
 # compiles for several minutes per model: give it a budget of its own.
 # Writes to $OUT: bench.jsonl, summary.md and speedup.png (benchmarks/own_model/speedup_summary.py),
@@ -32,6 +35,8 @@ BUDGET_S=${BUDGET_S:-510}
 COMPILE=${COMPILE:-on}
 ROUNDS_1B=${ROUNDS_1B:-2}
 STEPS=${STEPS:-8}
+FAST_ATTENTION=${FAST_ATTENTION:-flash}
+FAST_ATTENTION_LONG=${FAST_ATTENTION_LONG:-flash,sdpa-cudnn}
 LIGER_WHEEL=${LIGER_WHEEL:-$(ls gpu_deps/liger_kernel-*.whl 2>/dev/null | head -1)}
 mkdir -p "$OUT"
 export PYTHONPATH=src:gpu_deps:$OUT/deps PYTHONUNBUFFERED=1
@@ -52,7 +57,7 @@ declare -A SETUP=(
   [eager]="--attention sdpa"
   [compile]="--attention sdpa --compile $COMPILE"
   [liger]="--attention sdpa --peer liger"
-  [fast]="--attention flash --fast on"
+  [fast]="--fast on"
 )
 LLAMA_1B=(--model hf:examples/llama-3.2-1b-shape.json --batch-size 4 --context-length 2048)
 QWEN2=(--model hf:examples/qwen2-0.5b-shape.json --batch-size 4 --context-length 2048)
@@ -60,9 +65,10 @@ MISTRAL=(--model hf:examples/mistral-7b-shape.json --num-layers 8 --batch-size 4
 LLAMA_8B=(--model hf:examples/llama-3.1-8b-shape.json --num-layers 8 --batch-size 1 --context-length 8192
           --checkpoint block)
 
-bench() {  # bench ROUNDS ROUND SETUP MODEL_ARGS...: one setup of one model, within the budget
-  local rounds=$1 round=$2 setup=$3
-  shift 3
+bench() {  # bench ROUNDS ROUND SETUP FAST_ATTENTION MODEL_ARGS...: one setup of one model, in budget
+  local rounds=$1 round=$2 setup=$3 attention=()
+  [[ $setup == fast ]] && attention=(--attention "$4")
+  shift 4
   local left=$((deadline - SECONDS))
   if ((left < 20)); then
     echo "== $setup round $round: skipped, out of budget"
@@ -70,25 +76,25 @@ bench() {  # bench ROUNDS ROUND SETUP MODEL_ARGS...: one setup of one model, wit
   fi
   echo "== $setup round $round/$rounds: $* (at most $left s, $SECONDS s elapsed)"
   # shellcheck disable=SC2086  # SETUP holds several flags
-  timeout -s INT -k 20 "$left" "${BENCH[@]}" --rounds "$rounds" --round "$round" ${SETUP[$setup]} "$@" \
-    | tail -n 3
+  timeout -s INT -k 20 "$left" "${BENCH[@]}" --rounds "$rounds" --round "$round" ${SETUP[$setup]} \
+    "${attention[@]}" "$@" | tail -n 3
 }
 
-model() {  # model ROUNDS MODEL_ARGS...: every setup, ROUNDS rounds, the order flipped each round
-  local rounds=$1
-  shift
+model() {  # model ROUNDS FAST_ATTENTION MODEL_ARGS...: every setup, ROUNDS rounds, order flipped
+  local rounds=$1 attention=$2
+  shift 2
   for ((r = 0; r < rounds; r++)); do
     local order=(eager compile liger fast)
     ((r % 2)) && order=(fast liger compile eager)
     for setup in "${order[@]}"; do
-      bench "$rounds" "$r" "$setup" "$@"
+      bench "$rounds" "$r" "$setup" "$attention" "$@"
     done
   done
 }
 
-model "$ROUNDS_1B" "${LLAMA_1B[@]}"
-model 1 "${QWEN2[@]}"
-model 1 "${MISTRAL[@]}"
-model 1 "${LLAMA_8B[@]}"
+model "$ROUNDS_1B" "$FAST_ATTENTION" "${LLAMA_1B[@]}"
+model 1 "$FAST_ATTENTION" "${QWEN2[@]}"
+model 1 "$FAST_ATTENTION" "${MISTRAL[@]}"
+model 1 "$FAST_ATTENTION_LONG" "${LLAMA_8B[@]}"
 python3 benchmarks/own_model/speedup_summary.py "$OUT"
 echo "== done in $SECONDS s: $OUT"

@@ -57,10 +57,10 @@ def _model(family: str, seed: int, **changes) -> nn.Module:
     return model.float()
 
 
-def _pair(hf_fast, family: str, seed: int):
+def _pair(hf_fast, family: str, seed: int, attention: str = ATTENTION):
     reference = _model(family, seed)
     fast = copy.deepcopy(reference)
-    patch = hf_fast.apply_to_hf_model(fast, attention=ATTENTION)
+    patch = hf_fast.apply_to_hf_model(fast, attention=attention)
     gen = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, reference.config.vocab_size, (2, SEQ), generator=gen).to(DEVICE)
     labels = tokens.clone()
@@ -76,9 +76,9 @@ def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
     return ((a.double() - ref).norm() / ref.norm()).item()
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
-def test_fp32_loss_logits_and_every_gradient_match_the_unpatched_model(hf_fast, family) -> None:
-    reference, fast, patch, tokens, labels = _pair(hf_fast, family, seed=len(family))
+@pytest.mark.parametrize(("family", "attention"), [*((f, ATTENTION) for f in FAMILIES), ("llama", "sdpa")])
+def test_fp32_loss_logits_and_every_gradient_match_the_unpatched_model(hf_fast, family, attention) -> None:
+    reference, fast, patch, tokens, labels = _pair(hf_fast, family, seed=len(family), attention=attention)
     params = [id(p) for p in fast.parameters()]
     ref = reference(input_ids=tokens, labels=labels)
     ours = fast(input_ids=tokens, labels=labels)
@@ -98,6 +98,7 @@ def test_fp32_loss_logits_and_every_gradient_match_the_unpatched_model(hf_fast, 
     assert patch.summary() == f"norm={2 * layers + 1},mlp={layers},attention={layers},causal_lm=1"
     assert patch.replaced["attention"][0] == "model.layers.0.self_attn"
     assert patch.families == (family,) and hf_fast.fast_patch_of(fast) is patch
+    assert fast.config._attn_implementation.startswith("lmscope_")  # transformers builds no mask
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
@@ -228,8 +229,8 @@ def test_other_families_and_attentions_are_refused() -> None:
     gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2))
     with pytest.raises(ValueError, match="llama, qwen2, mistral"):
         plan_fast_patch(gpt2)
-    with pytest.raises(ValueError, match="choose one of flash, flash-torch"):
-        plan_fast_patch(_model("llama", seed=1), attention="sdpa")
+    with pytest.raises(ValueError, match="choose one of flash, flash-torch, sdpa, sdpa-cudnn"):
+        plan_fast_patch(_model("llama", seed=1), attention="naive")
 
 
 @pytest.mark.gpu

@@ -51,8 +51,6 @@ def test_the_source_says_what_the_fast_path_replaces() -> None:
 
 
 @pytest.mark.parametrize(("fields", "message"), [
-    ({"size": "hf:llama", "fast": True, "attention": "sdpa"},
-     "runs lmscope's FlashAttention: pass --attention flash"),
     ({"size": "hf:llama", "fast": True, "attention": "flash", "optimizer_in_backward": True,
       "precision": "bf16"}, "--optimizer-in-backward on runs with lmscope's presets"),
     ({"size": "hf:gpt2", "peer": "liger"}, "Liger-Kernel's patches for llama, qwen2, mistral, not gpt2"),
@@ -69,6 +67,13 @@ def test_a_sliding_window_shorter_than_the_context_is_refused(mistral) -> None:
     Spec(size=mistral, fast=True, attention="flash", device="cpu", context_length=16)
     with pytest.raises(ValueError, match="its sliding window 16 is shorter than the context 17"):
         Spec(size=mistral, fast=True, attention="flash", device="cpu", context_length=17)
+
+
+def test_the_fast_path_names_its_attention_backends() -> None:
+    with pytest.raises(ValueError, match="runs lmscope's attention backends: pass --attention flash, "
+                                         "flash-torch, sdpa, sdpa-cudnn"):
+        resolve_source(ModelRequest(name="hf:llama", fast=True, attention="naive", **SMALL))
+    assert resolve_source(ModelRequest(name="hf:llama", fast=True, attention="sdpa-cudnn", **SMALL)).facts
 
 
 def test_liger_without_liger_kernel_says_what_to_install(monkeypatch) -> None:

@@ -10,7 +10,8 @@ objects (names, shapes, state dict, an optimizer made before keep working); only
   kernel in transformers' rotate-half layout with the model's own cos/sin (so every RoPE
   scaling its rotary module computes: default, linear, llama3, yarn, dynamic, ...) that also
   repeats grouped key/value heads to the query heads, lmscope's FlashAttention (``flash``, Triton;
-  ``flash-torch``, its tiled PyTorch version), the output projection;
+  ``flash-torch``, its tiled PyTorch version; or torch's SDPA, ``sdpa`` and ``sdpa-cudnn``), the
+  output projection;
 * lm_head and loss (``*ForCausalLM``): given ``labels`` (or ``shift_labels``) the model's forward
   returns transformers' loss (labels shifted by one, -100 ignored, ``num_items_in_batch``) from
   lmscope's fused LM head + cross-entropy, which never holds the full logits (``logits`` is None
@@ -20,7 +21,7 @@ Every matmul of a block hands its weight gradient back in the weights' dtype str
 matmul (fp32 out of bf16 inputs), and `FastPatch.fused_adamw` gives lmscope's FusedAdamW, which
 also keeps persistent bf16 copies of the block weights current so autocast never casts them.
 
-The model's ``attn_implementation`` becomes lmscope's (``lmscope_fa2``), which transformers
+The model's ``attn_implementation`` becomes lmscope's (``lmscope_fa2``, ...), which transformers
 builds no mask for: no host synchronization per step, so the step can be captured in a CUDA
 graph. The attention is causal over whole rows: a padding mask is refused (an all-ones one is
 accepted, at one host synchronization), and so are sliding windows shorter than the sequence
@@ -45,8 +46,9 @@ from torch import nn
 from lmscope.model.hf_families import classify, supported_families
 from lmscope.model.shadow_weights import ShadowWeights
 
-ATTENTIONS = ("flash", "flash-torch")
-"""lmscope attention backends the patched attention runs (flash-torch: on the CPU, for tests)."""
+ATTENTIONS = ("flash", "flash-torch", "sdpa", "sdpa-cudnn")
+"""lmscope attention backends the patched attention runs: its Triton FlashAttention (flash), its
+tiled PyTorch version (flash-torch: CPU tests), torch's SDPA, torch's SDPA pinned to cuDNN."""
 PROJECTIONS = {"attention": (("q_proj", "k_proj", "v_proj"), ("o_proj",)),
                "mlp": (("gate_proj", "up_proj"), ("down_proj",))}
 """Per role, the projections each fused matmul reads, stacked in this order."""
@@ -100,7 +102,7 @@ def plan_fast_patch(model: nn.Module, attention: str = "flash") -> FastPlan:
     Imports no kernel and touches no tensor, so it runs on a meta-device model.
     """
     if attention not in ATTENTIONS:
-        raise ValueError(f"attention={attention!r}: the fast path runs lmscope's FlashAttention, "
+        raise ValueError(f"attention={attention!r}: the fast path runs lmscope's attention backends, "
                          f"choose one of {', '.join(ATTENTIONS)}")
     if getattr(model, _PATCH, None) is not None:
         raise ValueError(f"{type(model).__name__} runs lmscope's fast path already: apply it once")
@@ -251,8 +253,9 @@ class FastPatch:
 def apply_to_hf_model(model: nn.Module, *, attention: str = "flash") -> FastPatch:
     """Run `model`'s Llama/Qwen2/Mistral modules through lmscope's fused kernels, in place.
 
-    `attention`: flash (lmscope's Triton FlashAttention-2; CUDA, or the CPU interpreter) or
-    flash-torch (its tiled PyTorch version). Returns what was replaced (`FastPatch.replaced`,
+    `attention`: flash (lmscope's Triton FlashAttention-2; CUDA, or the CPU interpreter),
+    flash-torch (its tiled PyTorch version), sdpa (torch's) or sdpa-cudnn (torch's pinned to
+    cuDNN's kernel; CUDA). Returns what was replaced (`FastPatch.replaced`,
     `.summary()`); `fast_patch_of(model)` finds it again. ValueError, with the model unchanged,
     when a module cannot run fused (see the module docstring).
     """
@@ -293,12 +296,12 @@ def _use_lmscope_attention(model: nn.Module, plan: FastPlan, attention: str) -> 
     mask (no per-step host synchronization; CUDA-graph capturable)."""
     import transformers
 
-    from lmscope.sources.hf_attention import IMPLEMENTATIONS, register
+    from lmscope.sources.hf_attention import FAST_IMPLEMENTATIONS, register
 
     register(transformers)
     configs = {id(c): c for c in _configs(model, plan)}
     for config in configs.values():
-        config._attn_implementation = IMPLEMENTATIONS[attention]
+        config._attn_implementation = FAST_IMPLEMENTATIONS[attention]
 
 
 def _configs(model: nn.Module, plan: FastPlan) -> Iterator[Any]:

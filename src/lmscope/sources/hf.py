@@ -46,7 +46,7 @@ POSITIONS = ("max_position_embeddings", "n_positions")
 def hf_source(request: ModelRequest) -> ModelSource:
     """Resolve hf:<model_type or config.json>: the config, checked by building the model on the
     meta device (no memory, no download). ValueError names what is wrong."""
-    if request.attention not in ATTENTION:
+    if request.attention not in ATTENTION and not request.fast:
         raise ValueError(f"{request.name}: --attention {request.attention} has no transformers "
                          f"implementation here: choose one of {', '.join(ATTENTION)}")
     config = hf_config(request)
@@ -138,8 +138,8 @@ class _Logits(nn.Module):
 def _causal_lm(config: Any, request: ModelRequest) -> nn.Module:
     transformers = _transformers()
     try:
-        model = transformers.AutoModelForCausalLM.from_config(
-            config, attn_implementation=ATTENTION[request.attention])
+        model = transformers.AutoModelForCausalLM.from_config(  # --fast picks its own later
+            config, attn_implementation=ATTENTION.get(request.attention, "sdpa"))
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise ValueError(f"{request.name}: transformers cannot build a causal LM from this config: "
                          f"{_line(error)}") from None

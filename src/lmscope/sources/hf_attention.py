@@ -18,14 +18,17 @@ from torch import nn
 
 IMPLEMENTATIONS = {"flash": "lmscope_fa2", "flash-torch": "lmscope_fa2_torch"}
 """lmscope's --attention -> the attn_implementation name it is registered under."""
+FAST_IMPLEMENTATIONS = {**IMPLEMENTATIONS, "sdpa": "lmscope_sdpa", "sdpa-cudnn": "lmscope_sdpa_cudnn"}
+"""The names a model patched by lmscope.model.hf_fast gets (transformers builds no mask for any of
+them); --attention sdpa of an unpatched hf: model stays transformers' own SDPA."""
 DROPOUT_FIELDS = ("attention_dropout", "attn_pdrop")
 
 
 def register(transformers: Any) -> None:
-    """Register both implementations with transformers (idempotent; a no-op before 4.50)."""
+    """Register the implementations with transformers (idempotent; a no-op before 4.50)."""
     if not hasattr(transformers, "AttentionInterface"):
         return
-    for backend, name in IMPLEMENTATIONS.items():
+    for backend, name in FAST_IMPLEMENTATIONS.items():
         transformers.AttentionInterface.register(name, _attention(backend))
 
 

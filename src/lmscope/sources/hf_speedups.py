@@ -49,8 +49,8 @@ def check_speedup(request: ModelRequest, model_type: str, meta_model: nn.Module)
 
 def _check_fast(request: ModelRequest, model: nn.Module) -> str:
     if request.attention not in ATTENTIONS:
-        raise ValueError(f"--fast on with {request.name} runs lmscope's FlashAttention: pass --attention "
-                         "flash (flash-torch on the CPU)")
+        raise ValueError(f"--fast on with {request.name} runs lmscope's attention backends: pass --attention "
+                         f"{', '.join(ATTENTIONS)}")
     if request.optimizer_in_backward:
         raise ValueError(f"--optimizer-in-backward on runs with lmscope's presets: drop it for "
                          f"{request.name}")
@@ -77,6 +77,9 @@ def speedup_user_model(model: nn.Module, model_type: str, request: ModelRequest,
         if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError("--fast on runs lmscope's Triton kernels, which need a CUDA GPU: on the CPU "
                              "drop --fast")
+        if device.type != "cuda" and request.attention == "sdpa-cudnn":
+            raise ValueError("--attention sdpa-cudnn is cuDNN's kernel, which needs a CUDA GPU: on the CPU "
+                             "use --attention flash-torch")
         from lmscope.model.hf_fast import apply_to_hf_model
 
         patch = apply_to_hf_model(model, attention=request.attention)

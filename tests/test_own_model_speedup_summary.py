@@ -64,3 +64,23 @@ def test_missed_targets_say_so(tmp_path: Path) -> None:
     lines = module.targets(next(iter(groups.values())))
     assert lines == ["- at least 1.15x liger's step: not met", "- at least 1.0x compile's step: not measured",
                      "- peak memory no higher than Liger's: not met"]
+
+
+def test_the_readme_claim_renders_the_committed_rows(tmp_path: Path) -> None:
+    """benchmarks/claims.py's own-model-speedup over rows where speedup_gpu.sh's are committed."""
+    from lmscope.report.claims import Rows
+
+    claims = load_script("benchmarks/claims.py", "claims_script_own_model")
+    stamp = {"git_sha": "abc123", "time": "2026-11-28T10:00:00", "device_name": "NVIDIA H100 80GB HBM3"}
+    folder = tmp_path / claims.OWN_SPEEDUP
+    folder.mkdir(parents=True)
+    for row in (_row("eager", 200.0, 43.0), _row("liger", 160.0, 30.0), _row("fast", 120.0, 28.0),
+                _row("compile", 0, 0, status="timeout")):
+        append_record(folder / "bench.jsonl", {**row, **stamp})
+    text = claims.own_model_speedup(Rows(tmp_path))
+    lines = text.splitlines()
+    model = "| llama-3.2-1b-shape, batch 4 x 2048 |"
+    assert any(line.startswith(f"{model} liger | 160.0 | 30.0 |") and "1.33x" in line for line in lines), text
+    assert any("| compile | TIMEOUT |" in line for line in lines)
+    assert any(line.startswith(f"{model} fast | 120.0 |") and line.endswith("|  |") for line in lines), text
+    assert "abc123" in text and claims.OWN_SPEEDUP in text

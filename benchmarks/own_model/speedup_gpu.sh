@@ -16,15 +16,18 @@
 # The setups cannot share one sweep, so each is its own `lmscope bench --rounds R --round r` call
 # into one results file (the order of the setups flips every round). Every call stops at the
 # budget's end (SIGINT: finished points are kept; rerunning with the same OUT resumes), so the
-# whole script stays within BUDGET_S; the 1B shape goes first. Estimate on an H100: about 8 min
-# with the defaults (compiled points 30-90 s each, the first of a model the longest; the others
-# 10-25 s each, in a fresh process).
+# whole script stays within BUDGET_S, models in the order of MODELS. Each point is a fresh
+# process; on an H100 a compiled point takes 30-90 s (the first of a model the longest: compile
+# time), a Liger or lmscope point 20-40 s the first time (Triton compiles), the others 15-25 s.
+# All four models do not fit one 9-minute call: run MODELS="llama-1b qwen2" (about 7.5 min) and
+# MODELS="mistral llama-8b" (about 6.5 min) as two calls into one OUT (or two, then concatenate
+# their bench.jsonl and rerun speedup_summary.py).
 # Liger-Kernel must be importable: carry liger_kernel-0.8.5-py3-none-any.whl (pure Python + Triton)
 # in gpu_deps/ (or point LIGER_WHEEL at it); it is installed into $OUT/deps, never into the
 # system's Python. Without it the liger rows are one-line errors and the rest still runs.
 # Usage (repo root, GPU machine, no uv):
-#   OUT=/some/dir [BUDGET_S=510] [COMPILE=on] [ROUNDS_1B=2] [STEPS=8] [FAST_ATTENTION=flash]
-#   [FAST_ATTENTION_LONG=flash,sdpa-cudnn] bash benchmarks/own_model/speedup_gpu.sh
+#   OUT=/some/dir MODELS="llama-1b qwen2" [BUDGET_S=510] [COMPILE=on] [ROUNDS_1B=2] [STEPS=8]
+#   [FAST_ATTENTION=flash] [FAST_ATTENTION_LONG=flash,sdpa-cudnn] bash benchmarks/own_model/speedup_gpu.sh
 # COMPILE=max-autotune-no-cudagraphs (torch.compile's best mode, once `--compile` takes modes)
 # compiles for several minutes per model: give it a budget of its own.
 # Writes to $OUT: bench.jsonl, summary.md and speedup.png (benchmarks/own_model/speedup_summary.py),
@@ -32,6 +35,7 @@
 set -u
 OUT=${OUT:-runs/own-model-speedup}
 BUDGET_S=${BUDGET_S:-510}
+MODELS=${MODELS:-"llama-1b qwen2 mistral llama-8b"}
 COMPILE=${COMPILE:-on}
 ROUNDS_1B=${ROUNDS_1B:-2}
 STEPS=${STEPS:-8}
@@ -92,9 +96,14 @@ model() {  # model ROUNDS FAST_ATTENTION MODEL_ARGS...: every setup, ROUNDS roun
   done
 }
 
-model "$ROUNDS_1B" "$FAST_ATTENTION" "${LLAMA_1B[@]}"
-model 1 "$FAST_ATTENTION" "${QWEN2[@]}"
-model 1 "$FAST_ATTENTION" "${MISTRAL[@]}"
-model 1 "$FAST_ATTENTION_LONG" "${LLAMA_8B[@]}"
+for name in $MODELS; do
+  case $name in
+    llama-1b) model "$ROUNDS_1B" "$FAST_ATTENTION" "${LLAMA_1B[@]}" ;;
+    qwen2) model 1 "$FAST_ATTENTION" "${QWEN2[@]}" ;;
+    mistral) model 1 "$FAST_ATTENTION" "${MISTRAL[@]}" ;;
+    llama-8b) model 1 "$FAST_ATTENTION_LONG" "${LLAMA_8B[@]}" ;;
+    *) echo "== unknown model $name (MODELS takes llama-1b qwen2 mistral llama-8b)" ;;
+  esac
+done
 python3 benchmarks/own_model/speedup_summary.py "$OUT"
 echo "== done in $SECONDS s: $OUT"

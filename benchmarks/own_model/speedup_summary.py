@@ -88,7 +88,8 @@ def model_table(setups: dict[str, dict[str, Any]]) -> list[str]:
              "|---|---|---|---|---|---|---|---|"]
     for name in setups_of(setups):
         row = setups.get(name)
-        cells = [name, _num(row, "median_ms", "{:.1f}"), str((row or {}).get("rounds", 1)),
+        rounds = len((row or {}).get("times_ms") or []) // max(1, (row or {}).get("steps") or 1)
+        cells = [name, _num(row, "median_ms", "{:.1f}"), str(rounds or "-"),
                  _num(row, "peak_allocated_gib", "{:.1f}"), _num(row, "tokens_per_s", "{:,.0f}"),
                  _num(row, "mfu_counted", "{:.1f}", 100), _num(row, "compile_s", "{:.0f}"),
                  _num(row, "cuda_graph_used", "{}")]

@@ -213,3 +213,23 @@ def test_the_fast_step_replays_from_cuda_graphs_on_gpu() -> None:
         assert abs(a - b) <= 2e-2 * abs(a), losses
     row = run_point(asdict(Spec(**common, warmup=2, steps=3)))
     assert row["cuda_graph_used"] and row["fast_replaced"] == "norm=5,mlp=2,attention=2,causal_lm=1"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_fast_step_never_synchronizes_the_host() -> None:
+    """No host synchronization in the hf fast train step (transformers builds no mask for lmscope's
+    attention implementation), which is what lets CUDA graphs capture it."""
+    from lmscope.workloads.train_step import TrainStep
+
+    step = TrainStep(Spec(size="hf:examples/llama-3.2-1b-shape.json", num_layers=2, context_length=512,
+                          batch_size=2, precision="bf16", fast=True, attention="flash", device="cuda"))
+    for _ in range(2):  # the first calls compile and autotune the kernels
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()

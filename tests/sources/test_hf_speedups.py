@@ -11,6 +11,7 @@ import importlib.machinery
 import json
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -222,7 +223,8 @@ def test_the_fast_step_never_synchronizes_the_host() -> None:
     attention implementation), which is what lets CUDA graphs capture it."""
     from lmscope.workloads.train_step import TrainStep
 
-    step = TrainStep(Spec(size="hf:examples/llama-3.2-1b-shape.json", num_layers=2, context_length=512,
+    config = Path(__file__).resolve().parents[2] / "examples" / "llama-3.2-1b-shape.json"
+    step = TrainStep(Spec(size=f"hf:{config}", num_layers=2, context_length=512,
                           batch_size=2, precision="bf16", fast=True, attention="flash", device="cuda"))
     for _ in range(2):  # the first calls compile and autotune the kernels
         step()

@@ -46,9 +46,9 @@ def test_hf_speedups_in_interpreter() -> None:
 
 def test_the_source_says_what_the_fast_path_replaces() -> None:
     source = resolve_source(ModelRequest(name="hf:qwen2", fast=True, attention="flash", **SMALL))
-    assert source.facts == {"fast_replaced": "norm=5,mlp=2,attention=2,causal_lm=1"}
+    assert source.row_fields == {"fast_replaced": "norm=5,mlp=2,attention=2,causal_lm=1"}
     assert source.has_optimizer  # FusedAdamW
-    assert resolve_source(ModelRequest(name="hf:qwen2", attention="sdpa", **SMALL)).facts == {}
+    assert resolve_source(ModelRequest(name="hf:qwen2", attention="sdpa", **SMALL)).row_fields == {}
 
 
 @pytest.mark.parametrize(("fields", "message"), [
@@ -74,7 +74,8 @@ def test_the_fast_path_names_its_attention_backends() -> None:
     with pytest.raises(ValueError, match="runs lmscope's attention backends: pass --attention flash, "
                                          "flash-torch, sdpa, sdpa-cudnn"):
         resolve_source(ModelRequest(name="hf:llama", fast=True, attention="naive", **SMALL))
-    assert resolve_source(ModelRequest(name="hf:llama", fast=True, attention="sdpa-cudnn", **SMALL)).facts
+    cudnn = resolve_source(ModelRequest(name="hf:llama", fast=True, attention="sdpa-cudnn", **SMALL))
+    assert cudnn.row_fields["fast_replaced"]
 
 
 def test_liger_without_liger_kernel_says_what_to_install(monkeypatch) -> None:
@@ -129,7 +130,7 @@ def test_the_fast_step_computes_the_eager_step(monkeypatch) -> None:
     common = dict(size="hf:llama", device=DEVICE, context_length=9, batch_size=2, **SMALL)
     fast = TrainStep(Spec(fast=True, attention=ATTENTION, mode="forward-backward", **common))
     eager = TrainStep(Spec(attention="sdpa", mode="forward-backward", **common))
-    assert fast.model_facts()["fast_replaced"] == "norm=5,mlp=2,attention=2,causal_lm=1"
+    assert fast.source.row_fields["fast_replaced"] == "norm=5,mlp=2,attention=2,causal_lm=1"
     assert abs(fast.loss().item() - eager.loss().item()) < 1e-5 * eager.loss().item()
     fast()
     eager()
@@ -181,7 +182,7 @@ def test_fast_forward_mode_returns_logits() -> None:
 
 def test_model_point_spec_accepts_hf_fast(mistral) -> None:
     spec = ModelPointSpec(size=mistral, fast=True, attention="flash", device="cpu", context_length=16)
-    assert spec.source().facts["fast_replaced"] == "norm=5,mlp=2,attention=2,causal_lm=1"
+    assert spec.source().row_fields["fast_replaced"] == "norm=5,mlp=2,attention=2,causal_lm=1"
 
 
 @pytest.mark.gpu

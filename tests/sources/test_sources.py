@@ -182,7 +182,7 @@ def test_without_transformers_hf_says_what_to_install(monkeypatch):
 
 
 @pytest.mark.parametrize(("fields", "message"), [
-    ({"size": "hf:gpt2", "fast": True, "attention": "flash"},
+    ({"size": "hf:gpt2", "fast": True, "attention": "sdpa"},
      "GPT2LMHeadModel has no module of the families lmscope's fast path runs (transformers' llama, qwen2, "
      "mistral)"),
     ({"size": OWN_LM, "fast": True}, "--fast on runs lmscope's presets and transformers' Llama, Qwen2"),

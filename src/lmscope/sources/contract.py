@@ -88,7 +88,7 @@ class ModelSource:
     """How many blocks --checkpoint can wrap; None: the model exposes none."""
     has_optimizer: bool = False
     """Whether the source brings its own optimizer (else lmscope's AdamW)."""
+    row_fields: Mapping[str, Any] = field(default_factory=dict)
+    """Fields every row of this source carries (fast_replaced: which modules --fast replaced)."""
     context_limit: int | None = None
     """Longest sequence the model accepts, where it has one."""
-    facts: Mapping[str, Any] = field(default_factory=dict)
-    """Fields every row of this source carries (e.g. fast_replaced: which modules --fast replaced)."""

@@ -25,7 +25,6 @@ from torch import nn
 
 from lmscope.sources.contract import ModelSource, UserModel
 from lmscope.sources.hf_attention import IMPLEMENTATIONS, check_config, register
-from lmscope.sources.hf_speedups import LIGER, check_speedup, speedup_user_model
 from lmscope.sources.preset import token_batch
 from lmscope.sources.request import ModelRequest
 
@@ -46,25 +45,27 @@ POSITIONS = ("max_position_embeddings", "n_positions")
 def hf_source(request: ModelRequest) -> ModelSource:
     """Resolve hf:<model_type or config.json>: the config, checked by building the model on the
     meta device (no memory, no download). ValueError names what is wrong."""
-    if request.attention not in ATTENTION and not request.fast:
+    if request.attention not in ATTENTION:
         raise ValueError(f"{request.name}: --attention {request.attention} has no transformers "
                          f"implementation here: choose one of {', '.join(ATTENTION)}")
     config = hf_config(request)
-    if request.attention in IMPLEMENTATIONS and not hasattr(_transformers(), "AttentionInterface"):
-        raise ValueError(f"--attention {request.attention} with {request.name} needs transformers' "
-                         "AttentionInterface (transformers >= 4.50): upgrade it or use --attention sdpa")
+    if request.attention in IMPLEMENTATIONS:
+        if not hasattr(_transformers(), "AttentionInterface"):
+            raise ValueError(f"--attention {request.attention} with {request.name} needs transformers' "
+                             "AttentionInterface (transformers >= 4.50): upgrade it or use --attention sdpa")
+        check_config(config, request.name, request.attention)
     with torch.device("meta"):
         model = _causal_lm(config, request)
-    facts = check_speedup(request, config.model_type, model)
-    if request.attention in IMPLEMENTATIONS:
-        check_config(config, request.name, request.attention)
+    from lmscope.sources.hf_speedups import check_speedup
+
+    row_fields = check_speedup(request, config.model_type, model)
     return ModelSource(
         name=request.name, kind="hf", unit="tokens",
         build=lambda device: _build(config, request, device),
         blocks=len(decoder_layers(model)),
         has_optimizer=request.fast,
+        row_fields=row_fields,
         context_limit=_positions(config),
-        facts=facts,
     )
 
 
@@ -115,6 +116,8 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
 def _build(config: Any, request: ModelRequest, device: torch.device) -> UserModel:
     with device:
         model = _causal_lm(config, request)
+    from lmscope.sources.hf_speedups import LIGER, speedup_user_model
+
     if request.fast or request.peer == LIGER:
         return speedup_user_model(model, config.model_type, request, token_batch(config.vocab_size), device,
                                   decoder_layers(model))
@@ -138,8 +141,8 @@ class _Logits(nn.Module):
 def _causal_lm(config: Any, request: ModelRequest) -> nn.Module:
     transformers = _transformers()
     try:
-        model = transformers.AutoModelForCausalLM.from_config(  # --fast picks its own later
-            config, attn_implementation=ATTENTION.get(request.attention, "sdpa"))
+        model = transformers.AutoModelForCausalLM.from_config(
+            config, attn_implementation=ATTENTION[request.attention])
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise ValueError(f"{request.name}: transformers cannot build a causal LM from this config: "
                          f"{_line(error)}") from None

@@ -16,9 +16,11 @@ from typing import Any
 import torch
 from torch import nn
 
-IMPLEMENTATIONS = {"flash": "lmscope_fa2", "flash-torch": "lmscope_fa2_torch"}
-"""lmscope's --attention -> the attn_implementation name it is registered under."""
-FAST_IMPLEMENTATIONS = {**IMPLEMENTATIONS, "sdpa": "lmscope_sdpa", "sdpa-cudnn": "lmscope_sdpa_cudnn"}
+IMPLEMENTATIONS = {"flash": "lmscope_fa2", "flash-torch": "lmscope_fa2_torch",
+                   "sdpa-cudnn": "lmscope_sdpa_cudnn"}
+"""lmscope's --attention -> the attn_implementation name it is registered under (sdpa-cudnn: torch's
+SDPA pinned to cuDNN's kernel, CUDA only)."""
+FAST_IMPLEMENTATIONS = {**IMPLEMENTATIONS, "sdpa": "lmscope_sdpa"}
 """The names a model patched by lmscope.model.hf_fast gets (transformers builds no mask for any of
 them); --attention sdpa of an unpatched hf: model stays transformers' own SDPA."""
 DROPOUT_FIELDS = ("attention_dropout", "attn_pdrop")

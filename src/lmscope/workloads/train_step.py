@@ -163,10 +163,9 @@ class TrainStep:
         return sum(p.numel() for p in self.model.parameters())
 
     def model_facts(self) -> dict[str, Any]:
-        """Which kind of source the model came from, its unit, its parameter count and the source's
-        own facts (fast_replaced)."""
+        """Which kind of source the model came from, its unit and its parameter count."""
         return {"model_source": self.source.kind, "unit": self.source.unit,
-                "parameters": self.parameter_count(), **self.source.facts}
+                "parameters": self.parameter_count()}
 
 
 class _NullClock:

@@ -28,8 +28,9 @@
 # Usage (repo root, GPU machine, no uv):
 #   OUT=/some/dir MODELS="llama-1b qwen2" [BUDGET_S=510] [COMPILE=on] [ROUNDS_1B=2] [STEPS=8]
 #   [FAST_ATTENTION=flash] [FAST_ATTENTION_LONG=flash,sdpa-cudnn] bash benchmarks/own_model/speedup_gpu.sh
-# COMPILE=max-autotune-no-cudagraphs (torch.compile's best mode, once `--compile` takes modes)
-# compiles for several minutes per model: give it a budget of its own.
+# COMPILE=max-autotune-no-cudagraphs (torch.compile's best mode, where `--compile` takes modes)
+# compiles for several minutes per model: give it a budget of its own; COMPILE_SCOPE=blocks (where
+# bench has --compile-scope) compiles one decoder layer for all of them, a fraction of the time.
 # Writes to $OUT: bench.jsonl, summary.md and speedup.png (benchmarks/own_model/speedup_summary.py),
 # log.txt.
 set -u
@@ -37,6 +38,7 @@ OUT=${OUT:-runs/own-model-speedup}
 BUDGET_S=${BUDGET_S:-510}
 MODELS=${MODELS:-"llama-1b qwen2 mistral llama-8b"}
 COMPILE=${COMPILE:-on}
+COMPILE_SCOPE=${COMPILE_SCOPE:-}
 ROUNDS_1B=${ROUNDS_1B:-2}
 STEPS=${STEPS:-8}
 FAST_ATTENTION=${FAST_ATTENTION:-flash}
@@ -59,7 +61,7 @@ BENCH=(python3 -m lmscope bench --precision bf16 --mode train-step --warmup 3 --
        --device cuda --timeout 240 --resume --out "$OUT/bench.jsonl")
 declare -A SETUP=(
   [eager]="--attention sdpa"
-  [compile]="--attention sdpa --compile $COMPILE"
+  [compile]="--attention sdpa --compile $COMPILE${COMPILE_SCOPE:+ --compile-scope $COMPILE_SCOPE}"
   [liger]="--attention sdpa --peer liger"
   [fast]="--fast on"
 )

@@ -58,6 +58,18 @@ def test_the_fastest_attention_backend_of_lmscope_is_compared() -> None:
     assert any(line.startswith("- liger step / lmscope step: 1.300x [") for line in lines)
 
 
+def test_compile_modes_are_variants_and_the_fastest_is_the_peer() -> None:
+    module = load_script("benchmarks/own_model/speedup_summary.py", "own_model_speedup_summary")
+    groups = module.grouped([_row("compile", 150.0, 33.0), _row("fast", 120.0, 31.0),
+                             _row("compile", 110.0, 33.0, compile="max-autotune-no-cudagraphs")])
+    setups = next(iter(groups.values()))
+    assert module.setups_of(setups) == ["eager", "compile", "compile (max-autotune-no-cudagraphs)", "liger",
+                                        "fast"]
+    assert "- at least 1.0x compile's step: not met" in module.targets(setups)  # 110 < 120
+    assert any(line.startswith("- compile (max-autotune-no-cudagraphs) step / lmscope step: 0.917x")
+               for line in module.model_table(setups))
+
+
 def test_missed_targets_say_so(tmp_path: Path) -> None:
     module = load_script("benchmarks/own_model/speedup_summary.py", "own_model_speedup_summary")
     groups = module.grouped([_row("liger", 130.0, 30.0), _row("fast", 120.0, 31.0)])

@@ -2,9 +2,9 @@
 setups (eager, torch.compile, Liger-Kernel, lmscope --fast), the ratios and issue 38's targets.
 
 Reads OUT/bench.jsonl (rounds pooled: their per-step times joined), writes OUT/summary.md (printed
-too) and OUT/speedup.png. Ratios are a peer's median step time over lmscope's (its fastest
-attention backend where several ran: `fast (sdpa-cudnn)` beside `fast`), with the 95 % bootstrap
-interval over the steps (`lmscope.stats.ratio_interval`).
+too) and OUT/speedup.png. Ratios are a peer's median step time over lmscope's, each side's fastest
+variant where several ran (`fast (sdpa-cudnn)` beside `fast`, `compile (<mode>)` beside
+`compile`), with the 95 % bootstrap interval over the steps (`lmscope.stats.ratio_interval`).
 Usage: PYTHONPATH=src python3 benchmarks/own_model/speedup_summary.py OUT
 """
 
@@ -19,7 +19,9 @@ from lmscope.results import read_records
 from lmscope.runner import spec_fields
 from lmscope.stats import ratio_interval
 
-PEERS = ("eager", "compile", "liger")
+GROUPS = ("eager", "compile", "liger", "fast")
+"""The setups in table order; a group may hold variants: `compile (<mode>)`, `fast (<attention>)`."""
+PEERS = GROUPS[:3]
 TARGETS = {"liger": 1.15, "compile": 1.0}
 """Issue 38, on the Llama-3.2-1B shape: lmscope's step at least this much faster than the peer's."""
 TARGET_MODEL = "llama-3.2-1b-shape"
@@ -32,7 +34,10 @@ def setup(record: dict[str, Any]) -> str:
         return "fast" if attention == "flash" else f"fast ({attention})"
     if record.get("peer") == "liger":
         return "liger"
-    return "compile" if record.get("compile") else "eager"
+    mode = record.get("compile")
+    if not mode:
+        return "eager"
+    return "compile" if mode is True else f"compile ({mode})"
 
 
 def model(record: dict[str, Any]) -> str:
@@ -63,15 +68,24 @@ def _num(row: dict[str, Any] | None, key: str, fmt: str, scale: float = 1.0) -> 
 
 
 def setups_of(setups: dict[str, dict[str, Any]]) -> list[str]:
-    """The peers, then lmscope's variants (by attention backend)."""
-    return [*PEERS, *sorted(name for name in setups if name.startswith("fast"))] or [*PEERS, "fast"]
+    """Every group's variants that ran (a group without any: its plain name, shown as missing)."""
+    names = []
+    for group in GROUPS:
+        variants = sorted(name for name in setups if name.split(" ")[0] == group)
+        names += variants or [group]
+    return names
+
+
+def best(setups: dict[str, dict[str, Any]], group: str) -> dict[str, Any] | None:
+    """The fastest ok variant of `group` (else any of its rows, for the error)."""
+    rows = [row for name, row in setups.items() if name.split(" ")[0] == group]
+    ok = [row for row in rows if _ok(row)]
+    return min(ok, key=lambda r: r["median_ms"]) if ok else (rows[0] if rows else None)
 
 
 def best_fast(setups: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
-    """lmscope's fastest ok variant (else any of its rows, for the error)."""
-    rows = [row for name, row in setups.items() if name.startswith("fast")]
-    ok = [row for row in rows if _ok(row)]
-    return min(ok, key=lambda r: r["median_ms"]) if ok else (rows[0] if rows else None)
+    """lmscope's fastest variant."""
+    return best(setups, "fast")
 
 
 def speedup(peer: dict[str, Any] | None, fast: dict[str, Any] | None) -> tuple[float, float, float] | None:
@@ -99,9 +113,10 @@ def model_table(setups: dict[str, dict[str, Any]]) -> list[str]:
     if _ok(fast):
         lines.append(f"lmscope below: `{setup(fast)}`.")
     for peer in PEERS:
-        got = speedup(setups.get(peer), fast)
+        row = best(setups, peer)
+        got = speedup(row, fast)
         text = "-" if got is None else f"{got[0]:.3f}x [{got[1]:.3f}, {got[2]:.3f}]"
-        lines.append(f"- {peer} step / lmscope step: {text}")
+        lines.append(f"- {setup(row) if row else peer} step / lmscope step: {text}")
     if _ok(fast):
         lines.append(f"- replaced by --fast: `{fast.get('fast_replaced')}`")
     for name, row in setups.items():
@@ -115,7 +130,7 @@ def targets(setups: dict[str, dict[str, Any]]) -> list[str]:
     fast, liger = best_fast(setups), setups.get("liger")
     lines = []
     for peer, goal in TARGETS.items():
-        got = speedup(setups.get(peer), fast)
+        got = speedup(best(setups, peer), fast)
         verdict = "not measured" if got is None else ("met" if got[1] >= goal else "not met")
         lines.append(f"- at least {goal}x {peer}'s step: {verdict}")
     if _ok(fast) and _ok(liger):

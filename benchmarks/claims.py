@@ -1095,6 +1095,52 @@ def fsdp_overlap_profile(rows: Rows) -> str:
     )
 
 
+OWN_SPEEDUP = "benchmarks/results/own_model/speedup"
+"""Where the rows of benchmarks/own_model/speedup_gpu.sh are committed (issue 38)."""
+
+
+@claim("own-model-speedup")
+def own_model_speedup(rows: Rows) -> str:
+    """transformers' Llama-family models eager, compiled, with Liger-Kernel and with lmscope's fast
+    path, in one call: the grouping and lmscope's fastest row of benchmarks/own_model/speedup_summary.py."""
+    found = rows.load(f"{OWN_SPEEDUP}/bench.jsonl")
+    summary = _benchmark_script("own_model/speedup_summary.py")
+    body = []
+    for model, setups in summary.grouped(found).items():
+        fast = summary.best_fast(setups)
+        for name in summary.setups_of(setups):
+            row = setups.get(name)
+            if row is None:
+                continue
+            if row.get("status") != "ok":
+                body.append([model, name, str(row.get("status")).upper(), "", "", "", "", ""])
+                continue
+            mfu = row.get("mfu_counted")
+            body.append([model, name, fmt(row["median_ms"], 4), fmt(row.get("peak_allocated_gib")),
+                         fmt(row.get("tokens_per_s")), fmt(mfu * 100 if mfu is not None else None),
+                         fmt(row.get("compile_s")), "" if row is fast else ratio(row, fast)])
+    return claim_block(
+        "bf16 autocast over fp32 weights, train step with fused AdamW (lmscope: FusedAdamW, CUDA graphs), "
+        "random weights; median ms per step (rounds pooled); `step / lmscope` = the setup's median step "
+        "over lmscope's fastest, with its 95 % bootstrap interval over the steps; MFU from the FLOPs "
+        "counted over one step.",
+        table(["model", "setup", "step ms", "peak GiB", "tokens/s", "MFU %", "compile s", "step / lmscope"],
+              body),
+        f"Rows: `{OWN_SPEEDUP}/bench.jsonl` (benchmarks/own_model/speedup_gpu.sh); {provenance(found)}.",
+    )
+
+
+def _benchmark_script(relative: str):
+    """A script under benchmarks/, imported by its path (its folder is not a package)."""
+    import importlib.util
+
+    path = ROOT / "benchmarks" / relative
+    spec = importlib.util.spec_from_file_location(f"lmscope_benchmark_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     mode = parser.add_mutually_exclusive_group(required=True)

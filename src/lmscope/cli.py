@@ -130,7 +130,10 @@ def bench(
     attention: Attention = "naive",
     fast: Fast = "off",
     optimizer_in_backward: OptimizerInBackward = "off",
-    peer: Annotated[str, typer.Option(help="none | hf (transformers' Llama, same sizes), list ok")] = "none",
+    peer: Annotated[str, typer.Option(help="none | hf (a preset as transformers' Llama) | liger "
+                                      "(Liger-Kernel on an hf: model), list ok")] = "none",
+    checkpoint: Annotated[str, typer.Option(help="activation checkpointing of the blocks: none | block | "
+                                            "every:K")] = "none",
     cuda_graph: Annotated[str, typer.Option(
         "--cuda-graph", help="replay the step from CUDA graphs: auto (on with --fast on a GPU) | on | off, "
         "list ok")] = "auto",
@@ -152,7 +155,7 @@ def bench(
 
     fixed = dict(d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
                  vocab_size=vocab_size, model_context_length=model_context_length,
-                 steps=steps, device=device)
+                 steps=steps, device=device, checkpoint=checkpoint)
     swept = {
         **model_axes(size=_size(model_flag(model, size)), context_length=context_length,
                      batch_size=batch_size,

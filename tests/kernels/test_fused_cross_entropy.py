@@ -85,6 +85,28 @@ def test_frozen_weight_gets_no_gradient(ce) -> None:
     assert weight.grad is None and torch.allclose(hidden.grad, ref, rtol=1e-10, atol=1e-13)
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize(("ignore_index", "chunk"), [(-100, 4), (7, None)])
+def test_ignored_targets_count_nowhere_float64(ce, reduction, ignore_index, chunk) -> None:
+    """F.cross_entropy's ignore_index: no loss, no gradient, not in the mean (as transformers'
+    -100 labels); `sum` adds the kept tokens' losses."""
+    hidden, weight, targets = _inputs(13, 9, 37, torch.float64, seed=21 + abs(ignore_index))
+    targets[torch.tensor([0, 5, 6, 12])] = ignore_index
+    loss = ce.fused_linear_cross_entropy(hidden, weight, targets, chunk_tokens=chunk,
+                                         ignore_index=ignore_index, reduction=reduction)
+    ours = torch.autograd.grad(2.5 * loss, (hidden, weight))
+    ref = F.cross_entropy(hidden @ weight.t(), targets, ignore_index=ignore_index, reduction=reduction)
+    theirs = torch.autograd.grad(2.5 * ref, (hidden, weight))
+    assert abs(loss.item() - ref.item()) <= 1e-12 * abs(ref.item())
+    for a, b in zip(ours, theirs, strict=True):
+        assert torch.allclose(a, b, rtol=1e-10, atol=1e-13)
+    assert ours[0][[0, 5, 6, 12]].abs().max().item() == 0.0  # ignored rows get no gradient
+    with torch.no_grad():
+        again = ce.fused_linear_cross_entropy(hidden, weight, targets, chunk_tokens=chunk,
+                                              ignore_index=ignore_index, reduction=reduction)
+    assert abs(again.item() - ref.item()) <= 1e-12 * abs(ref.item())
+
+
 def test_rejects_bad_shapes(ce) -> None:
     hidden, weight, targets = _inputs(4, 8, 10, torch.float32, seed=4)
     with pytest.raises(ValueError, match="expected hidden"):
@@ -93,6 +115,8 @@ def test_rejects_bad_shapes(ce) -> None:
         ce.fused_linear_cross_entropy(hidden, weight, targets[:3])
     with pytest.raises(ValueError, match="chunk_tokens"):
         ce.fused_linear_cross_entropy(hidden, weight, targets, chunk_tokens=0)
+    with pytest.raises(ValueError, match="reduction"):
+        ce.fused_linear_cross_entropy(hidden, weight, targets, reduction="none")
 
 
 @pytest.mark.gpu

@@ -198,8 +198,10 @@ def test_without_transformers_hf_says_what_to_install(monkeypatch):
 
 
 @pytest.mark.parametrize(("fields", "message"), [
-    ({"size": "hf:gpt2", "fast": True, "attention": "flash"}, "--fast on runs lmscope's own model family"),
-    ({"size": OWN_LM, "fast": True}, "--fast on runs lmscope's own model family"),
+    ({"size": "hf:gpt2", "fast": True, "attention": "sdpa"},
+     "GPT2LMHeadModel has no module of the families lmscope's fast path runs (transformers' llama, qwen2, "
+     "mistral)"),
+    ({"size": OWN_LM, "fast": True}, "--fast on runs lmscope's presets and transformers' Llama, Qwen2"),
     ({"size": "hf:gpt2", "attention": "flash"}, "attn_pdrop is 0.1, and lmscope's --attention flash has no"),
     ({"size": "hf:gpt2", "model_context_length": 64, "context_length": 100},
      "exceeds the model's context_length 64"),

@@ -1,9 +1,12 @@
 """LM head + cross-entropy fused over chunks of tokens: the full logits never exist.
 
 API
-    ``fused_linear_cross_entropy(hidden, weight, targets, chunk_tokens=None)`` -> the mean
-    cross-entropy of ``hidden @ weight.T`` against ``targets`` (differentiable in hidden and
-    weight); ``linear_cross_entropy_reference`` is the unfused PyTorch math it equals.
+    ``fused_linear_cross_entropy(hidden, weight, targets, chunk_tokens=None, ignore_index=None,
+    reduction="mean")`` -> the cross-entropy of ``hidden @ weight.T`` against ``targets``
+    (differentiable in hidden and weight), averaged over the tokens or (``reduction="sum"``)
+    summed; with ``ignore_index`` the tokens whose target is that value count neither in the
+    loss nor in the mean, as in ``F.cross_entropy`` (transformers' -100 for padding and the last
+    position). ``linear_cross_entropy_reference`` is the unfused PyTorch math it equals.
 
 Algorithm
     For each chunk of tokens: logits = hidden_chunk @ weight.T in hidden's dtype (one matmul,
@@ -25,9 +28,10 @@ Hardware
     Written for NVIDIA H100 (sm_90); the matmuls are cuBLAS, the kernel is memory bound.
 
 Caveats
-    No ignore_index, label smoothing or z-loss; targets outside [0, V) are not checked (checking
-    would synchronize the host). Under ``TRITON_INTERPRET=1`` (CPU, tests) the variable must be
-    set before this module is imported.
+    No label smoothing, class weights or z-loss; targets outside [0, V) other than ignore_index
+    are not checked (checking would synchronize the host). The mean with ignore_index divides by
+    the count of kept targets as a device tensor (no host synchronization). Under
+    ``TRITON_INTERPRET=1`` (CPU, tests) the variable must be set before this module is imported.
 """
 
 from __future__ import annotations
@@ -49,20 +53,24 @@ CHUNK_BYTES = 256 * 2**20
 
 
 def linear_cross_entropy_reference(
-    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor
-) -> torch.Tensor:
-    """mean cross-entropy of hidden @ weight.T, unfused (materializes all logits)."""
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int | None = None,
+    reduction: str = "mean",
+) -> torch.Tensor:  # fmt: skip
+    """cross-entropy of hidden @ weight.T, unfused (materializes all logits)."""
     logits = hidden @ weight.to(hidden.dtype).t()
     acc = torch.float64 if hidden.dtype == torch.float64 else torch.float32
-    return F.cross_entropy(logits.to(acc), targets)
+    ignore = -100 if ignore_index is None else ignore_index
+    return F.cross_entropy(logits.to(acc), targets, ignore_index=ignore, reduction=reduction)
 
 
 @triton.jit
 def _cross_entropy_rows(
-    LOGITS, TARGETS, LOSS, stride_row, V,
-    WRITE_GRAD: tl.constexpr, BLOCK_V: tl.constexpr, ACC: tl.constexpr,
+    LOGITS, TARGETS, LOSS, stride_row, V, ignore_index,
+    WRITE_GRAD: tl.constexpr, HAS_IGNORE: tl.constexpr, BLOCK_V: tl.constexpr, ACC: tl.constexpr,
 ):  # fmt: skip
-    """Per row: loss = logsumexp(x) - x[target]; optionally x <- softmax(x) - onehot(target)."""
+    """Per row: loss = logsumexp(x) - x[target]; optionally x <- softmax(x) - onehot(target).
+
+    With HAS_IGNORE a row whose target is ignore_index gets loss 0 and a zero gradient row."""
     row = tl.program_id(0).to(tl.int64)
     base = LOGITS + row * stride_row
     cols = tl.arange(0, BLOCK_V)
@@ -77,13 +85,20 @@ def _cross_entropy_rows(
         m = m_new
     lse = m + tl.log(s)
     target = tl.load(TARGETS + row).to(tl.int64)
-    x_target = tl.load(base + target).to(ACC)
-    tl.store(LOSS + row, lse - x_target)
+    if HAS_IGNORE:
+        keep = target != ignore_index
+        target = tl.where(keep, target, 0)
+    loss = lse - tl.load(base + target).to(ACC)
+    if HAS_IGNORE:
+        loss = tl.where(keep, loss, 0.0)
+    tl.store(LOSS + row, loss)
     if WRITE_GRAD:
         for start in range(0, V, BLOCK_V):
             idx = start + cols
             x = tl.load(base + idx, mask=idx < V, other=0.0).to(ACC)
             grad = tl.exp(x - lse) - tl.where(idx == target, 1.0, 0.0)
+            if HAS_IGNORE:
+                grad = tl.where(keep, grad, 0.0)
             tl.store(base + idx, grad.to(LOGITS.dtype.element_ty), mask=idx < V)
 
 
@@ -101,6 +116,7 @@ def _chunked_loss_and_grads(
     targets: torch.Tensor,
     chunk: int,
     needs: tuple[bool, bool] = (False, False),
+    ignore_index: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Sum of the per-token losses, and the unscaled d(hidden), d(weight) where `needs` says."""
     n, vocab = hidden.shape[0], weight.shape[0]
@@ -116,7 +132,8 @@ def _chunked_loss_and_grads(
             logits = h @ w.t()
             _cross_entropy_rows[(h.shape[0],)](
                 logits, targets[start : start + chunk], losses[start : start + chunk],
-                logits.stride(0), vocab, WRITE_GRAD=any(needs), BLOCK_V=block,
+                logits.stride(0), vocab, 0 if ignore_index is None else ignore_index,
+                WRITE_GRAD=any(needs), HAS_IGNORE=ignore_index is not None, BLOCK_V=block,
                 ACC=tl.float64 if acc == torch.float64 else tl.float32,
                 num_warps=8 if block >= 2048 else 4,
             )  # fmt: skip
@@ -128,33 +145,50 @@ def _chunked_loss_and_grads(
     return losses.sum(), dhidden, dweight
 
 
+REDUCTIONS = ("mean", "sum")
+
+
+def _divisor(targets: torch.Tensor, ignore_index: int | None, reduction: str) -> torch.Tensor | int:
+    """What the summed loss is divided by: 1 (sum), the token count, or the count of kept targets
+    as a device tensor (no host synchronization)."""
+    if reduction == "sum":
+        return 1
+    if ignore_index is None:
+        return targets.shape[0]
+    return (targets != ignore_index).sum()
+
+
 class FusedLinearCrossEntropy(torch.autograd.Function):
-    """``FusedLinearCrossEntropy.apply(hidden, weight, targets, chunk)`` -> mean loss.
+    """``FusedLinearCrossEntropy.apply(hidden, weight, targets, chunk, ignore_index, reduction)`` ->
+    the loss.
 
     Saves d(hidden) (N, d) and d(weight) (V, d), computed during the forward.
     """
 
     @staticmethod
-    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int):
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int,
+                ignore_index: int | None = None, reduction: str = "mean"):  # fmt: skip
         needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1])
-        total, dhidden, dweight = _chunked_loss_and_grads(hidden, weight, targets, chunk, needs)
+        total, dhidden, dweight = _chunked_loss_and_grads(hidden, weight, targets, chunk, needs, ignore_index)
         ctx.save_for_backward(dhidden, dweight)
-        ctx.tokens = hidden.shape[0]
-        return total / hidden.shape[0]
+        ctx.divisor = _divisor(targets, ignore_index, reduction)
+        return total / ctx.divisor
 
     @staticmethod
     def backward(ctx, grad_loss: torch.Tensor):
         dhidden, dweight = ctx.saved_tensors
-        scale = grad_loss / ctx.tokens
+        scale = grad_loss / ctx.divisor
         dh = dhidden * scale.to(dhidden.dtype) if dhidden is not None else None
         dw = dweight * scale.to(dweight.dtype) if dweight is not None else None
-        return dh, dw, None, None
+        return dh, dw, None, None, None, None
 
 
 def fused_linear_cross_entropy(
-    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_tokens: int | None = None
-) -> torch.Tensor:
-    """Mean cross-entropy of hidden (N, d) @ weight (V, d).T against targets (N,), fused by chunks."""
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_tokens: int | None = None,
+    ignore_index: int | None = None, reduction: str = "mean",
+) -> torch.Tensor:  # fmt: skip
+    """Cross-entropy of hidden (N, d) @ weight (V, d).T against targets (N,), fused by chunks: the
+    mean over the tokens (kept ones with `ignore_index`) or, with reduction="sum", the sum."""
     if hidden.ndim != 2 or weight.ndim != 2 or hidden.shape[1] != weight.shape[1]:
         raise ValueError(
             f"expected hidden (N, d) and weight (V, d), got {tuple(hidden.shape)}, {tuple(weight.shape)}"
@@ -163,9 +197,11 @@ def fused_linear_cross_entropy(
         raise ValueError(f"targets shape {tuple(targets.shape)} must be ({hidden.shape[0]},)")
     if hidden.shape[0] == 0:
         raise ValueError("cross-entropy of zero tokens is undefined: pass at least one token")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {', '.join(REDUCTIONS)}, got {reduction!r}")
     chunk = _chunk_tokens(hidden.shape[0], weight.shape[0], hidden.element_size(), chunk_tokens)
     targets = targets.contiguous()
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
-        return FusedLinearCrossEntropy.apply(hidden, weight, targets, chunk)
-    total, _, _ = _chunked_loss_and_grads(hidden, weight, targets, chunk)
-    return total / hidden.shape[0]
+        return FusedLinearCrossEntropy.apply(hidden, weight, targets, chunk, ignore_index, reduction)
+    total, _, _ = _chunked_loss_and_grads(hidden, weight, targets, chunk, ignore_index=ignore_index)
+    return total / _divisor(targets, ignore_index, reduction)

@@ -37,6 +37,11 @@ def _invalidate_after_foreign_step(optimizer: torch.optim.Optimizer, args, kwarg
 _HOOKED = False  # the hook is registered with the first ShadowWeights, not at import
 
 
+def _where(weight: torch.Tensor) -> tuple:
+    """What a copy depends on besides the values: storage, dtype, shape."""
+    return weight.data_ptr(), weight.dtype, weight.shape
+
+
 class ShadowWeights:
     """Groups of weights, each stacked along dim 0 into one persistent tensor of `dtype`."""
 
@@ -59,6 +64,7 @@ class ShadowWeights:
                 self._mirrored[weight] = None
             self.stacks.append(stack)
         self._layout = self._signature()
+        self._places = {w: _where(w) for group in self.groups for w in group}
         global _HOOKED
         if not _HOOKED:
             register_optimizer_step_post_hook(_invalidate_after_foreign_step)
@@ -66,7 +72,7 @@ class ShadowWeights:
         _LIVE.add(self)
 
     def _signature(self) -> tuple:
-        return tuple((w.data_ptr(), w.dtype, w.shape) for group in self.groups for w in group)
+        return tuple(_where(w) for group in self.groups for w in group)
 
     def matches(self, groups: Sequence[Sequence[torch.Tensor]], dtype: torch.dtype) -> bool:
         """Whether these are still the copies of `groups` (same tensors, storage, dtype)."""
@@ -84,6 +90,17 @@ class ShadowWeights:
                     self.views[weight].copy_(weight)
                     self._mirrored[weight] = weight._version
         return self.stacks[index]
+
+    def stack_of(self, index: int, weights: Sequence[torch.Tensor]) -> torch.Tensor | None:
+        """`stack(index)` if `weights` are still group `index`'s tensors (same objects, storage,
+        dtype and shape), else None: a caller that reads module attributes each forward (which a
+        wrapper such as FSDP may have replaced) falls back to casting instead of stale copies."""
+        group = self.groups[index]
+        pairs = zip(weights, group, strict=False)
+        if len(weights) != len(group) or any(new is not old or _where(new) != self._places[old]
+                                             for new, old in pairs):
+            return None
+        return self.stack(index)
 
     def mark_fresh(self, weight: torch.Tensor) -> None:
         """Record that `weight`'s copy was just written with its current value (by an optimizer)."""

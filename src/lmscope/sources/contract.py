@@ -8,8 +8,8 @@ Workloads read only these two objects and never ask which kind of source it was.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -88,6 +88,8 @@ class ModelSource:
     """How many blocks --checkpoint can wrap; None: the model exposes none."""
     has_optimizer: bool = False
     """Whether the source brings its own optimizer (else lmscope's AdamW)."""
+    row_fields: Mapping[str, Any] = field(default_factory=dict)
+    """Fields every row of this source carries (fast_replaced: which modules --fast replaced)."""
     context_limit: int | None = None
     """Longest sequence the model accepts, where it has one."""
     adjusted: tuple[str, ...] = ()

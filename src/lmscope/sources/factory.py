@@ -37,9 +37,11 @@ def is_factory(name: str) -> bool:
 def factory_source(request: ModelRequest) -> ModelSource:
     """Import the factory, call it on the meta device and check what it returns."""
     if request.fast:
-        raise ValueError(f"--fast on runs lmscope's own model family, not {request.name}: drop --fast")
+        raise ValueError(f"--fast on runs lmscope's presets and transformers' Llama, Qwen2 and Mistral "
+                         f"(hf:...), not {request.name}: drop --fast (or apply lmscope.model.hf_fast in the "
+                         "factory)")
     if request.peer != "none":
-        raise ValueError(f"--peer hf is a peer of lmscope's presets, not of {request.name}: drop --peer")
+        raise ValueError(f"--peer {request.peer} is not a peer of {request.name}: drop --peer")
     factory = load_factory(request.name)
     kwargs = factory_kwargs(factory, request)
     try:

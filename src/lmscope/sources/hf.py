@@ -11,7 +11,8 @@ context length when shorter
 (--model-context-length sets it). ``--attention`` picks ``attn_implementation``: naive -> eager,
 sdpa -> sdpa, flash and flash-torch -> lmscope's kernels (`lmscope.sources.hf_attention`). The loss is fp32
 cross-entropy of the logits against random targets, as for the presets; --checkpoint wraps
-the decoder layers (the largest ModuleList of the model).
+the decoder layers (the largest ModuleList of the model). ``--fast on`` (Llama, Qwen2, Mistral)
+and ``--peer liger`` run the same model faster (`lmscope.sources.hf_speedups`).
 """
 
 from __future__ import annotations
@@ -38,11 +39,6 @@ POSITIONS = ("max_position_embeddings", "n_positions")
 def hf_source(request: ModelRequest) -> ModelSource:
     """Resolve hf:<model_type or config.json>: the config, checked by building the model on the
     meta device (no memory, no download). ValueError names what is wrong."""
-    if request.fast:
-        raise ValueError(f"--fast on runs lmscope's own model family, not {request.name}: drop --fast")
-    if request.peer != "none":
-        raise ValueError(f"--peer hf is a peer of lmscope's presets; {request.name} is itself a "
-                         "transformers model: drop --peer")
     if request.attention not in ATTENTION:
         raise ValueError(f"{request.name}: --attention {request.attention} has no transformers "
                          f"implementation here: choose one of {', '.join(ATTENTION)}")
@@ -54,10 +50,15 @@ def hf_source(request: ModelRequest) -> ModelSource:
         check_config(config, request.name, request.attention)
     with torch.device("meta"):
         model = _causal_lm(config, request)
+    from lmscope.sources.hf_speedups import check_speedup
+
+    row_fields = check_speedup(request, config.model_type, model)
     return ModelSource(
         name=request.name, kind="hf", unit="tokens",
         build=lambda device: _build(config, request, device),
         blocks=len(decoder_layers(model)),
+        has_optimizer=request.fast,
+        row_fields=row_fields,
         context_limit=_positions(config),
         adjusted=tuple(adjusted),
     )
@@ -114,6 +115,11 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
 def _build(config: Any, request: ModelRequest, device: torch.device) -> UserModel:
     with device:
         model = _causal_lm(config, request)
+    from lmscope.sources.hf_speedups import LIGER, speedup_user_model
+
+    if request.fast or request.peer == LIGER:
+        return speedup_user_model(model, config.model_type, request, token_batch(config.vocab_size), device,
+                                  decoder_layers(model))
     from lmscope.sources.preset import logits_loss
 
     return UserModel(model=_Logits(model), make_batch=token_batch(config.vocab_size), loss=logits_loss,

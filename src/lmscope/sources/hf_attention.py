@@ -16,16 +16,21 @@ from typing import Any
 import torch
 from torch import nn
 
-IMPLEMENTATIONS = {"flash": "lmscope_fa2", "flash-torch": "lmscope_fa2_torch"}
-"""lmscope's --attention -> the attn_implementation name it is registered under."""
+IMPLEMENTATIONS = {"flash": "lmscope_fa2", "flash-torch": "lmscope_fa2_torch",
+                   "sdpa-cudnn": "lmscope_sdpa_cudnn"}
+"""lmscope's --attention -> the attn_implementation name it is registered under (sdpa-cudnn: torch's
+SDPA pinned to cuDNN's kernel, CUDA only)."""
+FAST_IMPLEMENTATIONS = {**IMPLEMENTATIONS, "sdpa": "lmscope_sdpa"}
+"""The names a model patched by lmscope.model.hf_fast gets (transformers builds no mask for any of
+them); --attention sdpa of an unpatched hf: model stays transformers' own SDPA."""
 DROPOUT_FIELDS = ("attention_dropout", "attn_pdrop")
 
 
 def register(transformers: Any) -> None:
-    """Register both implementations with transformers (idempotent; a no-op before 4.50)."""
+    """Register the implementations with transformers (idempotent; a no-op before 4.50)."""
     if not hasattr(transformers, "AttentionInterface"):
         return
-    for backend, name in IMPLEMENTATIONS.items():
+    for backend, name in FAST_IMPLEMENTATIONS.items():
         transformers.AttentionInterface.register(name, _attention(backend))
 
 

@@ -27,6 +27,9 @@ def preset_source(request: ModelRequest) -> ModelSource:
     if request.name.lower() not in {name.lower() for name in PRESETS}:
         raise ValueError(f"unknown model size {request.name!r}: choose a preset ({', '.join(PRESETS)}), "
                          "hf:<model_type or config.json>, or <module or file.py>:<factory>")
+    if request.peer == "liger":
+        raise ValueError("--peer liger applies Liger-Kernel to a transformers model: use --model hf:llama, "
+                         "hf:qwen2 or hf:mistral")
     config = preset(request.name, **request.overrides(), context_length=request.context_length)
     own = request.peer == "none"  # lmscope's eager or fast model: its blocks may be checkpointed
     return ModelSource(

@@ -57,6 +57,7 @@ from lmscope.limits import check_steps, check_timeout
 from lmscope.measure.ranges import phase
 from lmscope.measure.timer import PhaseClock, synchronize, time_phased_steps
 from lmscope.model.checkpointing import checkpoint_blocks
+from lmscope.model.hf_fast import fast_patch_of
 from lmscope.parallel.ddp import (
     MIB,
     SHARDED,
@@ -203,8 +204,10 @@ class _Setup:
         spec = self.spec
         del self.optimizer  # the unwrapped steps' AdamW state: freed before the new one exists
         self.model.zero_grad(set_to_none=True)
-        drop_shadows = getattr(self.model, "drop_shadow_weights", None)
-        if drop_shadows is not None:  # the fast model's bf16 copies hold every full block weight
+        # the fast model's bf16 copies hold every full block weight (a transformers model keeps
+        # them in its FastPatch)
+        drop_shadows = getattr(fast_patch_of(self.model) or self.model, "drop_shadow_weights", None)
+        if drop_shadows is not None:
             drop_shadows()
         release_device_memory()
         # fp16: each rank's own batch may have moved its scale; the wrapped ranks must agree
@@ -328,6 +331,7 @@ def train(ctx: RankContext, point: dict[str, Any]) -> dict[str, Any]:
     # this rank's per-step times (the row is rank 0's): the intervals of the summary's ratios
     metrics["times_ms"] = [round(t, 4) for t in times]
     metrics["local_times_ms"] = [round(t, 4) for t in local_times] if local_times else None
+    metrics.update(run.source.row_fields)  # what the source says of itself (fast_replaced)
     return metrics
 
 
@@ -341,13 +345,16 @@ def _error_pct(measured: float | None, predicted: float) -> float | None:
 
 def _sharded_prediction(spec: Spec, ctx: RankContext, metrics: dict[str, Any]) -> dict[str, Any]:
     """The FSDP accounting beside the measured memory (max over ranks) and bytes, with errors;
-    exposed communication as the step beyond the paired unwrapped step on the same ranks."""
+    exposed communication as the step beyond the paired unwrapped step on the same ranks. The
+    accounting describes lmscope's presets: other sources get the exposed communication only."""
+    local = metrics.get("local_step_ms")
+    exposed = {"exposed_comm_ms": metrics["step_ms"] - local if local is not None else None}
+    if spec.model_config() is None:
+        return exposed
     predicted = predict_fsdp(spec.model_config(), world_size=ctx.world_size, batch_size=spec.batch_size,
                              seq_len=spec.context_length, precision=spec.precision,
                              attention=spec.attention, checkpoint=spec.checkpoint, fast=spec.fast)
-    row: dict[str, Any] = predicted.as_record()
-    local = metrics.get("local_step_ms")
-    row["exposed_comm_ms"] = metrics["step_ms"] - local if local is not None else None
+    row: dict[str, Any] = {**predicted.as_record(), **exposed}
     pairs = {
         "init": ("init_allocated_rank_max_gib", row["predicted_fsdp_params_gib"]),
         "peak": ("peak_after_optimizer_rank_max_gib", row["predicted_fsdp_peak_gib"]),

@@ -87,7 +87,7 @@ class Spec(ModelPointSpec):
         if self.activations and self.compile:
             raise ValueError("--activations hooks eager autograd; torch.compile decides what to save "
                              "by itself: drop --compile on")
-        if self.fast and self.checkpoint != "none":
+        if self.fast and self.checkpoint != "none" and self.source().kind == "preset":
             raise ValueError("activation checkpointing wraps the eager blocks; the fast model's "
                              "forward does not run them: drop --checkpoint or --fast")
         check_steps("warmup", self.warmup, 0)

@@ -55,7 +55,8 @@ class ModelPointSpec:
     compile_scope: str = "model"
     """What torch.compile compiles: model (the whole model) | blocks (each block, regional)."""
     fast: bool = False
-    """Run lmscope's fused fast path (FastTransformerLM: Triton kernels, fused LM head + loss)."""
+    """Run lmscope's fused fast path (FastTransformerLM: Triton kernels, fused LM head + loss; for hf:
+    Llama, Qwen2 and Mistral the same kernels on the transformers model, lmscope.model.hf_fast)."""
     optimizer_in_backward: bool = False
     """Fast path: update each weight during the backward, on a side stream, as soon as its
     gradient is ready (FusedAdamW(step_in_backward=True)) instead of in a separate phase."""
@@ -80,8 +81,9 @@ class ModelPointSpec:
             )
         if not isinstance(self.size, str):
             raise ValueError(f"--model takes a string, got {self.size!r}")
-        if self.fast and source_kind(self.size) != "preset":
-            raise ValueError(f"--fast on runs lmscope's own model family, not {self.size}: drop --fast")
+        if self.fast and source_kind(self.size) == "factory":
+            raise ValueError(f"--fast on runs lmscope's presets and transformers' Llama, Qwen2 and Mistral "
+                             f"(hf:...), not {self.size}: drop --fast")
         if self.fast and self.attention == "naive":
             raise ValueError("--fast on needs a fused attention: pass --attention flash (or sdpa)")
         if self.fast and self.compile:

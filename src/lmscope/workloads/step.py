@@ -10,10 +10,12 @@ import torch
 
 from lmscope.accounting.devices import peak_tflops
 from lmscope.accounting.flops import step_flops
+from lmscope.accounting.memory import checkpointed_blocks
 from lmscope.limits import check_steps
 from lmscope.measure.energy import step_energy
 from lmscope.measure.gpu_busy import measure_gpu_busy
 from lmscope.measure.timer import summarize, time_phased_steps
+from lmscope.model.checkpointing import checkpoint_blocks
 from lmscope.workloads.counted_flops import count_step_flops, flop_metrics
 from lmscope.workloads.cuda_graph_step import GraphedStep, check_cuda_graph_choice, uses_cuda_graph
 from lmscope.workloads.model_spec import ModelPointSpec
@@ -34,10 +36,21 @@ class Spec(ModelPointSpec):
     """none | hf: transformers' LlamaForCausalLM of the same sizes (needs lmscope[hf])."""
     cuda_graph: str = "auto"
     """auto | on | off: replay the step's phases from CUDA graphs (auto: on for --fast on a GPU)."""
+    checkpoint: str = "none"
+    """Activation checkpointing of the model's blocks: none | block | every:K (blocks 0, K, 2K, ...)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_model_choice(self.fast, self.peer, self.attention)
+        if self.checkpoint != "none":
+            blocks = self.source().blocks
+            if blocks is None:
+                raise ValueError(f"--checkpoint needs blocks to wrap, and {self.size} exposes none: "
+                                 "use --checkpoint none (or return blocks from the factory)")
+            if self.fast and self.source().kind == "preset":
+                raise ValueError("activation checkpointing wraps the eager blocks; the fast model's "
+                                 "forward does not run them: drop --checkpoint or --fast")
+            checkpointed_blocks(self.checkpoint, blocks)
         check_cuda_graph_choice(self, self.cuda_graph)
         check_steps("warmup", self.warmup, 0)
         check_steps("steps", self.steps, 1)
@@ -74,6 +87,8 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
     device = resolve_device(spec.device)
     graphed = uses_cuda_graph(spec, spec.cuda_graph, device)
     eager = TrainStep(spec, capturable=graphed)
+    if spec.checkpoint != "none":
+        checkpoint_blocks(eager.built.blocks or [], spec.checkpoint)
     counted = count_step_flops(eager)  # one extra eager step, before warm-up and timing
     compile_s = eager.compile_warmup()
     step: TrainStep | GraphedStep = GraphedStep(eager) if graphed else eager
@@ -96,6 +111,7 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
         **{f"{name}_ms": ms for name, ms in phase_ms.items()},
         "compile_s": compile_s,
         "cuda_graph_used": graphed,
+        **eager.source.row_fields,
         **throughput,
         **flop_metrics(counted, stats.median_ms, phase_ms, device_name=facts.get("device_name"),
                        precision=spec.precision, analytic_flops=throughput["flops_per_step"]),

@@ -23,8 +23,9 @@ from lmscope.workloads.compile_mode import GRAPHED, compile_model, first_calls
 from lmscope.workloads.model_spec import ModelPointSpec
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-PEERS = ("none", "hf")
-"""Models other than lmscope's: none, or hf (transformers' Llama of the same sizes)."""
+PEERS = ("none", "hf", "liger")
+"""Peers of a point's model: none; hf (a preset's sizes as transformers' Llama); liger (Liger-Kernel
+applied to an hf: model)."""
 
 
 def resolve_device(name: str) -> torch.device:
@@ -55,7 +56,7 @@ def check_model_choice(fast: bool, peer: str, attention: str) -> None:
         raise ValueError(f"unknown peer {peer!r}: choose one of {', '.join(PEERS)} "
                          "(the torch.compile peer is --compile on, or a mode such as reduce-overhead)")
     if fast and peer != "none":
-        raise ValueError("--fast on runs lmscope's model, --peer hf transformers': pick one per point")
+        raise ValueError(f"--fast on and --peer {peer} are two different setups: pick one per point")
     if peer == "hf" and attention != "sdpa":
         raise ValueError("--peer hf runs transformers' Llama with SDPA attention: pass --attention sdpa")
 

@@ -97,8 +97,9 @@ class ModelSource:
     overrides_adjusted): e.g. the key/value heads of a grouped-query config under --num-heads."""
 
     def facts(self) -> dict[str, Any]:
-        """What a row says about the model's source: its kind, its unit, and any adjusted fields."""
-        facts: dict[str, Any] = {"model_source": self.kind, "unit": self.unit}
+        """What a row says about the model's source: its kind, its unit, its own fields
+        (`row_fields`) and any adjusted fields."""
+        facts: dict[str, Any] = {"model_source": self.kind, "unit": self.unit, **self.row_fields}
         if self.adjusted:
             facts["overrides_adjusted"] = "; ".join(self.adjusted)
         return facts

@@ -331,7 +331,6 @@ def train(ctx: RankContext, point: dict[str, Any]) -> dict[str, Any]:
     # this rank's per-step times (the row is rank 0's): the intervals of the summary's ratios
     metrics["times_ms"] = [round(t, 4) for t in times]
     metrics["local_times_ms"] = [round(t, 4) for t in local_times] if local_times else None
-    metrics.update(run.source.row_fields)  # what the source says of itself (fast_replaced)
     return metrics
 
 

@@ -111,7 +111,6 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
         **{f"{name}_ms": ms for name, ms in phase_ms.items()},
         "compile_s": compile_s,
         "cuda_graph_used": graphed,
-        **eager.source.row_fields,
         **throughput,
         **flop_metrics(counted, stats.median_ms, phase_ms, device_name=facts.get("device_name"),
                        precision=spec.precision, analytic_flops=throughput["flops_per_step"]),

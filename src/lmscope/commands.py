@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from lmscope.choices import check_choices
 from lmscope.limits import check_timeout
 from lmscope.report import console
 from lmscope.report.compare import find_base
@@ -62,17 +63,20 @@ def model_flag(model: str | None, size: str | None) -> str | None:
 
 def model_axes(
     *,
-    size: str,
+    size: str | None,
     context_length: str,
     batch_size: str,
     precision: str,
+    device: str,
     mode: str | None = None,
     compile: str | None = None,
     attention: str | None = None,
 ) -> dict[str, list[Any]]:
-    """The swept axes shared by the commands that run the Transformer LM, parsed from their flags.
+    """The swept axes shared by the commands that run the Transformer LM, parsed from their flags
+    and checked (with --device, which is not swept) before anything imports torch.
 
-    A flag a command does not have is None and is left out.
+    A flag a command does not have is None and is left out; no --model (size None) is the default
+    preset, asked of torch only once the other flags are known to be right.
     """
     flags: dict[str, tuple[str | None, type]] = {
         "size": (size, str),
@@ -83,11 +87,20 @@ def model_axes(
         "compile": (compile, bool),
         "attention": (attention, str),
     }
-    return {
+    axes = {
         name: split_list(value, cast, "--" + name.replace("_", "-"))
         for name, (value, cast) in flags.items()
         if value is not None
     }
+    check_choices({**axes, "device": device})
+    return axes if size is not None else {"size": [default_size()], **axes}
+
+
+def default_size() -> str:
+    """The preset when --model is not given: small on a GPU, tiny on the CPU."""
+    import torch
+
+    return "small" if torch.cuda.is_available() else "tiny"
 
 
 EXIT_RULE = "0 when every point is ok or oom, 1 when any point is an error or a timeout"

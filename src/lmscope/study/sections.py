@@ -51,6 +51,8 @@ class Section:
     """Run consecutive points in one worker (False where a cold process is the point)."""
     skip_reason: str | None = None
     """Why the section does not run on this target (None: it runs)."""
+    device_work: bool = True
+    """False for points that only compute (accounting): they cost no budget and always run."""
 
     @property
     def file(self) -> str:
@@ -203,7 +205,8 @@ def _cpu_sections(target: Target, run_dir: Path) -> list[Section]:
             ],
         ),
         *_distributed(target),
-        Section(name="accounting", question=ACCOUNTING_Q, workload=ACCOUNTING, points=_accounting()),
+        Section(name="accounting", question=ACCOUNTING_Q, workload=ACCOUNTING, points=_accounting(),
+                device_work=False),
     ]
 
 
@@ -306,7 +309,8 @@ def _gpu_sections(target: Target, run_dir: Path) -> list[Section]:
         Section(name="attention", question=ATTENTION_Q, workload="attention", points=attention),
         Section(name="compile", question=COMPILE_Q, workload="bench", points=compiled),
         *_distributed(target),
-        Section(name="accounting", question=ACCOUNTING_Q, workload=ACCOUNTING, points=_accounting()),
+        Section(name="accounting", question=ACCOUNTING_Q, workload=ACCOUNTING, points=_accounting(),
+                device_work=False),
     ]
 
 

@@ -211,6 +211,7 @@ def _manifest(plan: Plan, run_dir: Path, command: str | None) -> dict[str, Any]:
             "file": section.file,
             "points": len(section.points),
             "skip_reason": section.skip_reason,
+            "variables": section.variables,
             "ran": 0,
             "failed_points": 0,
             "error": None,

@@ -34,6 +34,9 @@ finally:
         (["profile", "--attention", "flsh"], "unknown attention backend 'flsh'"),
         (["memory", "--precision", "fp64"], "unknown precision 'fp64'"),
         (["ddp", "--model", "huge"], "unknown model size 'huge'"),
+        (["bench", "--peer", "hff"], "unknown peer 'hff'"),
+        (["bench", "--cuda-graph", "maybe"], "unknown --cuda-graph 'maybe'"),
+        (["profile", "--fast", "maybe"], "--fast takes on/off"),  # no --model: checked before the default
         (["bench", "--bogus"], "No such option: --bogus"),
     ],
 )

@@ -21,6 +21,12 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 ATTENTION_BACKENDS = ("naive", "sdpa", "sdpa-cudnn", "flash", "flash-torch")
 """The attention backends a point may name (`lmscope.model.attention` registers these)."""
 
+PEERS = ("none", "hf")
+"""Models other than lmscope's: none, or hf (transformers' Llama of the same sizes)."""
+
+CUDA_GRAPH_CHOICES = ("auto", "on", "off")
+"""--cuda-graph: replay the step from CUDA graphs (auto: on with --fast on a GPU)."""
+
 HF_PREFIX = "hf:"
 """--model hf:<model_type or config.json>: a transformers config with random weights."""
 
@@ -52,12 +58,12 @@ def check_device_name(device: str) -> None:
         raise ValueError(f"unknown device {device!r}: use auto, cpu, cuda or cuda:N")
 
 
-def one_of(what: str, choices: Sequence[str]) -> Callable[[Any], None]:
-    """A check that refuses a value outside `choices`, naming them."""
+def one_of(what: str, choices: Sequence[str], hint: str = "") -> Callable[[Any], None]:
+    """A check that refuses a value outside `choices`, naming them (and `hint`)."""
 
     def check(value: Any) -> None:
         if value not in choices:
-            raise ValueError(f"unknown {what} {value!r}: choose one of {', '.join(choices)}")
+            raise ValueError(f"unknown {what} {value!r}: choose one of {', '.join(choices)}{hint}")
 
     return check
 
@@ -70,6 +76,8 @@ CHECKS: dict[str, Callable[[Any], None]] = {
     "precision": one_of("precision", PRECISIONS),
     "attention": one_of("attention backend", ATTENTION_BACKENDS),
     "device": check_device_name,
+    "peer": one_of("peer", PEERS, " (the torch.compile peer is --compile on)"),
+    "cuda_graph": one_of("--cuda-graph", CUDA_GRAPH_CHOICES),
 }
 """Spec field -> its torch-free check."""
 

@@ -21,6 +21,7 @@ from lmscope.commands import (
     exit_status,
     model_axes,
     model_flag,
+    model_grid,
     run_and_report,
     show,
     split_list,
@@ -134,7 +135,7 @@ def bench(
     fixed = dict(d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
                  vocab_size=vocab_size, model_context_length=model_context_length,
                  steps=steps, device=device)
-    swept = {
+    swept = model_grid({
         **model_axes(size=model_flag(model, size), context_length=context_length,
                      batch_size=batch_size, device=device,
                      mode=mode, precision=precision, compile=compile, attention=attention),
@@ -143,7 +144,7 @@ def bench(
         "optimizer_in_backward": split_list(optimizer_in_backward, bool, "--optimizer-in-backward"),
         "peer": split_list(peer, str, "--peer"),
         "cuda_graph": split_list(cuda_graph, str, "--cuda-graph"),
-    }
+    })
     from lmscope.workloads.step import Spec  # torch: only once the flags are known to be right
 
     specs = [Spec(**point) for point in expand_grid(fixed, swept)]
@@ -189,11 +190,12 @@ def profile(
     fixed = dict(d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
                  vocab_size=vocab_size, warmup=warmup, steps=steps, device=device,
                  artifacts_dir=str(out.parent / "profile"))
-    swept = {**model_axes(size=model_flag(model, size), context_length=context_length,
-                          batch_size=batch_size, device=device, mode=mode, precision=precision,
-                          compile=compile, attention=attention),
-             "fast": split_list(fast, bool, "--fast"),
-             "optimizer_in_backward": split_list(optimizer_in_backward, bool, "--optimizer-in-backward")}
+    swept = model_grid({**model_axes(size=model_flag(model, size), context_length=context_length,
+                                     batch_size=batch_size, device=device, mode=mode, precision=precision,
+                                     compile=compile, attention=attention),
+                        "fast": split_list(fast, bool, "--fast"),
+                        "optimizer_in_backward": split_list(optimizer_in_backward, bool,
+                                                            "--optimizer-in-backward")})
     from lmscope.report.profile_report import show_nsys, show_point_reports
     from lmscope.workloads.profile import Spec, nsys_capture
 
@@ -335,8 +337,8 @@ def ddp(
                  vocab_size=vocab_size, attention=attention, backend=backend, device=device,
                  warmup=warmup, steps=steps, timeout_s=timeout, checkpoint=checkpoint,
                  fast=split_list(fast, bool, "--fast")[0], model_context_length=model_context_length)
-    axes = model_axes(size=model_flag(model, size), context_length=context_length,
-                      batch_size=batch_size, device=device, precision=precision)
+    axes = model_grid(model_axes(size=model_flag(model, size), context_length=context_length,
+                                 batch_size=batch_size, device=device, precision=precision))
     from lmscope.parallel.commands import ddp_points, run_ddp
     from lmscope.parallel.launch import default_world_sizes
     from lmscope.workloads.ddp import Spec
@@ -398,9 +400,9 @@ def memory(
                  steps=steps, snapshot=split_list(snapshot, bool, "--snapshot")[0], top=top,
                  max_entries=max_entries, device=device, artifacts_dir=str(out.parent / "memory"),
                  activations=split_list(activations, bool, "--activations")[0])
-    axes = model_axes(size=model_flag(model, size), context_length=context_length,
-                      batch_size=batch_size, device=device,
-                      mode=mode, precision=precision, compile=compile, attention=attention)
+    axes = model_grid(model_axes(size=model_flag(model, size), context_length=context_length,
+                                 batch_size=batch_size, device=device,
+                                 mode=mode, precision=precision, compile=compile, attention=attention))
     from lmscope.report.memory_plots import show_saved_activations, show_top_allocations
     from lmscope.workloads.memory import Spec, checkpoint_values
 

@@ -75,8 +75,8 @@ def model_axes(
     """The swept axes shared by the commands that run the Transformer LM, parsed from their flags
     and checked (with --device, which is not swept) before anything imports torch.
 
-    A flag a command does not have is None and is left out; no --model (size None) is the default
-    preset, asked of torch only once the other flags are known to be right.
+    A flag a command does not have is None and is left out, and so is --model when not given
+    (`model_grid` adds the default preset once every flag is known to be right).
     """
     flags: dict[str, tuple[str | None, type]] = {
         "size": (size, str),
@@ -93,7 +93,14 @@ def model_axes(
         if value is not None
     }
     check_choices({**axes, "device": device})
-    return axes if size is not None else {"size": [default_size()], **axes}
+    return axes
+
+
+def model_grid(swept: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """A model command's swept axes, every choice checked (--peer, --cuda-graph too), and the
+    default preset first where --model was not given: torch is imported only after this."""
+    check_choices(swept)
+    return swept if "size" in swept else {"size": [default_size()], **swept}
 
 
 def default_size() -> str:

@@ -17,13 +17,12 @@ from typing import Any
 
 import torch
 
+from lmscope.choices import check_choices
 from lmscope.measure.ranges import phase
 from lmscope.measure.timer import PhaseClock
 from lmscope.workloads.model_spec import ModelPointSpec
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-PEERS = ("none", "hf")
-"""Models other than lmscope's: none, or hf (transformers' Llama of the same sizes)."""
 
 
 def resolve_device(name: str) -> torch.device:
@@ -50,9 +49,7 @@ def autocast_context(precision: str, device: torch.device) -> contextlib.Abstrac
 
 def check_model_choice(fast: bool, peer: str, attention: str) -> None:
     """Reject contradictory --fast / --peer / --attention combinations with how to fix them."""
-    if peer not in PEERS:
-        raise ValueError(f"unknown peer {peer!r}: choose one of {', '.join(PEERS)} "
-                         "(the torch.compile peer is --compile on)")
+    check_choices({"peer": peer})
     if fast and peer != "none":
         raise ValueError("--fast on runs lmscope's model, --peer hf transformers': pick one per point")
     if peer == "hf" and attention != "sdpa":

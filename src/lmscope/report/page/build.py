@@ -266,9 +266,30 @@ def accounting_blocks(run: Run, records: Sequence[Record], variables: Sequence[s
             "time at the device's peak (*_bound: which one is longer)"
             + (f". Computed on {ran_on}; no device ran anything." if ran_on else ".")
         ),
-        _records_table(f"parallelism accounting for {devices or 'the catalogued device'} (predicted)",
-                       records, ACCOUNTING, variables),
+        *_split(_records_table("", records, ACCOUNTING, variables), {
+            f"memory per device on {devices or 'the device'} (predicted, GiB)": MEMORY_COLUMNS,
+            "bytes per step and pass times at peak (predicted)": TRAFFIC_COLUMNS,
+        }),
     ]
+
+
+MEMORY_COLUMNS = ("devices", "total_gib", "device_memory_gib", "fits", "master_weights_gib",
+                  "gradients_gib", "optimizer_state_gib", "activations_gib", "status")
+TRAFFIC_COLUMNS = ("dp_step_mb", "fsdp_step_mb", "tp_step_mb", "forward_math_ms_at_peak", "forward_comm_ms",
+                   "forward_bound", "backward_math_ms_at_peak", "backward_comm_ms", "backward_bound")
+"""The accounting's two tables (as `lmscope plan parallel` prints them), each with the mesh."""
+
+
+def _split(table: TableBlock, parts: dict[str, Sequence[str]]) -> list[TableBlock]:
+    """One table per title of `parts`: the key columns (those no part names), then that part's."""
+    named = {c for columns in parts.values() for c in columns}
+    keys = [i for i, c in enumerate(table.header) if c not in named]
+    blocks = []
+    for title, columns in parts.items():
+        chosen = keys + [i for i, c in enumerate(table.header) if c in columns]
+        blocks.append(TableBlock(title, [table.header[i] for i in chosen],
+                                 [[row[i] for i in chosen] for row in table.rows]))
+    return blocks
 
 
 def rows_blocks(run: Run, records: Sequence[Record], variables: Sequence[str] = ()) -> list[Block]:

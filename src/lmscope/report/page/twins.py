@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from lmscope.report.page.load import Run
 from lmscope.report.page.model import Block, TableBlock, TextBlock
 from lmscope.report.page.peers import times, verdict
+from lmscope.report.tables import format_value
 from lmscope.results import Record
 from lmscope.runner import identity_key, record_spec, spec_fields
 from lmscope.stats import ratio_interval
@@ -44,7 +45,7 @@ def _key(record: Record) -> str | None:
 
 
 def _label(record: Record, keys: Sequence[str]) -> str:
-    return " ".join(f"{k}={record.get(k)}" for k in keys if record.get(k) is not None)
+    return " ".join(f"{k}={format_value(record.get(k))}" for k in keys if record.get(k) is not None)
 
 
 def twin_table(run: Run, section_file: str, records: Sequence[Record],

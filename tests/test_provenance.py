@@ -9,9 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import lmscope
 from lmscope import provenance as prov
+from lmscope.workloads.train_step import device_facts
 
 PACKAGE = Path(lmscope.__file__).resolve().parent
 
@@ -177,6 +179,9 @@ def test_a_cpu_row_names_the_cpu_model_not_the_architecture(tmp_path, monkeypatc
     monkeypatch.setattr(prov, "gpu_state", lambda device=None: dict.fromkeys(prov.GPU_FIELDS))
     row = prov.provenance("cpu")
     assert row["device_name"] == row["cpu_model"] == "Intel(R) Xeon(R) Platinum 8480+"
+    # a point's own facts, which a row writes over provenance's, name the same CPU
+    assert device_facts(torch.device("cpu")) == {"device_type": "cpu",
+                                                 "device_name": "Intel(R) Xeon(R) Platinum 8480+"}
 
 
 def test_gpu_facts_come_from_nvidia_smi_for_the_points_gpu(tmp_path, monkeypatch, fresh_gpu_query):

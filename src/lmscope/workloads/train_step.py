@@ -10,7 +10,6 @@ Shared by `bench`, `profile` and `memory`: they differ only in the probe around 
 from __future__ import annotations
 
 import contextlib
-import platform
 import timeit
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +19,7 @@ import torch
 from lmscope.choices import check_choices
 from lmscope.measure.ranges import phase
 from lmscope.measure.timer import PhaseClock
+from lmscope.provenance import cpu_model
 from lmscope.workloads.model_spec import ModelPointSpec
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -174,4 +174,4 @@ def device_facts(device: torch.device) -> dict[str, Any]:
     """Name of the device the point ran on."""
     if device.type == "cuda":
         return {"device_type": "cuda", "device_name": torch.cuda.get_device_name(device)}
-    return {"device_type": "cpu", "device_name": platform.processor() or platform.machine()}
+    return {"device_type": "cpu", "device_name": cpu_model()}

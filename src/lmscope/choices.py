@@ -1,5 +1,5 @@
 """The spelled-out choices of a model point (model name, sizes, mode, precision, attention,
-device), checked without importing torch.
+device, peer, CUDA graphs), checked without importing torch.
 
 The command line checks each value of its flags here before it imports a workload (torch alone
 takes seconds to import), so a typo is refused at once; `ModelPointSpec` checks the same way.
@@ -36,8 +36,7 @@ SOURCE_SPELLING = "a preset ({presets}), hf:<model_type or config.json>, or <mod
 def source_kind(name: str) -> str:
     """preset | hf | factory, from the spelling of --model alone (nothing is imported)."""
     if not name.strip():
-        raise ValueError("--model is empty: give a preset (tiny, small, ...), hf:<model_type or "
-                         "config.json>, or <module or file.py>:<factory>")
+        raise ValueError("--model is empty: give " + SOURCE_SPELLING.format(presets="tiny, small, ..."))
     if name.startswith(HF_PREFIX):
         return "hf"
     return "factory" if ":" in name else "preset"

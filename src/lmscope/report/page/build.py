@@ -268,16 +268,18 @@ def accounting_blocks(run: Run, records: Sequence[Record], variables: Sequence[s
         ),
         *_split(_records_table("", records, ACCOUNTING, variables), {
             f"memory per device on {devices or 'the device'} (predicted, GiB)": MEMORY_COLUMNS,
-            "bytes per step and pass times at peak (predicted)": TRAFFIC_COLUMNS,
+            "bytes each axis moves per step (predicted, MB)": BYTES_COLUMNS,
+            "time per pass at the device's peak, and which bound (predicted, ms)": TIME_COLUMNS,
         }),
     ]
 
 
 MEMORY_COLUMNS = ("devices", "total_gib", "device_memory_gib", "fits", "master_weights_gib",
                   "gradients_gib", "optimizer_state_gib", "activations_gib", "status")
-TRAFFIC_COLUMNS = ("dp_step_mb", "fsdp_step_mb", "tp_step_mb", "forward_math_ms_at_peak", "forward_comm_ms",
-                   "forward_bound", "backward_math_ms_at_peak", "backward_comm_ms", "backward_bound")
-"""The accounting's two tables (as `lmscope plan parallel` prints them), each with the mesh."""
+BYTES_COLUMNS = ("dp_step_mb", "fsdp_step_mb", "tp_step_mb")
+TIME_COLUMNS = ("forward_math_ms_at_peak", "forward_comm_ms", "forward_bound", "backward_math_ms_at_peak",
+                "backward_comm_ms", "backward_bound")
+"""The accounting's tables (the sections of `lmscope plan parallel`), each with the mesh."""
 
 
 def _split(table: TableBlock, parts: dict[str, Sequence[str]]) -> list[TableBlock]:

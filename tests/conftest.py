@@ -6,6 +6,7 @@ import os
 
 import pytest
 import torch
+from leak_report_filter import filter_leak_report_at_exit
 
 SEED_ENV = "LMSCOPE_TEST_SEED"
 
@@ -15,6 +16,8 @@ def pytest_configure(config):
     # preload what the ranks of any of them import (optimizers torch._dynamo, test modules pytest),
     # so that no test's speed depends on the order the tests run in.
     os.environ.setdefault("LMSCOPE_FORKSERVER_PRELOAD", "torch._dynamo,pytest")
+    # Below the summary, Triton's nanobind would list the MLIR objects its caches hold.
+    filter_leak_report_at_exit()
 
 
 @pytest.fixture(autouse=True)

@@ -9,9 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import lmscope
 from lmscope import provenance as prov
+from lmscope.workloads.train_step import device_facts
 
 PACKAGE = Path(lmscope.__file__).resolve().parent
 
@@ -162,8 +164,24 @@ def test_without_nvidia_smi_the_gpu_fields_are_none(tmp_path, monkeypatch, fresh
     assert prov.gpu_state() == dict.fromkeys(prov.GPU_FIELDS)
     row = prov.provenance()
     assert row["gpu_uuid"] is None and row["gpu_sm_clock_mhz"] is None and row["gpu_power_limit_w"] is None
-    assert row["device_name"]  # the CPU's name instead
+    assert row["device_name"] == row["cpu_model"] == prov.cpu_model()  # the CPU's name instead
     assert prov._nvidia_smi_failed  # not asked again for every row
+
+
+def test_a_cpu_row_names_the_cpu_model_not_the_architecture(tmp_path, monkeypatch):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R)  "
+                       "Platinum 8480+\nflags\t\t: fpu\n\nprocessor\t: 1\nmodel name\t: Intel(R) Xeon(R) "
+                       "Platinum 8480+\n")
+    assert prov.cpu_model(cpuinfo) == "Intel(R) Xeon(R) Platinum 8480+"
+    assert prov.cpu_model(tmp_path / "missing") == (prov.platform.processor() or prov.platform.machine())
+    monkeypatch.setattr(prov, "CPUINFO_FILE", cpuinfo)
+    monkeypatch.setattr(prov, "gpu_state", lambda device=None: dict.fromkeys(prov.GPU_FIELDS))
+    row = prov.provenance("cpu")
+    assert row["device_name"] == row["cpu_model"] == "Intel(R) Xeon(R) Platinum 8480+"
+    # a point's own facts, which a row writes over provenance's, name the same CPU
+    assert device_facts(torch.device("cpu")) == {"device_type": "cpu",
+                                                 "device_name": "Intel(R) Xeon(R) Platinum 8480+"}
 
 
 def test_gpu_facts_come_from_nvidia_smi_for_the_points_gpu(tmp_path, monkeypatch, fresh_gpu_query):

@@ -21,6 +21,7 @@ from lmscope.commands import (
     exit_status,
     model_axes,
     model_flag,
+    model_grid,
     run_and_report,
     show,
     split_list,
@@ -102,15 +103,6 @@ def _root(
     """Measure, profile and speed up the training step of Transformer language models."""
 
 
-def _size(size: str | None) -> str:
-    """--size as given, else the default preset: small on a GPU, tiny on the CPU."""
-    if size is not None:
-        return size
-    import torch
-
-    return "small" if torch.cuda.is_available() else "tiny"
-
-
 @app.command()
 def bench(
     model: ModelOpt = None,
@@ -151,14 +143,12 @@ def bench(
     reuse_worker: ReuseWorker = False,
 ) -> None:
     """Time forward, forward+backward or a full train step (a sweep over any list flags)."""
-    from lmscope.workloads.step import Spec
-
     fixed = dict(d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
                  vocab_size=vocab_size, model_context_length=model_context_length,
                  steps=steps, device=device, checkpoint=checkpoint)
-    swept = {
-        **model_axes(size=_size(model_flag(model, size)), context_length=context_length,
-                     batch_size=batch_size,
+    swept = model_grid({
+        **model_axes(size=model_flag(model, size), context_length=context_length,
+                     batch_size=batch_size, device=device,
                      mode=mode, precision=precision, compile=compile, attention=attention,
                      compile_scope=compile_scope),
         "warmup": split_list(warmup, int, "--warmup"),
@@ -166,7 +156,9 @@ def bench(
         "optimizer_in_backward": split_list(optimizer_in_backward, bool, "--optimizer-in-backward"),
         "peer": split_list(peer, str, "--peer"),
         "cuda_graph": split_list(cuda_graph, str, "--cuda-graph"),
-    }
+    })
+    from lmscope.workloads.step import Spec  # torch: only once the flags are known to be right
+
     specs = [Spec(**point) for point in expand_grid(fixed, swept)]
     records = run_and_report("bench", specs, out=out, resume=resume, timeout_s=timeout, fmt=fmt,
                              compare=compare, compare_base=compare_base, rounds=rounds, only_round=round_,
@@ -206,18 +198,20 @@ def profile(
 ) -> None:
     """Kernel-level profile of a step: kernel tables, categories, idle gaps, attention breakdown."""
     from lmscope.commands import default_out
-    from lmscope.report.profile_report import show_nsys, show_point_reports
-    from lmscope.workloads.profile import Spec, nsys_capture
 
     out = out or default_out()
     fixed = dict(d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
                  vocab_size=vocab_size, warmup=warmup, steps=steps, device=device,
                  artifacts_dir=str(out.parent / "profile"))
-    swept = {**model_axes(size=_size(model_flag(model, size)), context_length=context_length,
-                          batch_size=batch_size, mode=mode, precision=precision, compile=compile,
-                          attention=attention, compile_scope=compile_scope),
-             "fast": split_list(fast, bool, "--fast"),
-             "optimizer_in_backward": split_list(optimizer_in_backward, bool, "--optimizer-in-backward")}
+    swept = model_grid({**model_axes(size=model_flag(model, size), context_length=context_length,
+                                     batch_size=batch_size, device=device, mode=mode, precision=precision,
+                                     compile=compile, attention=attention, compile_scope=compile_scope),
+                        "fast": split_list(fast, bool, "--fast"),
+                        "optimizer_in_backward": split_list(optimizer_in_backward, bool,
+                                                            "--optimizer-in-backward")})
+    from lmscope.report.profile_report import show_nsys, show_point_reports
+    from lmscope.workloads.profile import Spec, nsys_capture
+
     specs = [Spec(**point) for point in expand_grid(fixed, swept)]
     records = run_and_report("profile", specs, out=out, resume=resume, timeout_s=timeout, fmt=fmt,
                              compare=compare, compare_base=compare_base, title="lmscope profile",
@@ -361,9 +355,6 @@ def ddp(
 ) -> None:
     """Data-parallel train step per strategy vs the single-GPU step, with the overhead model."""
     from lmscope.commands import default_out
-    from lmscope.parallel.commands import ddp_points, run_ddp
-    from lmscope.parallel.launch import default_world_sizes
-    from lmscope.workloads.ddp import Spec
 
     out = out or default_out()
     fixed = dict(d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
@@ -371,10 +362,14 @@ def ddp(
                  warmup=warmup, steps=steps, timeout_s=timeout, checkpoint=checkpoint,
                  fast=split_list(fast, bool, "--fast")[0], model_context_length=model_context_length,
                  profile_steps=profile_steps, artifacts_dir=str(out.parent / "ddp-profile"))
+    axes = model_grid(model_axes(size=model_flag(model, size), context_length=context_length,
+                                 batch_size=batch_size, device=device, precision=precision))
+    from lmscope.parallel.commands import ddp_points, run_ddp
+    from lmscope.parallel.launch import default_world_sizes
+    from lmscope.workloads.ddp import Spec
+
     swept = {
-        **model_axes(size=_size(model_flag(model, size)), context_length=context_length,
-                     batch_size=batch_size,
-                     precision=precision),
+        **axes,
         "world_size": split_list(nproc, int, "--nproc") if nproc is not None else default_world_sizes(),
         "strategy": split_list(strategy, str, "--strategy"),
         "shard_optimizer": split_list(shard_optimizer, bool, "--shard-optimizer"),
@@ -425,8 +420,6 @@ def memory(
 ) -> None:
     """Peak memory of each phase (measured and predicted), snapshots, timelines, largest allocations."""
     from lmscope.commands import default_out
-    from lmscope.report.memory_plots import show_saved_activations, show_top_allocations
-    from lmscope.workloads.memory import Spec, checkpoint_values
 
     out = out or default_out()
     fixed = dict(d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
@@ -434,13 +427,14 @@ def memory(
                  steps=steps, snapshot=split_list(snapshot, bool, "--snapshot")[0], top=top,
                  max_entries=max_entries, device=device, artifacts_dir=str(out.parent / "memory"),
                  activations=split_list(activations, bool, "--activations")[0])
-    swept = {
-        **model_axes(size=_size(model_flag(model, size)), context_length=context_length,
-                     batch_size=batch_size,
-                     mode=mode, precision=precision, compile=compile, attention=attention,
-                     compile_scope=compile_scope),
-        "checkpoint": checkpoint_values(checkpoint),
-    }
+    axes = model_grid(model_axes(size=model_flag(model, size), context_length=context_length,
+                                 batch_size=batch_size, device=device,
+                                 mode=mode, precision=precision, compile=compile, attention=attention,
+                                 compile_scope=compile_scope))
+    from lmscope.report.memory_plots import show_saved_activations, show_top_allocations
+    from lmscope.workloads.memory import Spec, checkpoint_values
+
+    swept = {**axes, "checkpoint": checkpoint_values(checkpoint)}
     specs = [Spec(**point) for point in expand_grid(fixed, swept)]
     records = run_and_report("memory", specs, out=out, resume=resume, timeout_s=timeout, fmt=fmt,
                              compare=compare, compare_base=compare_base, title="lmscope memory")

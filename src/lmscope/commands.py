@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from lmscope.choices import check_choices
 from lmscope.comma_list import list_items
 from lmscope.limits import check_timeout
 from lmscope.report import console
@@ -63,19 +64,22 @@ def model_flag(model: str | None, size: str | None) -> str | None:
 
 def model_axes(
     *,
-    size: str,
+    size: str | None,
     context_length: str,
     batch_size: str,
     precision: str,
+    device: str,
     mode: str | None = None,
     compile: str | None = None,
     attention: str | None = None,
     compile_scope: str | None = None,
 ) -> dict[str, list[Any]]:
-    """The swept axes shared by the commands that run the Transformer LM, parsed from their flags.
+    """The swept axes shared by the commands that run the Transformer LM, parsed from their flags
+    and checked (with --device, which is not swept) before anything imports torch.
 
-    A flag a command does not have is None and is left out. `--compile` values are on/off words
-    (True/False) or torch.compile mode names, which the spec checks.
+    A flag a command does not have is None and is left out, and so is --model when not given
+    (`model_grid` adds the default preset once every flag is known to be right). `--compile`
+    values are on/off words (True/False) or torch.compile mode names, which the spec checks.
     """
     flags: dict[str, tuple[str | None, type]] = {
         "size": (size, str),
@@ -94,7 +98,22 @@ def model_axes(
     }
     if "compile" in axes:
         axes["compile"] = list(dict.fromkeys(TRUE_WORDS.get(v.lower(), v) for v in axes["compile"]))
+    check_choices({**axes, "device": device})
     return axes
+
+
+def model_grid(swept: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """A model command's swept axes, every choice checked (--peer, --cuda-graph too), and the
+    default preset first where --model was not given: torch is imported only after this."""
+    check_choices(swept)
+    return swept if "size" in swept else {"size": [default_size()], **swept}
+
+
+def default_size() -> str:
+    """The preset when --model is not given: small on a GPU, tiny on the CPU."""
+    import torch
+
+    return "small" if torch.cuda.is_available() else "tiny"
 
 
 EXIT_RULE = "0 when every point is ok or oom, 1 when any point is an error or a timeout"

@@ -42,6 +42,7 @@ SHA_ENV = "LMSCOPE_GIT_SHA"
 KERNEL_ENV_PREFIX = "LMSCOPE_FLASH_"
 MACHINE_ID_FILES = (Path("/etc/machine-id"), Path("/var/lib/dbus/machine-id"))
 BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
+CPUINFO_FILE = Path("/proc/cpuinfo")
 GPU_FIELDS = {
     "device_name": "name",
     "driver": "driver_version",
@@ -155,12 +156,25 @@ def _read_id(paths: tuple[Path, ...]) -> str:
 
 
 def host_identity() -> dict[str, Any]:
-    """host, host_id (hostname + machine id, else boot id) and boot_id, hashed short."""
+    """host, host_id (hostname + machine id, else boot id), boot_id (hashed short) and cpu_model."""
     hostname = socket.gethostname()
     boot = _read_id((BOOT_ID_FILE,))
     machine = _read_id(MACHINE_ID_FILES) or boot
     return {"host": hostname, "host_id": _short_hash(hostname, machine),
-            "boot_id": _short_hash(boot) if boot else None}
+            "boot_id": _short_hash(boot) if boot else None, "cpu_model": cpu_model()}
+
+
+def cpu_model(cpuinfo: Path | None = None) -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo 'model name'), else what `platform` knows
+    (on Linux that is only the architecture, 'x86_64')."""
+    try:
+        for line in (cpuinfo or CPUINFO_FILE).read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                return " ".join(value.split())
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def _gpu_selector(device: str | None) -> str | None:
@@ -260,11 +274,12 @@ def provenance(device: str | None = None) -> dict[str, Any]:
     except ImportError:
         triton_version = None
     gpu = gpu_state(device)
+    host = host_identity()
     if gpu["device_name"] is None:
-        gpu["device_name"] = platform.processor() or platform.machine()
+        gpu["device_name"] = host["cpu_model"]
     return {
         "time": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        **host_identity(),
+        **host,
         **gpu,
         "torch": torch.__version__,
         "triton": triton_version,

@@ -10,28 +10,31 @@ estimated, estimates of a millisecond far slower.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
 from lmscope.results import read_records
-from lmscope.study import planner
+from lmscope.study import pace, planner
 from lmscope.study.accounting_point import Spec
-from lmscope.study.execute import MANIFEST, Pace, _batches, later_that_fit, run_plan
-from lmscope.study.planner import DONE, LATER, RUN, make_plan
+from lmscope.study.execute import MANIFEST, _batches, later_that_fit, run_plan
+from lmscope.study.pace import Pace
+from lmscope.study.planner import DONE, LATER, REUSE, RUN, make_plan
 from lmscope.study.sections import Point, Section
 from lmscope.study.target import Target
 
 ACCOUNTING = "lmscope.study.accounting_point"
 
 
-def _section(name: str, workload: str, meshes: list[tuple[int, int]]) -> Section:
+def _section(name: str, workload: str, meshes: list[tuple[int, int]], device_work: bool = True) -> Section:
     """One tier, so that the points run in one worker."""
     return Section(
         name=name,
         question=f"{name}?",
         workload=workload,
         points=[Point(Spec(model="small", fsdp=f, tp=t), tier=0) for f, t in meshes],
+        device_work=device_work,
     )
 
 
@@ -39,7 +42,8 @@ def _section(name: str, workload: str, meshes: list[tuple[int, int]]) -> Section
 def costs(monkeypatch) -> dict[int, float]:
     """Estimated seconds of an accounting point by its fsdp, in place of `cost.point_cost_s`."""
     table: dict[int, float] = {}
-    monkeypatch.setattr(planner, "point_cost_s", lambda workload, spec, target, reused: table[spec["fsdp"]])
+    for module in (planner, pace):
+        monkeypatch.setattr(module, "point_cost_s", lambda _w, spec, _t, reused: table[spec["fsdp"]])
     return table
 
 
@@ -68,9 +72,9 @@ def test_time_left_after_the_plan_goes_to_later_points_that_fit_it(tmp_path, cos
 def test_a_slow_pace_skips_what_no_longer_fits_and_resume_finishes_it_without_running_points_again(
     tmp_path, costs
 ):
-    """Points estimated at a millisecond take longer: the pace rises to its cap (5), so the
-    planned 10 s point (50 s at that pace) is not started in a 20 s budget, nor the later one.
-    The next run with --resume runs just those two."""
+    """Points estimated at a millisecond take longer: the pace rises past a hundred from the
+    first of them, so the planned 10 s point is not started in a 20 s budget, nor the later one.
+    The next run with --resume (a budget for that pace) runs just those two."""
     costs.update({2: 0.001, 4: 0.001, 8: 0.001, 16: 10.0, 32: 15.0})
     sections = [_section("accounting", ACCOUNTING, [(f, 1) for f in costs])]
     first = make_plan(sections, Target(), 20.0, tmp_path, resume=False)
@@ -80,7 +84,7 @@ def test_a_slow_pace_skips_what_no_longer_fits_and_resume_finishes_it_without_ru
     assert manifest["sections"]["accounting"]["state"] == "partial"
     assert manifest["beyond_plan"] == 0 and "--resume" in manifest["stopped"]
 
-    second = make_plan(sections, Target(), 60.0, tmp_path, resume=True)
+    second = make_plan(sections, Target(), 1e7, tmp_path, resume=True)
     assert [p.action for p in second.points] == [DONE, DONE, DONE, RUN, RUN]
     manifest = run_plan(second, tmp_path, timeout_s=120)
     records = read_records(tmp_path / "accounting.jsonl")
@@ -93,8 +97,8 @@ def test_a_slow_pace_skips_what_no_longer_fits_and_resume_finishes_it_without_ru
 
 
 def test_a_point_that_would_pass_the_deadline_is_skipped_and_a_smaller_one_after_it_runs(tmp_path, costs):
-    """At the pace's cap (5) the 10 s point would take 50 s of a 20 s budget: it is skipped, not
-    started, and the millisecond point after it still runs in the same run."""
+    """At the pace of the millisecond points the 10 s point would take far more than the 20 s
+    budget: it is skipped, not started, and the millisecond point after it still runs."""
     costs.update({2: 0.001, 4: 0.001, 8: 0.001, 16: 10.0, 32: 0.001})
     sections = [_section("accounting", ACCOUNTING, [(f, 1) for f in costs])]
     plan = make_plan(sections, Target(), 20.0, tmp_path, resume=False)
@@ -130,24 +134,24 @@ def test_a_failed_section_is_reported_and_the_study_goes_on(tmp_path):
     assert record["fsdp"] == 8 and record["status"] == "ok"
 
 
-def test_pace_scales_estimates_by_what_finished_points_took():
-    pace = Pace()
-    pace.add(1.0, 3.0)
-    pace.add(1.0, 3.0)
-    assert pace.factor == 1.0
-    pace.add(2.0, 6.0)
-    assert pace.factor == 3.0
-    pace.add(1.0, 100.0)
-    assert pace.factor == 5.0
+def test_pace_scales_estimates_by_what_finished_points_took_from_the_first_one():
+    measured = Pace()
+    assert measured.factor == 1.0
+    measured.add(1.0, 3.0)
+    assert measured.factor == 3.0  # a loaded machine shows from its first point
+    measured.add(2.0, 6.0)
+    assert measured.factor == 3.0
+    measured.add(1.0, 100.0)
+    assert measured.factor == pytest.approx(109 / 4)  # no cap: ten times slower, ten times fewer
 
 
 def test_pace_goes_below_one_for_points_faster_than_estimated_down_to_a_half():
-    pace = Pace()
+    measured = Pace()
     for _ in range(3):
-        pace.add(10.0, 7.0)
-    assert pace.factor == pytest.approx(0.7)
-    pace.add(100.0, 1.0)
-    assert pace.factor == 0.5
+        measured.add(10.0, 7.0)
+    assert measured.factor == pytest.approx(0.7)
+    measured.add(100.0, 1.0)
+    assert measured.factor == 0.5
 
 
 def test_later_points_are_chosen_in_plan_order_while_their_scaled_estimates_fit():
@@ -156,3 +160,40 @@ def test_later_points_are_chosen_in_plan_order_while_their_scaled_estimates_fit(
     assert [p.cost_s for p in later_that_fit(later, 40.0, 0.5)] == [30.0, 50.0]
     assert [p.cost_s for p in later_that_fit(later, 40.0, 2.0)] == [10.0, 5.0]
     assert later_that_fit(later, 1.0, 1.0) == []
+
+
+def test_points_without_device_work_run_whatever_the_budget_says(tmp_path, costs):
+    """The accounting costs no device time: its points run even where their estimates (here far
+    past the budget, as a loaded machine's pace would make them) do not fit; a device point
+    that does not fit waits for --resume."""
+    costs.update({2: 1000.0, 4: 1000.0, 8: 1000.0})
+    sections = [_section("slow", ACCOUNTING, [(2, 1)]),
+                _section("accounting", ACCOUNTING, [(4, 1), (8, 1)], device_work=False)]
+    plan = make_plan(sections, Target(), 10.0, tmp_path, resume=False)
+    assert [p.action for p in plan.points] == [LATER, RUN, RUN]
+    manifest = run_plan(plan, tmp_path, timeout_s=120)
+    assert _fsdps(tmp_path) == [4, 8]
+    assert manifest["sections"]["accounting"]["state"] == "complete"
+    assert not (tmp_path / "slow.jsonl").exists()
+
+
+def test_a_point_two_sections_share_is_measured_once_and_its_row_reused(tmp_path, costs):
+    """b's point is a's second point (same workload, spec and worker use): it runs once, in a,
+    and b's file gets that row, marked reused_from a. c runs it in a fresh worker per point,
+    which is another measurement: c measures it itself. A resume finds all of them done."""
+    costs.update({2: 1.0, 4: 1.0})
+    a = _section("a", ACCOUNTING, [(2, 1), (4, 1)])
+    b = _section("b", ACCOUNTING, [(4, 1)])
+    c = dataclasses.replace(_section("c", ACCOUNTING, [(4, 1)]), reuse_worker=False)
+    plan = make_plan([a, b, c], Target(), 600.0, tmp_path, resume=False)
+    assert [(p.section.name, p.action, p.reuses) for p in plan.points] == [
+        ("a", RUN, None), ("a", RUN, None), ("b", REUSE, "a"), ("c", RUN, None)]
+    manifest = run_plan(plan, tmp_path, timeout_s=120)
+    (measured,) = [r for r in read_records(tmp_path / "a.jsonl") if r["fsdp"] == 4]
+    (reused,) = read_records(tmp_path / "b.jsonl")
+    (own,) = read_records(tmp_path / "c.jsonl")
+    assert reused == {**measured, "reused_from": "a"}
+    assert "reused_from" not in own and own["time"] >= measured["time"]
+    assert manifest["sections"]["b"]["state"] == "complete" and manifest["sections"]["b"]["ran"] == 0
+    again = make_plan([a, b, c], Target(), 600.0, tmp_path, resume=True)
+    assert {p.action for p in again.points} == {DONE}

@@ -7,12 +7,10 @@ Python process that has it set. The CLI test runs its points in the runner's wor
 from __future__ import annotations
 
 import json
-import os
 import random
-import subprocess
-import sys
 
 import pytest
+from triton_child import run_interpreted
 
 from lmscope.cli import main
 from lmscope.results import read_records
@@ -32,9 +30,7 @@ def test_flash_triton_rows_under_the_interpreter_match_float64():
         {**base, "batch": 2, "heads": 1, "seq_len": random.choice([23, 41]), "causal": False,
          "dtype": "bf16"},
     ]
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", MEASURE, json.dumps(points)], env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = run_interpreted(["-c", MEASURE, json.dumps(points)])
     assert done.returncode == 0, done.stderr[-2000:]
     fp32, bf16 = json.loads(done.stdout.strip().splitlines()[-1])
     assert fp32["max_error"] < 1e-5 and fp32["max_grad_error"] < 1e-4

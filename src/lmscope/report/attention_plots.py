@@ -13,6 +13,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from lmscope.report.styles import series_styles
 from lmscope.results import Record
 
 LINE_FIELDS = ("causal", "batch", "heads")
@@ -80,17 +81,18 @@ def _panel(ax, records: list[Record], metric: str, split: list[str], title: str)
     lines: dict[str, list[Record]] = {}
     for record in records:
         lines.setdefault(_line_label(record, split), []).append(record)
-    for label, line in lines.items():
+    for (label, line), style in zip(lines.items(), series_styles(len(lines)), strict=True):
         line.sort(key=lambda r: r["seq_len"])
         ok = [r for r in line if r.get("status") == "ok" and r.get(metric) is not None]
         failed = [f"{r.get('status', 'error').upper()} at {r['seq_len']}" for r in line
                   if r.get("status") not in ("ok", None)]
         if ok:
             full = label + (f" ({', '.join(failed)})" if failed else "")
-            ax.plot([r["seq_len"] for r in ok], [r[metric] for r in ok], marker="o", ms=3, label=full)
+            ax.plot([r["seq_len"] for r in ok], [r[metric] for r in ok], ms=3, label=full, **style)
         elif failed:  # nothing to draw: keep the implementation in the legend with its status
             statuses = sorted({r.get("status", "error").upper() for r in line})
-            ax.plot([], [], marker="x", ls="none", label=f"{label} ({'/'.join(statuses)} at every length)")
+            ax.plot([], [], marker="x", ls="none", color=style["color"],
+                    label=f"{label} ({'/'.join(statuses)} at every length)")
     ax.set_xscale("log", base=2)
     lengths = sorted({r["seq_len"] for r in records})
     ax.set_xticks(lengths, [str(n) for n in lengths], fontsize=7)

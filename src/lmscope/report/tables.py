@@ -49,6 +49,12 @@ METRIC_COLUMNS: dict[str, list[str]] = {
         "median_ms", "mean_ms", "std_ms", "forward_ms", "backward_ms", "optimizer_ms", "tokens_per_s",
         "peak_allocated_gib",
     ],
+    "lmscope.study.accounting_point": [
+        "devices", "total_gib", "device_memory_gib", "fits", "master_weights_gib", "gradients_gib",
+        "optimizer_state_gib", "activations_gib", "dp_step_mb", "fsdp_step_mb", "tp_step_mb",
+        "forward_math_ms_at_peak", "forward_comm_ms", "forward_bound", "backward_math_ms_at_peak",
+        "backward_comm_ms", "backward_bound",
+    ],
 }
 """Per workload, the metric columns a table shows (those present in the records)."""
 
@@ -82,10 +88,14 @@ def varying_fields(records: Sequence[Record], spec_keys: Sequence[str]) -> list[
     ]
 
 
-def shown_fields(records: Sequence[Record], spec_keys: Sequence[str]) -> list[str]:
-    """The spec columns of a table: the swept fields, and the preset with every dimension a point
-    overrides (a `--d-model 512` point is not labelled as the preset alone), in spec order."""
-    varying = set(varying_fields(records, spec_keys))
+def shown_fields(
+    records: Sequence[Record], spec_keys: Sequence[str], always: Sequence[str] = ()
+) -> list[str]:
+    """The spec columns of a table: the swept fields, the fields in `always` (a study section's
+    variables, shown even where its one row has a single value), and the preset with every
+    dimension a point overrides (a `--d-model 512` point is not labelled as the preset alone), in
+    spec order."""
+    varying = set(varying_fields(records, spec_keys)) | set(always)
     overridden = {k for k in OVERRIDES if any(r.get(k) is not None for r in records)}
     shown = varying | overridden
     if (overridden or not varying) and "size" in spec_keys:
@@ -108,14 +118,16 @@ def build_table(
     *,
     compare: str | None = None,
     compare_base: str | None = None,
+    always: Sequence[str] = (),
 ) -> Table:
-    """Header and rows: the swept fields, then the workload's metrics (or a pivot by `compare`
-    against `compare_base`, see `lmscope.report.compare`). The rounds of a point are pooled."""
+    """Header and rows: the swept fields (and those in `always`), then the workload's metrics (or
+    a pivot by `compare` against `compare_base`, see `lmscope.report.compare`). The rounds of a
+    point are pooled."""
     if not records:
         return [], []
     workload = records[0].get("workload", "")
     records = latest_per_point(pool_rounds(records, spec_keys), spec_keys)
-    axes = shown_fields(records, spec_keys)
+    axes = shown_fields(records, spec_keys, always)
     metrics = [
         m for m in METRIC_COLUMNS.get(workload, [])
         if any(r.get(m) is not None for r in records)

@@ -29,11 +29,6 @@ from lmscope.sources.contract import ModelSource, UserModel
 from lmscope.sources.request import ModelRequest
 
 
-def is_factory(name: str) -> bool:
-    """Whether --model names a factory (module:function or file.py:function)."""
-    return ":" in name and not name.startswith("hf:")
-
-
 def factory_source(request: ModelRequest) -> ModelSource:
     """Import the factory, call it on the meta device and check what it returns."""
     if request.fast:

@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lmscope.config import PRESETS, ModelConfig, preset
+from lmscope.choices import check_model_name
+from lmscope.config import ModelConfig, preset
 from lmscope.sources.contract import ModelSource, UserModel
 from lmscope.sources.request import ModelRequest
 
@@ -24,9 +25,7 @@ FLASH_ON_CPU = ("--attention flash runs lmscope's Triton kernels, which need a C
 
 def preset_source(request: ModelRequest) -> ModelSource:
     """The source of a preset name with the request's overrides (ValueError for unknown names)."""
-    if request.name.lower() not in {name.lower() for name in PRESETS}:
-        raise ValueError(f"unknown model size {request.name!r}: choose a preset ({', '.join(PRESETS)}), "
-                         "hf:<model_type or config.json>, or <module or file.py>:<factory>")
+    check_model_name(request.name)
     if request.peer == "liger":
         raise ValueError("--peer liger applies Liger-Kernel to a transformers model: use --model hf:llama, "
                          "hf:qwen2 or hf:mistral")

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from lmscope.choices import source_kind
 from lmscope.sources.contract import ModelSource
-from lmscope.sources.factory import factory_source, is_factory
-from lmscope.sources.hf import PREFIX, hf_source
+from lmscope.sources.factory import factory_source
+from lmscope.sources.hf import hf_source
 from lmscope.sources.preset import preset_source
 from lmscope.sources.request import ModelRequest
 
@@ -22,11 +23,4 @@ def resolve_source(request: ModelRequest) -> ModelSource:
     return {"hf": hf_source, "factory": factory_source, "preset": preset_source}[kind](request)
 
 
-def source_kind(name: str) -> str:
-    """preset | hf | factory, from the spelling of --model alone (nothing is imported)."""
-    if not name.strip():
-        raise ValueError("--model is empty: give a preset (tiny, small, ...), hf:<model_type or "
-                         "config.json>, or <module or file.py>:<factory>")
-    if name.startswith(PREFIX):
-        return "hf"
-    return "factory" if is_factory(name) else "preset"
+__all__ = ["resolve_source", "source_kind"]

@@ -44,7 +44,8 @@ def study(
         f"study on {target.device_name} ({target.device_type}, {target.gpus} GPU(s)), "
         f"budget {budget_s / 60:.1f} min -> {run_dir}"
     )
-    console.show_table(plan_table(plan), title=f"plan: {plan.run_s / 60:.1f} min estimated now")
+    console.show_table(plan_table(plan), title=f"plan: {plan.run_s / 60:.1f} min estimated now "
+                       f"({plan.pace.describe()})")
     if plan_only:
         return 0
     manifest = run_plan(plan, run_dir, timeout_s=timeout_s)

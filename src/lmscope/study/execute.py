@@ -6,16 +6,20 @@ per section, not one per tier. Past tier 0 a section's higher tiers thus run bef
 section's tier 1: when the pace is worse than estimated, the later sections' points are the ones
 skipped, for the next --resume.
 Progress is one rich bar over the plan's estimated seconds (so its ETA weighs a 2.7B point more
-than a tiny one). A point is skipped, not started, when its estimate, scaled by the pace of the
-points finished so far, would pass the budget's deadline; smaller points after it still run, so
-a run uses its budget to the end. When the planned points are done with time left, the plan's
-`later` points that fit it run too, through the same runner and into the same files. A section
-whose run raises is reported and the study goes on. `study.json` in the run directory records the
-command, the target and each section's state for `lmscope report`.
+than a tiny one). A point is skipped, not started, when its estimate, scaled by the pace (pace.py:
+the run directory's earlier rows, then every point finished in this run), would pass the budget's
+deadline; smaller points after it still run, so a run uses its budget to the end and passes it by
+at most one point's misestimate. Points without device work (the accounting) are never skipped.
+When the planned points are done with time left, the plan's `later` points that fit it run too,
+through the same runner and into the same files. A point the plan marks `reuse` is not run: the
+row its twin measured in another section is copied into its section's file, with `reused_from`
+naming that section. A section whose run raises is reported and the study goes on. `study.json`
+in the run directory records the command, the target and each section's state for `lmscope report`.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import sys
@@ -26,53 +30,30 @@ from typing import Any
 from lmscope.report import console
 from lmscope.report.study_progress import StudyProgress, study_progress
 from lmscope.report.tables import Table
-from lmscope.results import read_records
-from lmscope.runner import _finished_keys, identity_key, run_sweep
-from lmscope.study.planner import DONE, LATER, RUN, Plan, PlannedPoint
+from lmscope.results import append_record, read_records
+from lmscope.runner import FINISHED, _finished_keys, identity_key, record_spec, run_sweep
+from lmscope.study.pace import Pace
+from lmscope.study.planner import DONE, LATER, REUSE, RUN, Plan, PlannedPoint
 from lmscope.study.sections import Section
 
 MANIFEST = "study.json"
 
 
-class Pace:
-    """How much slower (or faster) the points run than estimated, from those finished so far.
-
-    A loaded machine runs everything slower than the cost model says, and pessimistic estimates
-    (big models, compile) make points finish early; the deadline check and the choice of `later`
-    points scale each estimate by this factor (1 until three points finished, kept within 0.5..5:
-    never trusting a point to take less than half its estimate).
-    """
-
-    def __init__(self) -> None:
-        self.estimated_s = 0.0
-        self.actual_s = 0.0
-        self.points = 0
-
-    def add(self, estimated_s: float, actual_s: float) -> None:
-        """One finished point: its estimate and its wall time."""
-        self.estimated_s += estimated_s
-        self.actual_s += actual_s
-        self.points += 1
-
-    @property
-    def factor(self) -> float:
-        """Actual over estimated seconds so far."""
-        if self.points < 3 or self.estimated_s <= 0:
-            return 1.0
-        return min(5.0, max(0.5, self.actual_s / self.estimated_s))
-
-
 def plan_table(plan: Plan) -> Table:
     """Per section: points, done, to run now, left for later, estimated minutes, or why skipped."""
-    header = ["section", "workload", "points", "done", "run now", "later", "est. min", "note"]
+    header = ["section", "workload", "points", "done", "run now", "reused", "later", "est. min", "note"]
     rows = []
     for section in plan.sections:
         if section.skip_reason:
-            rows.append([section.name, section.workload, 0, 0, 0, 0, 0.0, f"skipped: {section.skip_reason}"])
+            rows.append([section.name, section.workload, 0, 0, 0, 0, 0, 0.0,
+                         f"skipped: {section.skip_reason}"])
             continue
-        counts = {a: plan.of(section, a) for a in (DONE, RUN, LATER)}
+        counts = {a: plan.of(section, a) for a in (DONE, RUN, REUSE, LATER)}
         est = sum(p.cost_s for p in counts[RUN]) / 60
-        note = "later: if time is left, else --resume" if counts[LATER] else ""
+        notes = [f"reused: measured once, in {owner}"
+                 for owner in dict.fromkeys(p.reuses for p in counts[REUSE])]
+        notes += ["no device work: always runs"] if not section.device_work else []
+        notes += ["later: if time is left, else --resume"] if counts[LATER] else []
         rows.append(
             [
                 section.name,
@@ -80,9 +61,10 @@ def plan_table(plan: Plan) -> Table:
                 len(plan.of(section)),
                 len(counts[DONE]),
                 len(counts[RUN]),
+                len(counts[REUSE]),
                 len(counts[LATER]),
                 round(est, 1),
-                note,
+                "; ".join(notes),
             ]
         )
     return header, rows
@@ -97,7 +79,7 @@ def run_plan(
     manifest = _manifest(plan, run_dir, command)
     deadline = timeit.default_timer() + plan.budget_s
     with study_progress(plan.run_s) as progress:
-        session = _Session(run_dir, manifest, deadline, progress, timeout_s)
+        session = _Session(run_dir, manifest, deadline, progress, timeout_s, copy.copy(plan.pace))
         later = [p for p in plan.points if p.action == LATER]
         finished = session.run(_batches([p for p in plan.points if p.action == RUN]))
         if finished and later:
@@ -107,9 +89,30 @@ def run_plan(
             finished = session.run(_batches(extra)) and len(extra) == len(later)
         if not finished:
             manifest["stopped"] = "budget spent: rerun with --resume to go on"
+    copy_reused_rows(plan, run_dir)
     _finish(manifest, plan, run_dir)
     _write(run_dir, manifest)
     return manifest
+
+
+def copy_reused_rows(plan: Plan, run_dir: Path) -> int:
+    """Copy each `reuse` point's row from the section that measured it into its own section's file
+    (marked `reused_from`), where that row exists and no copy is there yet; the number copied."""
+    copied = 0
+    for planned in (p for p in plan.points if p.action == REUSE and p.reuses):
+        section, owner = planned.section, next(s for s in plan.sections if s.name == planned.reuses)
+        spec = dataclasses.asdict(planned.point.spec)
+        key = identity_key(section.workload, spec)
+        if key in _finished_keys(section.workload, [spec], run_dir / section.file):
+            continue
+        path = run_dir / owner.file
+        rows = read_records(path) if path.exists() else []
+        twins = [r for r in rows if r.get("status") in FINISHED and r.get("workload") == section.workload
+                 and identity_key(section.workload, record_spec(r, spec, section.workload)) == key]
+        if twins:
+            append_record(run_dir / section.file, {**twins[-1], "reused_from": owner.name})
+            copied += 1
+    return copied
 
 
 @dataclasses.dataclass
@@ -121,7 +124,8 @@ class _Session:
     deadline: float
     progress: StudyProgress
     timeout_s: float | None
-    pace: Pace = dataclasses.field(default_factory=Pace)
+    pace: Pace
+    """The plan's pace, updated by every point finished here."""
     skipped: int = 0
     """Points not started because they would have ended past the deadline."""
 
@@ -142,17 +146,21 @@ class _Session:
     def _sweep(self, section: Section, points: list[PlannedPoint], state: dict[str, Any]) -> None:
         """One batch as one sweep, skipping each point that would end past the deadline."""
         costs = [p.cost_s for p in points]
+        started: list[PlannedPoint] = []
 
         def on_start(index: int, spec: dict[str, Any]) -> bool:
-            if timeit.default_timer() + costs[index] * self.pace.factor > self.deadline:
+            estimate = points[index].estimate_s * self.pace.factor
+            if section.device_work and timeit.default_timer() + estimate > self.deadline:
                 self.skipped += 1
                 self.progress.skip(costs[index])
                 return False
+            started.append(points[index])
             self.progress.start(section.name, spec, costs[index])
             return True
 
         def on_done(record: dict[str, Any]) -> None:
-            self.pace.add(self.progress.cost_s, float(record.get("wall_s") or 0.0))
+            if section.device_work and record.get("status") in FINISHED:
+                self.pace.add(started[-1].estimate_s, float(record.get("wall_s") or 0.0))
             state["ran"] += 1
             if record.get("status") not in ("ok", "oom"):
                 state["failed_points"] += 1
@@ -175,7 +183,7 @@ def later_that_fit(later: list[PlannedPoint], seconds_left: float, factor: float
     by `factor`: the planner's rule, applied to the time the planned points left over."""
     chosen, spent = [], 0.0
     for planned in later:
-        cost = planned.cost_s * factor
+        cost = planned.estimate_s * factor
         if spent + cost <= seconds_left:
             chosen.append(planned)
             spent += cost
@@ -203,6 +211,7 @@ def _manifest(plan: Plan, run_dir: Path, command: str | None) -> dict[str, Any]:
             "file": section.file,
             "points": len(section.points),
             "skip_reason": section.skip_reason,
+            "variables": section.variables,
             "ran": 0,
             "failed_points": 0,
             "error": None,

@@ -1,22 +1,27 @@
 """The study's plan: which points run now, which are done, which wait for a later --resume.
 
 The budget is spent tier by tier across the sections (see sections.py), each point costed by
-`cost.point_cost_s`. Points already finished in the run directory cost nothing, so running the
-same study again with `--resume` and the same budget goes on where the last run stopped.
+`cost.point_cost_s` scaled by the pace this machine showed on the rows the run directory already
+holds (pace.py): a `--resume` on a loaded machine plans with what its points really took. Points
+already finished in the run directory cost nothing, so running the same study again with
+`--resume` and the same budget goes on where the last run stopped. Points without device work
+(the accounting) always run. A point that two sections share (the same workload and spec, run
+the same way) is measured once, by the first in plan order, and its row is reused by the others.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from lmscope.runner import _finished_keys, identity_key
 from lmscope.study.cost import point_cost_s
+from lmscope.study.pace import Pace, pace_of_rows
 from lmscope.study.sections import Point, Section
 from lmscope.study.target import Target
 
-RUN, DONE, LATER = "run", "done", "later"
+RUN, DONE, LATER, REUSE = "run", "done", "later", "reuse"
 
 
 @dataclass(frozen=True)
@@ -25,8 +30,18 @@ class PlannedPoint:
 
     section: Section
     point: Point
-    cost_s: float
+    estimate_s: float
+    """The cost model's seconds (cost.py)."""
     action: str
+    reuses: str | None = None
+    """With REUSE: the section that measures this same point; its row is copied here."""
+    pace: float = 1.0
+    """The factor the plan scaled the estimate by (1 for points without device work)."""
+
+    @property
+    def cost_s(self) -> float:
+        """The planned seconds: the estimate at the pace."""
+        return self.estimate_s * self.pace
 
 
 @dataclass(frozen=True)
@@ -38,6 +53,8 @@ class Plan:
     points: list[PlannedPoint]
     sections: list[Section]
     """Every section, in study order (skipped ones included)."""
+    pace: Pace = field(default_factory=Pace)
+    """The pace the estimates are scaled by (learned from the run directory's rows)."""
 
     def of(self, section: Section, action: str | None = None) -> list[PlannedPoint]:
         """The planned points of `section` (with `action`, only those)."""
@@ -50,9 +67,11 @@ class Plan:
 
 
 def make_plan(sections: list[Section], target: Target, budget_s: float, run_dir: Path, resume: bool) -> Plan:
-    """Cost every point, mark finished ones done (with `resume`), fit the rest into `budget_s`."""
+    """Cost every point at this machine's pace, mark finished ones done (with `resume`) and shared
+    ones reused, fit the rest into `budget_s` (points without device work always run)."""
     if not budget_s > 0:
         raise ValueError(f"--budget must be positive, got {budget_s:g} s: pass e.g. --budget 20m")
+    pace = pace_of_rows(sections, target, run_dir)
     done: dict[str, set[str]] = {}
     for section in sections:
         path = run_dir / section.file
@@ -63,17 +82,25 @@ def make_plan(sections: list[Section], target: Target, budget_s: float, run_dir:
         key=lambda item: item[:3],
     )
     planned, spent = [], 0.0
+    measured_by: dict[tuple[str, str, bool], str] = {}
     for _, _, _, section, point in ordered:
         spec = dataclasses.asdict(point.spec)
+        key = identity_key(section.workload, spec)
         cost = point_cost_s(section.workload, spec, target, reused=section.reuse_worker)
-        if identity_key(section.workload, spec) in done[section.name]:
-            planned.append(PlannedPoint(section, point, cost, DONE))
-        elif spent + cost <= budget_s:
-            spent += cost
+        owner = measured_by.setdefault((section.workload, key, section.reuse_worker), section.name)
+        factor = pace.factor if section.device_work else 1.0
+        if key in done[section.name]:
+            planned.append(PlannedPoint(section, point, cost, DONE, pace=factor))
+        elif owner != section.name:
+            planned.append(PlannedPoint(section, point, 0.0, REUSE, reuses=owner))
+        elif not section.device_work:
             planned.append(PlannedPoint(section, point, cost, RUN))
+        elif spent + cost * factor <= budget_s:
+            spent += cost * factor
+            planned.append(PlannedPoint(section, point, cost, RUN, pace=factor))
         else:
-            planned.append(PlannedPoint(section, point, cost, LATER))
-    return Plan(target, budget_s, planned, list(sections))
+            planned.append(PlannedPoint(section, point, cost, LATER, pace=factor))
+    return Plan(target, budget_s, planned, list(sections), pace)
 
 
 def parse_budget(text: str) -> float:

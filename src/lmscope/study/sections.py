@@ -10,6 +10,7 @@ finish in minutes; on a GPU the study's sizes (small..2.7B, context 128..1024).
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,11 +52,21 @@ class Section:
     """Run consecutive points in one worker (False where a cold process is the point)."""
     skip_reason: str | None = None
     """Why the section does not run on this target (None: it runs)."""
+    device_work: bool = True
+    """False for points that only compute (accounting): they cost no budget and always run."""
 
     @property
     def file(self) -> str:
         """The section's results file name."""
         return f"{self.name}.jsonl"
+
+    @property
+    def variables(self) -> list[str]:
+        """The spec fields its points differ in (the question's variables), in spec order: the
+        report shows them even where only one of the points has a row yet."""
+        specs = [spec_fields(p) for p in self.points]
+        return [k for k in (specs[0] if specs else {})
+                if len({json.dumps(s.get(k), default=str) for s in specs}) > 1]
 
 
 def _bench(**fields: Any) -> Any:
@@ -129,7 +140,7 @@ def _cpu_sections(target: Target, run_dir: Path) -> list[Section]:
         ),
         Section(
             name="kernels",
-            question=KERNELS_Q,
+            question=KERNELS_CPU_Q,
             workload="profile",
             points=[
                 Point(
@@ -203,7 +214,8 @@ def _cpu_sections(target: Target, run_dir: Path) -> list[Section]:
             ],
         ),
         *_distributed(target),
-        Section(name="accounting", question=ACCOUNTING_Q, workload=ACCOUNTING, points=_accounting()),
+        Section(name="accounting", question=ACCOUNTING_Q, workload=ACCOUNTING, points=_accounting(),
+                device_work=False),
     ]
 
 
@@ -306,7 +318,8 @@ def _gpu_sections(target: Target, run_dir: Path) -> list[Section]:
         Section(name="attention", question=ATTENTION_Q, workload="attention", points=attention),
         Section(name="compile", question=COMPILE_Q, workload="bench", points=compiled),
         *_distributed(target),
-        Section(name="accounting", question=ACCOUNTING_Q, workload=ACCOUNTING, points=_accounting()),
+        Section(name="accounting", question=ACCOUNTING_Q, workload=ACCOUNTING, points=_accounting(),
+                device_work=False),
     ]
 
 
@@ -397,6 +410,7 @@ WARMUP_Q = "What do warm-up steps change in the mean and spread of step times?"
 PRECISION_Q = "What does bf16 autocast buy over fp32 in step time and memory?"
 CHECKS_Q = "Why do sums stay in fp32, and which dtype does each tensor take under autocast?"
 KERNELS_Q = "Where does a step's GPU time go, kernel by kernel and phase by phase?"
+KERNELS_CPU_Q = "Where does a step's CPU time go, op by op and phase by phase?"
 MEMORY_Q = "How much memory does each phase of a step peak at, against the model's prediction?"
 ATTENTION_Q = "How do attention implementations compare: naive, compiled and flash?"
 COMPILE_Q = "What does torch.compile of the whole model buy?"

@@ -20,19 +20,18 @@ from __future__ import annotations
 
 import torch
 
+from lmscope.choices import check_choices
 from lmscope.measure.timer import PhaseClock
 from lmscope.workloads.model_spec import ModelPointSpec
 from lmscope.workloads.train_step import TrainStep
 
 EAGER_WARMUP_STEPS = 3
 """Eager steps before capture: autotune the Triton kernels and create the optimizer state."""
-CUDA_GRAPH_CHOICES = ("auto", "on", "off")
 
 
 def check_cuda_graph_choice(spec: ModelPointSpec, choice: str) -> None:
     """Refuse --cuda-graph values that cannot work for this point, saying what to change."""
-    if choice not in CUDA_GRAPH_CHOICES:
-        raise ValueError(f"unknown --cuda-graph {choice!r}: choose one of {', '.join(CUDA_GRAPH_CHOICES)}")
+    check_choices({"cuda_graph": choice})
     if choice != "on":
         return
     if spec.compile:

@@ -9,15 +9,11 @@ from dataclasses import dataclass
 
 import torch
 
-from lmscope.accounting.flops import MODES
+from lmscope.choices import check_choices, check_device_name, source_kind
 from lmscope.config import ModelConfig
 from lmscope.limits import check_size
-from lmscope.model.attention import attention_backends
-from lmscope.sources import ModelRequest, ModelSource, resolve_source, source_kind
+from lmscope.sources import ModelRequest, ModelSource, resolve_source
 from lmscope.workloads.compile_mode import check_compile, compile_choice
-
-PRECISIONS = ("fp32", "bf16", "fp16")
-"""fp32: no autocast; bf16/fp16: torch.autocast over fp32 master weights."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,21 +62,8 @@ class ModelPointSpec:
     def __post_init__(self) -> None:
         object.__setattr__(self, "compile", compile_choice(self.compile))  # "on"/"off" as True/False
         check_compile(self)
-        for name in ("context_length", "batch_size"):
-            check_size(name, getattr(self, name))
-        if self.mode not in MODES:
-            raise ValueError(f"unknown mode {self.mode!r}: choose one of {', '.join(MODES)}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(
-                f"unknown precision {self.precision!r}: choose one of {', '.join(PRECISIONS)}"
-            )
-        if self.attention not in attention_backends():
-            raise ValueError(
-                f"unknown attention backend {self.attention!r}: "
-                f"choose one of {', '.join(attention_backends())}"
-            )
-        if not isinstance(self.size, str):
-            raise ValueError(f"--model takes a string, got {self.size!r}")
+        check_choices({name: getattr(self, name) for name in
+                       ("size", "context_length", "batch_size", "mode", "precision", "attention")})
         if self.fast and source_kind(self.size) == "factory":
             raise ValueError(f"--fast on runs lmscope's presets and transformers' Llama, Qwen2 and Mistral "
                              f"(hf:...), not {self.size}: drop --fast")
@@ -122,8 +105,7 @@ def model_slug(name: str) -> str:
 
 def check_device(device: str) -> None:
     """Refuse a device name lmscope cannot use here (a CUDA device on a machine without one)."""
-    if not (device in ("auto", "cpu", "cuda") or device.startswith("cuda:")):
-        raise ValueError(f"unknown device {device!r}: use auto, cpu, cuda or cuda:N")
+    check_device_name(device)
     if device.startswith("cuda"):
         if not torch.cuda.is_available():
             raise ValueError(f"--device {device} was asked for but no CUDA GPU is visible: use --device cpu")

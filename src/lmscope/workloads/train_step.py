@@ -10,22 +10,20 @@ Shared by `bench`, `profile` and `memory`: they differ only in the probe around 
 from __future__ import annotations
 
 import contextlib
-import platform
 import timeit
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from lmscope.choices import check_choices
 from lmscope.measure.ranges import phase
 from lmscope.measure.timer import PhaseClock
+from lmscope.provenance import cpu_model
 from lmscope.workloads.compile_mode import GRAPHED, compile_model, first_calls
 from lmscope.workloads.model_spec import ModelPointSpec
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-PEERS = ("none", "hf", "liger")
-"""Peers of a point's model: none; hf (a preset's sizes as transformers' Llama); liger (Liger-Kernel
-applied to an hf: model)."""
 
 
 def resolve_device(name: str) -> torch.device:
@@ -52,9 +50,7 @@ def autocast_context(precision: str, device: torch.device) -> contextlib.Abstrac
 
 def check_model_choice(fast: bool, peer: str, attention: str) -> None:
     """Reject contradictory --fast / --peer / --attention combinations with how to fix them."""
-    if peer not in PEERS:
-        raise ValueError(f"unknown peer {peer!r}: choose one of {', '.join(PEERS)} "
-                         "(the torch.compile peer is --compile on, or a mode such as reduce-overhead)")
+    check_choices({"peer": peer})
     if fast and peer != "none":
         raise ValueError(f"--fast on and --peer {peer} are two different setups: pick one per point")
     if peer == "hf" and attention != "sdpa":
@@ -186,4 +182,4 @@ def device_facts(device: torch.device) -> dict[str, Any]:
     """Name of the device the point ran on."""
     if device.type == "cuda":
         return {"device_type": "cuda", "device_name": torch.cuda.get_device_name(device)}
-    return {"device_type": "cpu", "device_name": platform.processor() or platform.machine()}
+    return {"device_type": "cpu", "device_name": cpu_model()}

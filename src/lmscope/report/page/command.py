@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from lmscope.report import console
-from lmscope.report.page.build import run_sections
+from lmscope.report.page.build import command_lines, run_sections
 from lmscope.report.page.compare import compare_section
 from lmscope.report.page.html import render_html
 from lmscope.report.page.load import load_run
@@ -32,7 +32,8 @@ def build_page(paths: Sequence[Path]) -> tuple[str, list[PageSection], list[str]
                 section.title = f"{run.label}: {section.title}"
             sections.append(section)
     title = "lmscope report: " + " vs ".join(r.label for r in runs)
-    intro = [f"{r.label}: {len(r.records)} record(s) from {r.base}" for r in runs]
+    intro = [line for r in runs for line in [f"{r.label}: {len(r.records)} record(s) from {r.base}",
+                                               *command_lines(r.manifest.get("commands", []))]]
     notes = [note for run in runs for note in run.notes]
     for note in notes:
         console.warn(note)

@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, NullLocator
 
 from lmscope.measure.kernel_categories import CATEGORIES, CATEGORY_LABELS
 from lmscope.report.attention_plots import plain_minor, plain_number
+from lmscope.report.styles import series_styles
 from lmscope.results import Record
 
 
@@ -33,10 +34,16 @@ def via_file(draw: Callable[[Path], Path | None]) -> bytes | None:
         return path.read_bytes() if path is not None else None
 
 
-def step_time_vs_size(records: Sequence[Record], metric: str = "median_ms") -> bytes | None:
+FEW_SIZES = 6
+"""Up to this many model sizes, the x axis is labelled at each size (a log axis spanning less than
+a decade would otherwise label one tick or none)."""
+
+
+def step_time_figure(records: Sequence[Record], metric: str = "median_ms") -> Figure | None:
     """Step time against parameters, one line per (mode, precision, context, compile)."""
     rows = [r for r in records if r.get("status") == "ok" and r.get(metric) and r.get("parameters")]
-    if len({r["parameters"] for r in rows}) < 2:
+    sizes = sorted({r["parameters"] / 1e6 for r in rows})
+    if len(sizes) < 2:
         return None
     lines: dict[str, list[tuple[float, float]]] = {}
     for r in rows:
@@ -46,24 +53,34 @@ def step_time_vs_size(records: Sequence[Record], metric: str = "median_ms") -> b
         lines.setdefault(label, []).append((r["parameters"], r[metric]))
     figure = Figure(figsize=(8, 5), layout="constrained")
     ax = figure.subplots()
-    for label, points in sorted(lines.items()):
+    for (label, points), style in zip(sorted(lines.items()), series_styles(len(lines)), strict=True):
         points.sort()
-        ax.plot([p[0] / 1e6 for p in points], [p[1] for p in points], marker="o", ms=3, label=label)
+        ax.plot([p[0] / 1e6 for p in points], [p[1] for p in points], ms=3, label=label, **style)
     ax.set_xscale("log")
     ax.set_yscale("log")
     for axis in (ax.xaxis, ax.yaxis):  # plain numbers ('300', '2'), never '2x10^0'
         axis.set_major_formatter(FuncFormatter(plain_number))
         axis.set_minor_formatter(FuncFormatter(plain_minor))
+    if len(sizes) <= FEW_SIZES:
+        ax.set_xticks(sizes, [plain_number(float(f"{m:.3g}")) for m in sizes])
+        ax.xaxis.set_minor_locator(NullLocator())
     ax.set_xlabel("parameters (millions)")
     ax.set_ylabel(f"{metric} per step")
     ax.set_title("step time vs model size", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=6, ncol=2, loc="upper left", bbox_to_anchor=(1.02, 1.0))  # off the data
-    return _png(figure)
+    return figure
 
 
-def stacked_categories(columns: Sequence[tuple[str, dict[str, float]]]) -> bytes | None:
-    """One stacked bar per (label, {category: ms per step}): where each phase's GPU time goes."""
+def step_time_vs_size(records: Sequence[Record], metric: str = "median_ms") -> bytes | None:
+    """The PNG of `step_time_figure` (None when fewer than two sizes have a time)."""
+    figure = step_time_figure(records, metric)
+    return _png(figure) if figure is not None else None
+
+
+def stacked_categories(columns: Sequence[tuple[str, dict[str, float]]], device: str = "GPU") -> bytes | None:
+    """One stacked bar per (label, {category: ms per step}): where each phase's `device` time goes
+    (a GPU's kernels, a CPU's ops)."""
     if not columns:
         return None
     figure = Figure(figsize=(max(5.0, 1.1 * len(columns) + 3), 4.5), layout="constrained")
@@ -76,8 +93,8 @@ def stacked_categories(columns: Sequence[tuple[str, dict[str, float]]]) -> bytes
         ax.bar(range(len(columns)), heights, bottom=bottoms, label=CATEGORY_LABELS.get(category, category))
         bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
     ax.set_xticks(range(len(columns)), [label for label, _ in columns], rotation=30, ha="right", fontsize=7)
-    ax.set_ylabel("GPU time per step (ms)")
-    ax.set_title("kernel time by category, per phase", fontsize=10)
+    ax.set_ylabel(f"{device} time per step (ms)")
+    ax.set_title(f"{'op' if device == 'CPU' else 'kernel'} time by category, per phase", fontsize=10)
     ax.legend(fontsize=7)
     return _png(figure)
 

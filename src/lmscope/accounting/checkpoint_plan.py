@@ -165,6 +165,9 @@ def plan_checkpointing(config: ModelConfig, *, batch_size: int, seq_len: int, bu
     """
     if not 0 <= margin_pct < 100:
         raise ValueError(f"margin must be a percentage in [0, 100), got {margin_pct!r}: e.g. --margin 5")
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"the FSDP degree must be a whole number of at least 1, got {world_size!r}: "
+                         "e.g. --fsdp 2 (1: one device)")
     unknown = sorted(set(treatments) - set(TREATMENTS))
     if unknown:
         raise ValueError(f"unknown treatments {', '.join(unknown)}: choose from {', '.join(TREATMENTS)}")

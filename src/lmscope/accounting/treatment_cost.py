@@ -17,6 +17,7 @@ add (`extra_pct`) is what to compare, not milliseconds to a measurement.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from lmscope.accounting.devices import lookup
@@ -44,8 +45,9 @@ class Rates:
         if spec is None or peak is None:
             raise ValueError(f"no catalog entry with a {precision} peak for device {device!r}: pass --device "
                              "with one of H100 SXM, H100 PCIe, H200, A100, B200")
-        if host_link_gbps is not None and host_link_gbps <= 0:
-            raise ValueError(f"host link bandwidth must be positive, got {host_link_gbps!r} GB/s")
+        if host_link_gbps is not None and not 0 < host_link_gbps < math.inf:
+            raise ValueError(f"host link bandwidth must be a positive finite number of GB/s, got "
+                             f"{host_link_gbps!r}: e.g. --host-link-gbps 50")
         host = host_link_gbps if host_link_gbps is not None else spec.host_link_gbps
         return Rates(device=spec.name, flops=peak * 1e12, hbm=spec.hbm_gbps * 1e9,
                      host=host * 1e9 if host else None)

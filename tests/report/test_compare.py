@@ -5,7 +5,7 @@ import pytest
 
 from lmscope.report.compare import find_base
 from lmscope.report.tables import build_table
-from lmscope.stats import ratio_interval
+from lmscope.stats import ratio_interval, ratio_interval_rounds
 
 KEYS = ["size", "impl", "steps"]
 
@@ -54,16 +54,22 @@ def test_a_ratio_of_memory_is_a_plain_number():
     assert table[0][-1] == 2.0
 
 
+def test_too_few_steps_give_the_ratio_and_say_why_there_is_no_interval():
+    rows = [step_row("a", [8.0] * 5), step_row("b", [4.0] * 4)]
+    _, table = build_table(rows, KEYS, compare="impl")
+    assert table[0][-1] == "2.00x (no interval: 4 times on one side, need 5)"
+
+
 def test_the_base_is_the_first_value_with_an_ok_row():
-    rows = [step_row("flash-triton", [], status="error"), step_row("naive", [8.0] * 3),
-            step_row("sdpa", [4.0] * 3)]
+    rows = [step_row("flash-triton", [], status="error"), step_row("naive", [8.0] * 5),
+            step_row("sdpa", [4.0] * 5)]
     header, table = build_table(rows, KEYS, compare="impl")
     assert header[-2:] == ["ratio naive/flash-triton", "ratio naive/sdpa"]
     assert table[0][-2:] == [None, "2.00x [2.00, 2.00]"]
 
 
 def test_compare_base_chooses_the_base():
-    rows = [step_row("naive", [8.0] * 3), step_row("sdpa", [4.0] * 3)]
+    rows = [step_row("naive", [8.0] * 5), step_row("sdpa", [4.0] * 5)]
     header, table = build_table(rows, KEYS, compare="impl", compare_base="sdpa")
     assert header[-1] == "ratio sdpa/naive" and table[0][-1] == "0.50x [0.50, 0.50]"
     with pytest.raises(ValueError, match="not a value of impl: choose one of naive, sdpa"):
@@ -86,7 +92,8 @@ def test_rounds_are_pooled_for_the_median_and_the_interval():
         rows.append(step_row("b", b_rounds[r], round=r, rounds=3))
     a_all, b_all = sum(a_rounds, []), sum(b_rounds, [])
     header, table = build_table(rows, KEYS, compare="impl")
-    expected = ratio_interval(a_all, b_all).as_text()
+    expected = ratio_interval_rounds(a_rounds, b_rounds).as_text()  # rounds resampled, not steps
+    assert expected != ratio_interval(a_all, b_all).as_text()
     assert table == [[float(np.median(a_all)), float(np.median(b_all)), expected]]
     _, plain = build_table(rows, KEYS)
     assert len(plain) == 2

@@ -12,6 +12,7 @@ from lmscope.accounting.devices import peak_tflops
 from lmscope.accounting.flops import step_flops
 from lmscope.limits import check_steps
 from lmscope.measure.energy import step_energy
+from lmscope.measure.sampling import StopRule, sampling_metrics
 from lmscope.measure.timer import summarize, time_phased_steps
 from lmscope.workloads.counted_flops import count_step_flops, flop_metrics
 from lmscope.workloads.cuda_graph_step import GraphedStep, check_cuda_graph_choice, uses_cuda_graph
@@ -28,7 +29,12 @@ class Spec(ModelPointSpec):
     warmup: int = 5
     """Untimed steps before measuring."""
     steps: int = 10
-    """Timed steps."""
+    """Timed steps: the minimum when target_ci is set."""
+    target_ci: float = 0.01
+    """Keep timing until the median's 95 % interval is within +-target_ci of it (relative), or
+    max_time_s runs out; 0: time exactly `steps` (lmscope.measure.sampling)."""
+    max_time_s: float = 10.0
+    """Seconds the timed steps may take while target_ci is not reached."""
     peer: str = "none"
     """none | hf: transformers' LlamaForCausalLM of the same sizes (needs lmscope[hf])."""
     cuda_graph: str = "auto"
@@ -40,6 +46,11 @@ class Spec(ModelPointSpec):
         check_cuda_graph_choice(self, self.cuda_graph)
         check_steps("warmup", self.warmup, 0)
         check_steps("steps", self.steps, 1)
+        self.stop_rule()  # checks target_ci and max_time_s
+
+    def stop_rule(self) -> StopRule:
+        """When the timed steps stop (after `steps`)."""
+        return StopRule(target_ci=self.target_ci, max_time_s=self.max_time_s)
 
 
 def throughput_metrics(
@@ -83,7 +94,7 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
             torch.cuda.reset_peak_memory_stats(device)
 
     measured = time_phased_steps(step, warmup=spec.warmup, steps=spec.steps, device=device,
-                                 after_warmup=reset_peak)
+                                 after_warmup=reset_peak, stop=spec.stop_rule())
     times, phases = measured.times_ms, measured.phases_ms
     stats = summarize(times)
     facts = device_facts(device)
@@ -93,6 +104,7 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
         **facts,
         **stats.as_record(),
         "times_ms": [round(t, 4) for t in times],
+        **sampling_metrics(times, spec.stop_rule(), measured.stop_reason),
         **{f"{name}_ms": ms for name, ms in phase_ms.items()},
         "compile_s": compile_s,
         "cuda_graph_used": graphed,

@@ -80,3 +80,12 @@ def test_target_flag_reads_off_and_numbers():
     assert parse_target("off") == 0.0 and parse_target("0.02") == 0.02
     with pytest.raises(ValueError, match="--target-ci takes"):
         parse_target("tight")
+
+
+def test_resume_keeps_points_finished_under_another_target_or_budget():
+    from lmscope.runner import identity_key
+
+    point = {"size": "tiny", "steps": 10, "target_ci": 0.01, "max_time_s": 10.0}
+    other = {**point, "target_ci": 0.0, "max_time_s": 3.0}
+    assert identity_key("bench", point) == identity_key("bench", other)
+    assert identity_key("bench", point) != identity_key("bench", {**point, "steps": 20})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -25,6 +25,9 @@ GIB = 2**30
 @dataclass(frozen=True, kw_only=True)
 class Spec(ModelPointSpec):
     """A bench point: the model point plus how many warm-up and timed steps."""
+
+    RUN_OPTIONS: ClassVar[tuple[str, ...]] = ("target_ci", "max_time_s")
+    """How long to sample, not what is measured: `--resume` keeps points finished under others."""
 
     warmup: int = 5
     """Untimed steps before measuring."""

@@ -65,7 +65,7 @@ class RatioInterval:
 
     def holds(self, value: float) -> bool:
         """Whether the interval holds `value` (False without an interval)."""
-        return self.bounded and self.low <= value <= self.high  # type: ignore[operator]
+        return self.bounded and bool(self.low <= value <= self.high)  # type: ignore[operator]
 
     @property
     def within_noise(self) -> bool:

@@ -168,3 +168,13 @@ def test_bad_rounds_and_confidence_are_refused():
         ratio_interval_rounds([[1.0], []], [[1.0]])
     with pytest.raises(ValueError, match="confidence"):
         ratio_interval([1.0] * 5, [1.0] * 5, confidence=1.5)
+
+
+def test_a_trend_widens_the_interval_beside_the_same_times_shuffled():
+    rng = np.random.default_rng()
+    ramp = np.linspace(10.0, 11.0, 40) * rng.lognormal(0.0, 0.002, 40)
+    shuffled = rng.permutation(ramp)
+    other = rng.lognormal(np.log(5.0), 0.01, 40)
+    trend, flat = ratio_interval(ramp, other), ratio_interval(shuffled, other)
+    assert trend.ratio == flat.ratio and block_length(ramp) > block_length(shuffled)
+    assert math.log(trend.high / trend.low) > 3 * math.log(flat.high / flat.low)

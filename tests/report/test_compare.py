@@ -18,8 +18,9 @@ def step_row(impl, times, *, status="ok", size="tiny", **extra):
 
 
 def test_a_ratio_carries_the_interval_of_its_per_step_times():
-    base = [20.0 + 0.1 * i for i in range(10)]  # median 20.45
-    other = [10.0 + 0.05 * i for i in range(10)]  # median 10.225: exactly half
+    order = [(3 * i) % 10 for i in range(10)]  # no trend: a trend widens the interval
+    base = [20.0 + 0.1 * i for i in order]  # median 20.45
+    other = [10.0 + 0.05 * i for i in order]  # median 10.225: exactly half
     header, rows = build_table([step_row("a", base), step_row("b", other)], KEYS, compare="impl")
     assert header == ["median_ms impl=a", "median_ms impl=b", "ratio a/b"]
     text = rows[0][2]
@@ -121,3 +122,19 @@ def test_a_failed_round_is_left_out_of_the_pool():
 def _header(rows):
     header, _ = build_table(rows, KEYS)
     return header
+
+
+def test_a_pooled_row_keeps_its_rounds_apart_for_the_interval_and_its_precision():
+    from lmscope.report.rounds import pool_rounds, ratio_between
+    from lmscope.stats import median_interval_rounds
+
+    rng = np.random.default_rng()
+    rounds = [list(rng.lognormal(np.log(10.0) + rng.normal(0, 0.05), 0.02, 6)) for _ in range(4)]
+    rows = [step_row("a", times, round=r, rounds=4, median_ci_rel=0.001) for r, times in enumerate(rounds)]
+    (pooled,) = pool_rounds(rows, KEYS)
+    assert pooled["times_ms_by_round"] == rounds and pooled["times_ms"] == sum(rounds, [])
+    assert pooled["median_ci_rel"] == median_interval_rounds(rounds).relative_half_width > 0.001
+    plain = step_row("b", list(rng.lognormal(np.log(5.0), 0.02, 24)))
+    # a row of one process against pooled rounds: one round on that side, too few for an interval
+    assert ratio_between(pooled, plain).as_text().endswith("(no interval: 1 round on one side, need 3)")
+    assert ratio_between(pooled, {**plain, "times_ms": None}) is None

@@ -89,3 +89,11 @@ def test_resume_keeps_points_finished_under_another_target_or_budget():
     other = {**point, "target_ci": 0.0, "max_time_s": 3.0}
     assert identity_key("bench", point) == identity_key("bench", other)
     assert identity_key("bench", point) != identity_key("bench", {**point, "steps": 20})
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_gpu_bench_point_samples_until_its_median_is_tight():
+    row = run_point({"size": "tiny", "context_length": 64, "batch_size": 2, "mode": "train-step", "warmup": 3,
+                     "steps": 10, "target_ci": 0.05, "max_time_s": 30.0, "device": "cuda"})
+    assert row["stop_reason"] == "target" and row["median_ci_rel"] <= 0.05 and row["n"] >= 10

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from lmscope.cli import main
-from lmscope.stats import ratio_interval
+from lmscope.stats import ratio_interval, ratio_interval_rounds
 
 
 def run_cli(capsys, *args):
@@ -23,7 +23,8 @@ def test_bench_tiny_end_to_end_then_table_and_resume(tmp_path, capsys):
     out = tmp_path / "results.jsonl"
     code, stdout, _ = run_cli(
         capsys, "bench", "--size", "tiny", "--context-length", "16,24", "--mode", "forward,train-step",
-        "--steps", "2", "--warmup", "1", "--device", "cpu", "--out", str(out), "--format", "csv",
+        "--steps", "2", "--target-ci", "off", "--warmup", "1", "--device", "cpu", "--out", str(out),
+        "--format", "csv",
     )
     assert code == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
@@ -37,8 +38,8 @@ def test_bench_tiny_end_to_end_then_table_and_resume(tmp_path, capsys):
     assert "4 point(s), 4 to run" in stdout
 
     code, stdout, _ = run_cli(capsys, "bench", "--size", "tiny", "--context-length", "16,24",
-                              "--mode", "forward,train-step", "--steps", "2", "--warmup", "1",
-                              "--device", "cpu", "--out", str(out), "--resume")
+                              "--mode", "forward,train-step", "--steps", "2", "--target-ci", "off",
+                              "--warmup", "1", "--device", "cpu", "--out", str(out), "--resume")
     assert code == 0 and "4 point(s), 0 to run" in stdout
 
     code, stdout, _ = run_cli(capsys, "table", str(out), "--compare", "mode", "--format", "md")
@@ -84,6 +85,10 @@ def test_bench_tiny_end_to_end_then_table_and_resume(tmp_path, capsys):
         (["comm", "--iters", "99999999999999999999"], "iters 99999999999999999999 is too many calls"),
         (["bench", "--d-model", "99999999999999999998"], "d_model 99999999999999999998 is too large"),
         (["memory", "--warmup", "9999999999"], "warmup 9999999999 is too many steps"),
+        (["bench", "--target-ci", "2"], "target_ci must be a relative half-width from 0 (off) up to 1"),
+        (["bench", "--target-ci", "tight"], "--target-ci takes a relative half-width such as 0.01"),
+        (["bench", "--max-time", "0"], "max_time_s must be a positive number of seconds"),
+        (["bench", "--max-time", "nan"], "pass --max-time 10"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(capsys, args, message):
@@ -98,19 +103,22 @@ def test_bench_rounds_interleave_and_the_table_pools_them_with_an_interval(tmp_p
     out = tmp_path / "results.jsonl"
     code, stdout, _ = run_cli(capsys, "bench", "--size", "tiny", "--context-length", "16",
                               "--mode", "forward", "--attention", "naive,sdpa", "--steps", "3",
-                              "--warmup", "1", "--rounds", "2", "--device", "cpu", "--out", str(out),
-                              "--compare", "attention", "--compare-base", "sdpa")
-    assert code == 0 and "2 point(s) x 2 rounds, 4 to run" in stdout
+                              "--target-ci", "off", "--warmup", "1", "--rounds", "3", "--device", "cpu",
+                              "--out", str(out), "--compare", "attention", "--compare-base", "sdpa")
+    assert code == 0 and "2 point(s) x 3 rounds, 6 to run" in stdout
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["attention"], r["round"]) for r in rows] == [
-        ("naive", 0), ("sdpa", 0), ("naive", 1), ("sdpa", 1)]
-    assert all(r["status"] == "ok" and len(r["times_ms"]) == 3 for r in rows)
+        ("naive", 0), ("sdpa", 0), ("naive", 1), ("sdpa", 1), ("naive", 2), ("sdpa", 2)]
+    assert all(r["status"] == "ok" and len(r["times_ms"]) == 3 and r["stop_reason"] == "steps" for r in rows)
     code, stdout, _ = run_cli(capsys, "table", str(out), "--compare", "attention", "--compare-base",
                               "sdpa", "--format", "json")
     (row,) = json.loads(stdout[stdout.index("[\n  {"):])  # the json after the terminal table
-    naive = [t for r in rows if r["attention"] == "naive" for t in r["times_ms"]]
-    sdpa = [t for r in rows if r["attention"] == "sdpa" for t in r["times_ms"]]
-    assert row["ratio sdpa/naive"] == ratio_interval(sdpa, naive).as_text()
+    naive = [r["times_ms"] for r in rows if r["attention"] == "naive"]
+    sdpa = [r["times_ms"] for r in rows if r["attention"] == "sdpa"]
+    # the interval resamples the rounds (separate processes), not the 9 steps as if independent
+    assert row["ratio sdpa/naive"] == ratio_interval_rounds(sdpa, naive).as_text()
+    assert row["ratio sdpa/naive"] != ratio_interval(sum(sdpa, []), sum(naive, [])).as_text()
+    naive = sum(naive, [])
     assert row["median_ms attention=naive"] == pytest.approx(statistics.median(naive))
 
 

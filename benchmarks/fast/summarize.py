@@ -16,10 +16,10 @@ from typing import Any
 from lmscope.accounting.flops import mfu, step_flops
 from lmscope.config import preset
 from lmscope.provenance import stamp
-from lmscope.report.rounds import pool_rounds
+from lmscope.report.rounds import pool_rounds, ratio_between
 from lmscope.results import append_record, read_records
 from lmscope.runner import spec_fields
-from lmscope.stats import RatioInterval, ratio_interval
+from lmscope.stats import RatioInterval
 
 VARIANTS = ("naive", "sdpa", "compile", "hf", "fast-eager", "fast", "fast-inbwd")
 COMPILE_MODES = ("", "-max-autotune-no-cudagraphs", "-reduce-overhead")
@@ -83,10 +83,11 @@ def ratio(slow: dict[str, Any] | None, fast: dict[str, Any] | None) -> float | N
 
 
 def interval(slow: dict[str, Any] | None, fast: dict[str, Any] | None) -> RatioInterval | None:
-    """slow / fast of the median step times with its 95 % bootstrap interval (None without times)."""
-    if ratio(slow, fast) is None or not slow.get("times_ms") or not fast.get("times_ms"):
+    """slow / fast of the median step times with its 95 % bootstrap interval, resampled by round
+    where the rows pool rounds (None without times)."""
+    if ratio(slow, fast) is None:
         return None
-    return ratio_interval(slow["times_ms"], fast["times_ms"])
+    return ratio_between(slow, fast)
 
 
 def ratio_text(slow: dict[str, Any] | None, fast: dict[str, Any] | None) -> str:
@@ -258,7 +259,7 @@ def targets(rows: dict[tuple, dict[str, Any]], bandwidth: float | None) -> list[
             lines.append(f"| {name} | not measured | - |")
             return
         met = "yes" if (value >= goal if higher else value <= goal) else "NO"
-        if bounded is not None and bounded.low <= goal <= bounded.high:
+        if bounded is not None and bounded.holds(goal):
             met += " (the goal is inside the interval)"
         shown = fmt.format(value) if bounded is None else bounded.as_text()
         lines.append(f"| {name} | {shown} | {met} |")

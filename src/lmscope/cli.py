@@ -130,7 +130,12 @@ def bench(
         "--cuda-graph", help="replay the step from CUDA graphs: auto (on with --fast on a GPU) | on | off, "
         "list ok")] = "auto",
     warmup: Annotated[str, typer.Option(help="untimed steps before measuring, list ok")] = "5",
-    steps: Annotated[int, typer.Option(help="timed steps")] = 10,
+    steps: Annotated[int, typer.Option(help="timed steps (the minimum with --target-ci)")] = 10,
+    target_ci: Annotated[str, typer.Option(
+        help="keep timing until the median's 95 % interval is within +- this share of it "
+        "(0.01: 1 %), or --max-time runs out; off: exactly --steps")] = "0.01",
+    max_time: Annotated[float, typer.Option(
+        help="seconds the timed steps of a point may take while --target-ci is not reached")] = 10.0,
     device: Device = "auto",
     out: Out = None,
     resume: Resume = False,
@@ -143,9 +148,12 @@ def bench(
     reuse_worker: ReuseWorker = False,
 ) -> None:
     """Time forward, forward+backward or a full train step (a sweep over any list flags)."""
+    from lmscope.measure.sampling import parse_target
+
     fixed = dict(d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
                  vocab_size=vocab_size, model_context_length=model_context_length,
-                 steps=steps, device=device, checkpoint=checkpoint)
+                 steps=steps, target_ci=parse_target(target_ci), max_time_s=max_time, device=device,
+                 checkpoint=checkpoint)
     swept = model_grid({
         **model_axes(size=model_flag(model, size), context_length=context_length,
                      batch_size=batch_size, device=device,

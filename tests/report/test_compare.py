@@ -5,7 +5,7 @@ import pytest
 
 from lmscope.report.compare import find_base
 from lmscope.report.tables import build_table
-from lmscope.stats import ratio_interval
+from lmscope.stats import ratio_interval, ratio_interval_rounds
 
 KEYS = ["size", "impl", "steps"]
 
@@ -18,8 +18,9 @@ def step_row(impl, times, *, status="ok", size="tiny", **extra):
 
 
 def test_a_ratio_carries_the_interval_of_its_per_step_times():
-    base = [20.0 + 0.1 * i for i in range(10)]  # median 20.45
-    other = [10.0 + 0.05 * i for i in range(10)]  # median 10.225: exactly half
+    order = [(3 * i) % 10 for i in range(10)]  # no trend: a trend widens the interval
+    base = [20.0 + 0.1 * i for i in order]  # median 20.45
+    other = [10.0 + 0.05 * i for i in order]  # median 10.225: exactly half
     header, rows = build_table([step_row("a", base), step_row("b", other)], KEYS, compare="impl")
     assert header == ["median_ms impl=a", "median_ms impl=b", "ratio a/b"]
     text = rows[0][2]
@@ -54,16 +55,22 @@ def test_a_ratio_of_memory_is_a_plain_number():
     assert table[0][-1] == 2.0
 
 
+def test_too_few_steps_give_the_ratio_and_say_why_there_is_no_interval():
+    rows = [step_row("a", [8.0] * 5), step_row("b", [4.0] * 4)]
+    _, table = build_table(rows, KEYS, compare="impl")
+    assert table[0][-1] == "2.00x (no interval: 4 times on one side, need 5)"
+
+
 def test_the_base_is_the_first_value_with_an_ok_row():
-    rows = [step_row("flash-triton", [], status="error"), step_row("naive", [8.0] * 3),
-            step_row("sdpa", [4.0] * 3)]
+    rows = [step_row("flash-triton", [], status="error"), step_row("naive", [8.0] * 5),
+            step_row("sdpa", [4.0] * 5)]
     header, table = build_table(rows, KEYS, compare="impl")
     assert header[-2:] == ["ratio naive/flash-triton", "ratio naive/sdpa"]
     assert table[0][-2:] == [None, "2.00x [2.00, 2.00]"]
 
 
 def test_compare_base_chooses_the_base():
-    rows = [step_row("naive", [8.0] * 3), step_row("sdpa", [4.0] * 3)]
+    rows = [step_row("naive", [8.0] * 5), step_row("sdpa", [4.0] * 5)]
     header, table = build_table(rows, KEYS, compare="impl", compare_base="sdpa")
     assert header[-1] == "ratio sdpa/naive" and table[0][-1] == "0.50x [0.50, 0.50]"
     with pytest.raises(ValueError, match="not a value of impl: choose one of naive, sdpa"):
@@ -86,7 +93,8 @@ def test_rounds_are_pooled_for_the_median_and_the_interval():
         rows.append(step_row("b", b_rounds[r], round=r, rounds=3))
     a_all, b_all = sum(a_rounds, []), sum(b_rounds, [])
     header, table = build_table(rows, KEYS, compare="impl")
-    expected = ratio_interval(a_all, b_all).as_text()
+    expected = ratio_interval_rounds(a_rounds, b_rounds).as_text()  # rounds resampled, not steps
+    assert expected != ratio_interval(a_all, b_all).as_text()
     assert table == [[float(np.median(a_all)), float(np.median(b_all)), expected]]
     _, plain = build_table(rows, KEYS)
     assert len(plain) == 2
@@ -114,3 +122,19 @@ def test_a_failed_round_is_left_out_of_the_pool():
 def _header(rows):
     header, _ = build_table(rows, KEYS)
     return header
+
+
+def test_a_pooled_row_keeps_its_rounds_apart_for_the_interval_and_its_precision():
+    from lmscope.report.rounds import pool_rounds, ratio_between
+    from lmscope.stats import median_interval_rounds
+
+    rng = np.random.default_rng()
+    rounds = [list(rng.lognormal(np.log(10.0) + rng.normal(0, 0.05), 0.02, 6)) for _ in range(4)]
+    rows = [step_row("a", times, round=r, rounds=4, median_ci_rel=0.001) for r, times in enumerate(rounds)]
+    (pooled,) = pool_rounds(rows, KEYS)
+    assert pooled["times_ms_by_round"] == rounds and pooled["times_ms"] == sum(rounds, [])
+    assert pooled["median_ci_rel"] == median_interval_rounds(rounds).relative_half_width > 0.001
+    plain = step_row("b", list(rng.lognormal(np.log(5.0), 0.02, 24)))
+    # a row of one process against pooled rounds: one round on that side, too few for an interval
+    assert ratio_between(pooled, plain).as_text().endswith("(no interval: 1 round on one side, need 3)")
+    assert ratio_between(pooled, {**plain, "times_ms": None}) is None

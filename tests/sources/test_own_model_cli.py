@@ -17,6 +17,7 @@ OWN_LM = f"{ROOT / 'examples' / 'own_lm.py'}:build"
 MLP = f"{ROOT / 'examples' / 'mlp.py'}:build"
 SMALL = ["--d-model", "32", "--num-layers", "2", "--num-heads", "2", "--vocab-size", "97"]
 QUICK = ["--device", "cpu", "--warmup", "1", "--steps", "1"]
+FIXED = ["--target-ci", "off"]  # bench: exactly --steps
 
 
 def run_cli(capsys, *args):
@@ -40,7 +41,7 @@ def support_on_path(monkeypatch):
 
 def test_bench_a_module_file_and_an_hf_config_in_one_sweep(tmp_path, capsys):
     out = tmp_path / "bench.jsonl"
-    code, stdout, _ = run_cli(capsys, "bench", "--model", f"{OWN_LM},hf:gpt2", *SMALL, *QUICK,
+    code, stdout, _ = run_cli(capsys, "bench", "--model", f"{OWN_LM},hf:gpt2", *SMALL, *QUICK, *FIXED,
                               "--context-length", "12", "--batch-size", "3", "--out", out, "--reuse-worker")
     assert code == 0, stdout
     own, gpt2 = rows(out)
@@ -57,7 +58,7 @@ def test_bench_a_module_file_and_an_hf_config_in_one_sweep(tmp_path, capsys):
 def test_bench_and_memory_of_a_model_in_samples(tmp_path, capsys):
     out = tmp_path / "bench.jsonl"
     code, _, _ = run_cli(capsys, "bench", "--model", MLP, "--d-model", "16", "--num-layers", "2", *QUICK,
-                         "--batch-size", "5", "--out", out)
+                         *FIXED, "--batch-size", "5", "--out", out)
     assert code == 0
     (row,) = rows(out)
     assert row["status"] == "ok" and row["unit"] == "samples" and "tokens_per_s" not in row
@@ -118,7 +119,8 @@ def test_ddp_of_a_user_model_on_two_gloo_ranks(tmp_path, capsys):
 
 def test_a_model_that_does_not_fit_is_an_oom_row_and_the_sweep_goes_on(tmp_path, capsys, support_on_path):
     out = tmp_path / "bench.jsonl"
-    code, _, _ = run_cli(capsys, "bench", "--model", "own_models:too_big,own_models:regression", *QUICK,
+    code, _, _ = run_cli(capsys, "bench", "--model", "own_models:too_big,own_models:regression",
+                         *QUICK, *FIXED,
                          "--out", out)
     assert code == 0
     big, small = rows(out)

@@ -11,7 +11,7 @@ from lmscope.workloads import step
 def test_bench_row_counts_phases_like_the_accounting(attention: str) -> None:
     row = step.run_point({"size": "tiny", "vocab_size": 101, "context_length": 23, "batch_size": 3,
                           "attention": attention, "mode": "train-step", "steps": 2, "warmup": 1,
-                          "device": "cpu"})
+                          "target_ci": 0.0, "device": "cpu"})
     assert row["flops_per_step_counted"] == row["flops_per_step"] and row["flops_counted_error"] == 0
     assert row["backward_flops"] == 2 * row["forward_flops"] and row["optimizer_flops"] == 0
     assert row["forward_tflops"] == pytest.approx(row["forward_flops"] / row["forward_ms"] / 1e9)

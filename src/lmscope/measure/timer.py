@@ -2,7 +2,9 @@
 
 Step times use `timeit.default_timer` with a device synchronize after every step, the method of
 the study. Phases inside a step are marked with CUDA events on GPUs (read after the step's
-synchronize, so the step itself has no extra host sync) and with the host clock on CPUs.
+synchronize, so the step itself has no extra host sync) and with the host clock on CPUs. With a
+`lmscope.measure.sampling.StopRule`, the timed steps go on past the minimum count until the
+median is known to the asked precision or the time budget is spent.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
+
+from lmscope.measure.sampling import Sampler, StopRule
 
 
 def synchronize(device: torch.device) -> None:
@@ -102,11 +106,13 @@ class PhaseClock:
 
 @dataclass
 class PhasedSteps:
-    """What `time_phased_steps` measured: step times, phase times per step, step return values."""
+    """What `time_phased_steps` measured: step times, phase times per step, step return values,
+    and why the timing stopped (`lmscope.measure.sampling`)."""
 
     times_ms: list[float] = field(default_factory=list)
     phases_ms: dict[str, list[float]] = field(default_factory=dict)
     results: list[Any] = field(default_factory=list)
+    stop_reason: str = "steps"
 
 
 def time_phased_steps(
@@ -118,8 +124,10 @@ def time_phased_steps(
     after_warmup: Callable[[], None] | None = None,
     before_each: Callable[[], None] | None = None,
     after_each: Callable[[], None] | None = None,
+    stop: StopRule | None = None,
 ) -> PhasedSteps:
-    """Run `warmup` untimed steps, then `steps` timed ones, each ending in a synchronize.
+    """Run `warmup` untimed steps, then `steps` timed ones, each ending in a synchronize; with a
+    `stop` rule that has a target, `steps` is the minimum and timing goes on until the rule stops it.
 
     `step(clock)` marks its phases on `clock` (CUDA events on GPUs, so no extra host sync); the
     hooks run outside the timed region (e.g. to reset or read the allocator's peak).
@@ -131,7 +139,9 @@ def time_phased_steps(
     if after_warmup:
         after_warmup()
     measured = PhasedSteps()
-    for _ in range(steps):
+    sampler = Sampler(stop or StopRule(), steps)
+    started = timeit.default_timer()
+    while (reason := sampler.stop_reason(measured.times_ms, timeit.default_timer() - started)) is None:
         if before_each:
             before_each()
         synchronize(device)
@@ -143,6 +153,7 @@ def time_phased_steps(
             after_each()
         for name, ms in clock.elapsed_ms().items():
             measured.phases_ms.setdefault(name, []).append(ms)
+    measured.stop_reason = reason
     return measured
 
 

@@ -3,10 +3,11 @@
 The base is `--compare-base VALUE`, or else the first value of FIELD that has an `ok` row (an
 implementation unavailable on this machine is never the base). A ratio of times is base / other
 (above 1: the other is faster) of the median step times, with a bootstrap confidence interval from
-both rows' per-step times (`lmscope.stats.ratio_interval`): '<ratio>x [<low>, <high>]', and
-'~<ratio>x [<low>, <high>]' when the interval holds 1 (a difference inside the noise). Rows without
-per-step times say 'no interval'. Ratios of metrics that are not timings (memory, fractions,
-bandwidth) are plain numbers.
+both rows' per-step times, resampled by round where the rows pool `--rounds`
+(`lmscope.report.rounds.ratio_between`): '<ratio>x [<low>, <high>]', and '~<ratio>x [<low>, <high>]'
+when the interval holds 1 (a difference inside the noise). Rows without per-step times say
+'no interval', rows with too few say why. Ratios of metrics that are not timings (memory,
+fractions, bandwidth) are plain numbers.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from lmscope.report.rounds import ratio_between
 from lmscope.results import Record
-from lmscope.stats import ratio_interval
 
 ATTENTION_TIMES = {f"{p}_ms": f"{p}_times_ms" for p in ("fwd", "bwd", "fwd_bwd")}
 TIMES_OF: dict[str, dict[str, str]] = {
@@ -62,10 +63,10 @@ def ratio_text(base: Record, other: Record, metric: str, cell: Callable[[Record,
     times_key = TIMES_OF.get(base.get("workload", ""), {}).get(metric)
     if times_key is None and not metric.endswith("_ms"):
         return top / bottom
-    base_times, other_times = (base.get(times_key), other.get(times_key)) if times_key else (None, None)
-    if not base_times or not other_times:
+    interval = ratio_between(base, other, times_key) if times_key else None
+    if interval is None:
         return f"{top / bottom:.2f}x (no interval)"
-    return ratio_interval(base_times, other_times).as_text()
+    return interval.as_text()
 
 
 def pivot(

@@ -1,11 +1,15 @@
-"""Pooling the rounds of a point (`lmscope bench --rounds R`, `lmscope ddp --rounds R`) into one row.
+"""Pooling the rounds of a point (`lmscope bench --rounds R`, `lmscope ddp --rounds R`) into one row
+for reports, and the interval of a ratio between two such rows.
 
 A point run in R interleaved rounds has R rows (`round` 0..R-1, `rounds` R). A report shows it
 as one row: the last row of each round, with every per-step times list (`times_ms`,
 `fwd_times_ms`, ...) joined over the rounds that finished `ok`, the timing statistics taken again
 from the joined times, throughput scaled to the pooled median, and `rounds` the number of rounds
 pooled. Other metrics are the last round's. A ddp row's `times_ms` are rank 0's steps, so its
-pooled `step_ms` (the mean) and `step_median_ms` are rank 0's.
+pooled `step_ms` (the mean) and `step_median_ms` are rank 0's. Each list also stays apart per round
+(`times_ms_by_round`, ...), so that a ratio's interval resamples the rounds, the unit that varies
+independently (`ratio_between`), and `median_ci_rel` is the round-level precision of the pooled
+median.
 """
 
 from __future__ import annotations
@@ -17,9 +21,31 @@ from typing import Any
 import numpy as np
 
 from lmscope.results import Record, point_key
+from lmscope.stats import RatioInterval, median_interval_rounds, ratio_interval, ratio_interval_rounds
 
 THROUGHPUT_KEYS = ("tokens_per_s", "tflops", "mfu")
 """Metrics of a step that are proportional to 1 / median step time."""
+BY_ROUND = "_by_round"
+"""Suffix of a pooled row's per-round lists: `times_ms_by_round` holds each round's `times_ms`."""
+
+
+def ratio_between(base: Record, other: Record, times_key: str = "times_ms",
+                  confidence: float = 0.95) -> RatioInterval | None:
+    """base / other of the medians of `times_key` with its interval; None when either has no times.
+
+    Pooled rows (either side) give the round-level interval (`ratio_interval_rounds`, a row
+    without rounds counting as one round); plain rows the step-level one (`ratio_interval`).
+    """
+    if not base.get(times_key) or not other.get(times_key):
+        return None
+    if base.get(times_key + BY_ROUND) or other.get(times_key + BY_ROUND):
+        return ratio_interval_rounds(rounds_of(base, times_key), rounds_of(other, times_key), confidence)
+    return ratio_interval(base[times_key], other[times_key], confidence)
+
+
+def rounds_of(record: Record, times_key: str = "times_ms") -> list[list[float]]:
+    """The record's `times_key` per round (one round for a row that was not pooled)."""
+    return record.get(times_key + BY_ROUND) or [record[times_key]]
 
 
 def pool_rounds(records: Sequence[Record], spec_keys: Sequence[str]) -> list[Record]:
@@ -38,15 +64,20 @@ def _pooled(rounds: dict[int, Record]) -> Record:
     last = list(rounds.values())[-1]
     count = last.get("rounds") or 1
     ok = [rounds[r] for r in sorted(rounds) if r < count and rounds[r].get("status") == "ok"]
-    if count == 1 or len(ok) < 2:
+    if count == 1 or not ok:
         return last
     base = dict(ok[-1])
     pooled: Record = {"rounds": len(ok)}
     for key, value in base.items():
         if key.endswith("times_ms") and isinstance(value, list):
-            joined = [t for record in ok for t in record.get(key) or []]
+            per_round = [list(record[key]) for record in ok if record.get(key)]
+            joined = [t for times in per_round for t in times]
             pooled[key] = joined
-            pooled.update(_statistics(base, key, joined))
+            pooled[key + BY_ROUND] = per_round
+            if joined:
+                pooled.update(_statistics(base, key, joined))
+    if "median_ci_rel" in base and pooled.get("times_ms"):
+        pooled["median_ci_rel"] = median_interval_rounds(pooled[f"times_ms{BY_ROUND}"]).relative_half_width
     return {**base, **pooled}
 
 
@@ -59,7 +90,7 @@ def _statistics(record: Record, key: str, times: list[float]) -> dict[str, Any]:
         return {"local_step_ms": mean} if "local_step_ms" in record else {}
     if not prefix:  # a step's timer statistics (bench, memory, profile; ddp's step_* names)
         out: dict[str, Any] = {
-            "mean_ms": mean, "std_ms": statistics.stdev(times),
+            "mean_ms": mean, "std_ms": statistics.stdev(times) if len(times) > 1 else 0.0,
             "median_ms": median, "min_ms": min(times), "max_ms": max(times),
             "p20_ms": p20, "p80_ms": p80, "n": len(times),
             "step_ms": mean, "step_median_ms": median, "step_std_ms": statistics.stdev(times),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -14,6 +14,7 @@ from lmscope.accounting.memory import checkpointed_blocks
 from lmscope.limits import check_steps
 from lmscope.measure.energy import step_energy
 from lmscope.measure.gpu_busy import measure_gpu_busy
+from lmscope.measure.sampling import StopRule, sampling_metrics
 from lmscope.measure.timer import summarize, time_phased_steps
 from lmscope.model.checkpointing import checkpoint_blocks
 from lmscope.workloads.counted_flops import count_step_flops, flop_metrics
@@ -28,10 +29,18 @@ GIB = 2**30
 class Spec(ModelPointSpec):
     """A bench point: the model point plus how many warm-up and timed steps."""
 
+    RUN_OPTIONS: ClassVar[tuple[str, ...]] = ("target_ci", "max_time_s")
+    """How long to sample, not what is measured: `--resume` keeps points finished under others."""
+
     warmup: int = 5
     """Untimed steps before measuring."""
     steps: int = 10
-    """Timed steps."""
+    """Timed steps: the minimum when target_ci is set."""
+    target_ci: float = 0.01
+    """Keep timing until the median's 95 % interval is within +-target_ci of it (relative), or
+    max_time_s runs out; 0: time exactly `steps` (lmscope.measure.sampling)."""
+    max_time_s: float = 10.0
+    """Seconds the timed steps may take while target_ci is not reached."""
     peer: str = "none"
     """none | hf: transformers' LlamaForCausalLM of the same sizes (needs lmscope[hf])."""
     cuda_graph: str = "auto"
@@ -54,6 +63,11 @@ class Spec(ModelPointSpec):
         check_cuda_graph_choice(self, self.cuda_graph)
         check_steps("warmup", self.warmup, 0)
         check_steps("steps", self.steps, 1)
+        self.stop_rule()  # checks target_ci and max_time_s
+
+    def stop_rule(self) -> StopRule:
+        """When the timed steps stop (after `steps`)."""
+        return StopRule(target_ci=self.target_ci, max_time_s=self.max_time_s)
 
 
 def throughput_metrics(
@@ -98,7 +112,7 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
             torch.cuda.reset_peak_memory_stats(device)
 
     measured = time_phased_steps(step, warmup=spec.warmup, steps=spec.steps, device=device,
-                                 after_warmup=reset_peak)
+                                 after_warmup=reset_peak, stop=spec.stop_rule())
     times, phases = measured.times_ms, measured.phases_ms
     stats = summarize(times)
     facts = device_facts(device)
@@ -108,6 +122,7 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
         **facts,
         **stats.as_record(),
         "times_ms": [round(t, 4) for t in times],
+        **sampling_metrics(times, spec.stop_rule(), measured.stop_reason),
         **{f"{name}_ms": ms for name, ms in phase_ms.items()},
         "compile_s": compile_s,
         "cuda_graph_used": graphed,

@@ -2,8 +2,9 @@
 
 Points match by workload and spec fields (provenance, device and artifact paths left out), so the
 same study on two machines, or before and after a change, lines up. The ratio is A's median over
-B's (above 1: B is faster) from `lmscope.stats.ratio_interval` on the per-step times; a ratio whose
-interval holds 1 is inside the noise.
+B's (above 1: B is faster) from `lmscope.report.rounds.ratio_between` on the per-step times (the
+rounds of `--rounds` pooled, and resampled as rounds); a ratio whose interval holds 1 is inside the
+noise, one with too few steps or rounds has no interval and says why.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from lmscope.report.page.load import Run
 from lmscope.report.page.model import PageSection, TableBlock, TextBlock
 from lmscope.report.page.peers import times as _times
 from lmscope.report.page.peers import verdict
+from lmscope.report.rounds import pool_rounds, ratio_between
 from lmscope.results import Record
 from lmscope.runner import spec_fields
-from lmscope.stats import ratio_interval
 
 IGNORED = {"device", "artifacts_dir", "timeout_s"}
 
@@ -32,11 +33,12 @@ def _key(record: Record) -> tuple[str, str] | None:
 
 
 def matched(a: Run, b: Run) -> list[tuple[Record, Record]]:
-    """Pairs of ok records of the same point that both carry per-step times (last record wins)."""
+    """Pairs of ok records of the same point that both carry per-step times (rounds pooled, else
+    the last record wins)."""
 
     def index(run: Run) -> dict[tuple[str, str], Record]:
         out = {}
-        for record in run.records:
+        for record in _pooled(run.records):
             key = _key(record)
             if key is not None and record.get("status") == "ok" and _times(record):
                 out[key] = record
@@ -44,6 +46,18 @@ def matched(a: Run, b: Run) -> list[tuple[Record, Record]]:
 
     left, right = index(a), index(b)
     return [(left[k], right[k]) for k in left if k in right]
+
+
+def _pooled(records: list[Record]) -> list[Record]:
+    """The records with the rounds of each workload's points pooled."""
+    out: list[Record] = []
+    for workload in dict.fromkeys(str(r.get("workload")) for r in records):
+        mine = [r for r in records if str(r.get("workload")) == workload]
+        try:
+            out += pool_rounds(mine, spec_fields(workload))
+        except (ValueError, AttributeError, ModuleNotFoundError):
+            out += mine
+    return out
 
 
 def _label(record: Record) -> str:
@@ -81,7 +95,7 @@ def compare_section(a: Run, b: Run, confidence: float = 0.95) -> PageSection:
     rows = []
     inside = 0
     for left, right in pairs:
-        interval = ratio_interval(_times(left), _times(right), confidence)
+        interval = ratio_between(left, right, "times_ms", confidence)
         inside += interval.within_noise
         rows.append(
             [
@@ -90,8 +104,8 @@ def compare_section(a: Run, b: Run, confidence: float = 0.95) -> PageSection:
                 round(statistics.median(_times(left)), 3),
                 round(statistics.median(_times(right)), 3),
                 round(interval.ratio, 3),
-                round(interval.low, 3),
-                round(interval.high, 3),
+                None if interval.low is None else round(interval.low, 3),
+                None if interval.high is None else round(interval.high, 3),
                 interval.n_base,
                 interval.n_other,
                 verdict(interval, f"{b.label} faster", f"{b.label} slower"),

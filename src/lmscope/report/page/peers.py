@@ -1,8 +1,9 @@
 """Peers in the same run: fp32 vs bf16, compile off vs on, one attention backend vs another.
 
 For a field that varies, points equal in every other spec field are paired; the ratio is the
-base's median step time over the other's, with the interval of `lmscope.stats.ratio_interval` on
-their per-step times (above 1: the other value is faster; an interval holding 1: inside the noise).
+base's median step time over the other's, with the interval of `lmscope.report.rounds.ratio_between`
+on their per-step times, the rounds of `--rounds` pooled and resampled as rounds (above 1: the other
+value is faster; an interval holding 1: inside the noise; too few steps or rounds: no interval).
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from lmscope.report.page.model import TableBlock
+from lmscope.report.rounds import pool_rounds, ratio_between
 from lmscope.results import Record
 from lmscope.runner import spec_fields
-from lmscope.stats import ratio_interval
 
 PEER_FIELDS = ("precision", "compile", "compile_scope", "attention", "fast", "checkpoint", "peer",
                "cuda_graph")
@@ -32,7 +33,9 @@ def times(record: Record) -> list[float]:
 
 
 def verdict(interval: Any, faster: str, slower: str) -> str:
-    """'inside the noise', or which side is faster."""
+    """'inside the noise', which side is faster, or why there is no interval."""
+    if not interval.bounded:
+        return f"no interval: {interval.reason}"
     if interval.within_noise:
         return "inside the noise"
     return faster if interval.ratio > 1 else slower
@@ -50,6 +53,7 @@ def peer_table(records: Sequence[Record], field: str, confidence: float = 0.95) 
     if not usable:
         return None
     workload = str(usable[0].get("workload"))
+    usable = pool_rounds(usable, spec_fields(workload))
     keys = [k for k in spec_fields(workload) if k != field and k not in IGNORED]
     groups: dict[str, dict[str, Record]] = {}
     for record in usable:
@@ -65,15 +69,19 @@ def peer_table(records: Sequence[Record], field: str, confidence: float = 0.95) 
         for value, other in group.items():
             if value == base:
                 continue
-            interval = ratio_interval(times(group[base]), times(other), confidence)
+            interval = ratio_between(group[base], other, "times_ms", confidence)
             label = " ".join(f"{k}={other.get(k)}" for k in varying) or "-"
             rows.append([label, json.loads(base), json.loads(value),
                          round(statistics.median(times(group[base])), 3),
                          round(statistics.median(times(other)), 3), round(interval.ratio, 3),
-                         round(interval.low, 3), round(interval.high, 3),
+                         _rounded(interval.low), _rounded(interval.high),
                          verdict(interval, f"{json.loads(value)} faster", f"{json.loads(value)} slower")])
     if not rows:
         return None
     header = ["point", f"{field} (base)", field, "base median ms", "median ms", "ratio base/other",
               f"low ({confidence:.0%})", f"high ({confidence:.0%})", "verdict"]
     return TableBlock(f"{field}: ratio of median step times with its {confidence:.0%} interval", header, rows)
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)

@@ -16,7 +16,7 @@ ARGS=(--device cpu --size tiny --context-length 128 --batch-size 2 --mode train-
       --attention naive,sdpa --warmup 2 --steps 10 --max-time 2 --rounds "$ROUNDS")
 mkdir -p "$OUT/runs"
 for ((i = 0; i < RUNS; i++)); do
-  "$PYTHON" -m lmscope bench "${ARGS[@]}" --out "$OUT/runs/run-$i.jsonl" --resume
+  "$PYTHON" -m lmscope bench "${ARGS[@]}" --out "$OUT/bench-runs/run-$i.jsonl" --resume
 done
-"$PYTHON" benchmarks/stats/coverage.py "$OUT"/runs/run-*.jsonl --out "$OUT" --field attention --base naive \
+"$PYTHON" benchmarks/stats/coverage.py "$OUT"/bench-runs/run-*.jsonl --out "$OUT" --field attention --base naive \
   --command "lmscope bench ${ARGS[*]} --out RUN.jsonl"

@@ -1141,6 +1141,63 @@ def _benchmark_script(relative: str):
     return module
 
 
+ATTENTION_ROUNDS = f"{ATTENTION}/33-rounds-h100/rounds.jsonl"
+"""Issue 34's attention headlines in interleaved rounds (`benchmarks/attention/run_rounds.sh`)."""
+
+
+@claim("attention-rounds")
+def attention_rounds(rows: Rows) -> str:
+    """Ours against SDPA's flash and cuDNN kernels at issue 19's shapes, every round a fresh
+    process: medians pooled over the rounds, ratios with the interval that resamples rounds."""
+    from lmscope.report.rounds import pool_rounds, ratio_between
+    from lmscope.runner import spec_fields
+
+    found = rows.select(ATTENTION_ROUNDS)
+    pooled = pool_rounds(found, spec_fields("attention"))
+    by = {(r["batch"], r["heads"], r["seq_len"], r["head_dim"], r["impl"]): r for r in pooled
+          if r.get("status") == "ok"}
+    body = []
+    for shape in ISSUE19_SHAPES:
+        ours, flash, cudnn = (by.get((*shape, impl)) for impl in ("flash-triton", "sdpa-flash", "sdpa-cudnn"))
+        if not (ours and flash and cudnn):
+            body.append([", ".join(map(str, shape)), "not measured", "", "", "", "", ""])
+            continue
+        best = min((flash, cudnn), key=lambda r: r["fwd_bwd_ms"])
+        interval = ratio_between(ours, best, "fwd_bwd_times_ms")
+        calls = len(ours["fwd_bwd_times_ms"])
+        body.append([", ".join(map(str, shape)), fmt(ours["fwd_bwd_ms"]), fmt(flash["fwd_bwd_ms"]),
+                     fmt(cudnn["fwd_bwd_ms"]), best["impl"], interval.as_text() if interval else "-",
+                     f"{ours.get('rounds', 1)} x {calls // max(ours.get('rounds', 1), 1)}"])
+    return claim_block(
+        "fwd+bwd, bf16, causal; `do_bench` medians in ms pooled over interleaved rounds (each round "
+        "one fresh process running the three implementations); ours / fastest = flash-triton over the "
+        "faster SDPA backend (above 1: ours slower), with the 95 % interval that resamples the rounds "
+        "(`lmscope.stats.ratio_interval_rounds`; `~`: it holds 1); n = rounds x calls per round of ours. "
+        "Target: at most 1.1x at every shape.",
+        table(["B, H, S, d", "ours ms", "SDPA flash ms", "SDPA cuDNN ms", "fastest SDPA", "ours / fastest",
+               "n"], body),
+        f"Rows: `{ATTENTION_ROUNDS}` (`benchmarks/attention/run_rounds.sh`); {provenance(found)}.",
+    )
+
+
+STRONGEST_PEERS = f"{FAST}/25-strongest-peers"
+"""Issue 34's run: the fast xl step against eager SDPA, torch.compile in each mode and HF."""
+
+
+@claim("fast-strongest-peers")
+def fast_strongest_peers(rows: Rows) -> str:
+    """The 'Peers at their strongest' table of benchmarks/fast/summarize.py over issue 34's run."""
+    summary = _benchmark_script("fast/summarize.py")
+    found = rows.load(f"{STRONGEST_PEERS}/bench.jsonl")
+    lines = summary.strongest_peers(summary.latest(ROOT / STRONGEST_PEERS / "bench.jsonl"))
+    if not lines:
+        raise ClaimError(f"{STRONGEST_PEERS}/bench.jsonl has no compile-mode rows beside the fast step")
+    caption, body = lines[1].strip(), "\n".join(lines[2:])
+    return claim_block(caption, body,
+                       f"Rows: `{STRONGEST_PEERS}/bench.jsonl` (`benchmarks/fast/run_strongest_peers.sh`); "
+                       f"{provenance(found)}.")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     mode = parser.add_mutually_exclusive_group(required=True)

@@ -176,6 +176,7 @@ def test_strongest_peers_table_lists_every_compile_mode_against_the_best_fast_ro
     assert ratio_interval(records[3]["times_ms"], fast_times).as_text() in reduce
     assert f"{records[3]['compile_s']:.1f}" in reduce
     eager = next(line for line in table if "| sdpa |" in line)
-    assert eager.rstrip().endswith("| 70% | yes |")
+    assert eager.rstrip().endswith("| 70% | yes | - |")  # no times: no count
+    assert reduce.rstrip().endswith(f"| 1 x {len(fast_times)} |")
     assert summarize.fastest_compile(rows, "xl") is min(records[1:4], key=lambda r: r["median_ms"])
     assert summarize.strongest_peers({summarize.row_key(records[0]): records[0]}) == []

@@ -16,7 +16,7 @@ from typing import Any
 from lmscope.accounting.flops import mfu, step_flops
 from lmscope.config import preset
 from lmscope.provenance import stamp
-from lmscope.report.rounds import pool_rounds, ratio_between
+from lmscope.report.rounds import pool_rounds, ratio_between, rounds_of
 from lmscope.results import append_record, read_records
 from lmscope.runner import spec_fields
 from lmscope.stats import RatioInterval
@@ -218,10 +218,10 @@ def strongest_peers(rows: dict[tuple, dict[str, Any]]) -> list[str]:
              "compiled (`--compile-scope blocks`), else the whole model. compile s: the first compiled "
              "steps, outside the timed ones. vs best fast: this row's median over the best fast "
              "row's, with its 95 % interval. GPU busy: kernel time over the step; host-bound: below "
-             "80 % of the step (lmscope.measure.host_bound).\n",
+             "80 % of the step (lmscope.measure.host_bound). n: rounds x timed steps per round.\n",
              "| size | variant | median ms | compile s | vs best fast | MFU (whole step) | GPU busy "
-             "| host-bound |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| host-bound | n |",
+             "|---|---|---|---|---|---|---|---|---|"]
     found = False
     for size in SIZES:
         got = {v: rows.get((size, 512, 4, v)) for v in STRONGEST}
@@ -237,8 +237,17 @@ def strongest_peers(rows: dict[tuple, dict[str, Any]]) -> list[str]:
             lines.append(f"| {size} | {name} | {cell(record)} | {cell(record, 'compile_s')} | "
                          f"{ratio_text(record, best) if record is not best else '-'} | "
                          f"{percent(step_mfu(record))} | {cell(record, 'gpu_busy_share', '{:.0%}')} | "
-                         f"{'-' if bound is None else 'yes' if bound else 'no'} |")
+                         f"{'-' if bound is None else 'yes' if bound else 'no'} | {counts(record)} |")
     return lines if found else []
+
+
+def counts(record: dict[str, Any]) -> str:
+    """'R x S': the rounds pooled in a row and the timed steps of each ('-' without times)."""
+    rounds = rounds_of(record) if record.get("times_ms") else []
+    if not rounds:
+        return "-"
+    sizes = sorted({len(r) for r in rounds})
+    return f"{len(rounds)} x {sizes[0]}" if len(sizes) == 1 else f"{len(rounds)} x {sizes[0]}-{sizes[-1]}"
 
 
 def fastest_compile(rows: dict[tuple, dict[str, Any]], size: str) -> dict[str, Any] | None:

@@ -28,6 +28,11 @@ applied to an hf: model)."""
 CUDA_GRAPH_CHOICES = ("auto", "on", "off")
 """--cuda-graph: replay the step from CUDA graphs (auto: on with --fast on a GPU)."""
 
+COMPILE_MODES = ("max-autotune-no-cudagraphs", "reduce-overhead")
+"""torch.compile modes beside the default one (`--compile on`); see `lmscope.workloads.compile_mode`."""
+COMPILE_SCOPES = ("model", "blocks")
+"""What torch.compile compiles: the whole model as one graph, or each of its blocks."""
+
 HF_PREFIX = "hf:"
 """--model hf:<model_type or config.json>: a transformers config with random weights."""
 
@@ -68,6 +73,15 @@ def one_of(what: str, choices: Sequence[str], hint: str = "") -> Callable[[Any],
     return check
 
 
+_compile_word = one_of("--compile value", ("off", "on", *COMPILE_MODES), " (a comma list sweeps them)")
+
+
+def check_compile_value(value: Any) -> None:
+    """A --compile value once on/off words became True/False: a bool, or a mode's name."""
+    if not isinstance(value, bool):
+        _compile_word(value)
+
+
 CHECKS: dict[str, Callable[[Any], None]] = {
     "size": check_model_name,
     "context_length": partial(check_size, "context_length"),
@@ -79,6 +93,8 @@ CHECKS: dict[str, Callable[[Any], None]] = {
     "peer": one_of("peer", PEERS, " (the torch.compile peer is --compile on, or a mode such as "
                                   "reduce-overhead)"),
     "cuda_graph": one_of("--cuda-graph", CUDA_GRAPH_CHOICES),
+    "compile": check_compile_value,
+    "compile_scope": one_of("--compile-scope", COMPILE_SCOPES),
 }
 """Spec field -> its torch-free check."""
 

@@ -54,11 +54,12 @@ def test_rates_come_from_the_catalog_or_a_measured_link():
         Rates.of("H200", "bf16", host_link_gbps=0)
 
 
-def test_a_causal_kernel_does_half_the_attention_square():
+def test_a_causal_kernel_does_the_causal_pairs_of_the_attention_square():
+    """Causal: the T(T+1)/2 pairs a query attends (the one model-FLOPs convention), not T^2/4."""
     config = ModelConfig(d_model=64, d_ff=176, num_layers=2, num_heads=4, vocab_size=50, context_length=128)
     dense = 2 * 128 * (4 * 64 * 64 + 3 * 64 * 176)
-    assert block_forward_flops(config, 1, 128, causal=True) == dense + 2 * 128 * 128 * 64
+    causal = 4 * (128 * 129 // 2) * 64  # Q K^T and P V over the pairs a causal query attends
+    assert block_forward_flops(config, 1, 128, causal=True) == dense + causal
     assert block_forward_flops(config, 1, 128, causal=False) == dense + 4 * 128 * 128 * 64
     head = 2 * 128 * 64 * 50
-    assert step_time_s(config, 1, 128, True, RATES) == pytest.approx(3 * (2 * (dense + 2 * 128 * 128 * 64)
-                                                                          + head) / 1e12)
+    assert step_time_s(config, 1, 128, True, RATES) == pytest.approx(3 * (2 * (dense + causal) + head) / 1e12)

@@ -110,7 +110,7 @@ def test_cli_sweeps_the_modes_and_refuses_reduce_overhead_on_the_cpu(capsys) -> 
 
 
 def test_the_compile_flag_sweeps_the_modes() -> None:
-    axes = model_axes(size="tiny", context_length="9", batch_size="2", precision="fp32",
+    axes = model_axes(size="tiny", context_length="9", batch_size="2", precision="fp32", device="cpu",
                       compile="off,on,true,max-autotune-no-cudagraphs,reduce-overhead",
                       compile_scope="blocks")
     assert axes["compile"] == [False, True, "max-autotune-no-cudagraphs", "reduce-overhead"]

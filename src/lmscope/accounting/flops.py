@@ -73,14 +73,17 @@ def forward_flops(
     return {"dense": dense, "attention": attention, "total": dense + attention}
 
 
-def forward_flops_by_component(config: ModelConfig, batch_size: int, seq_len: int) -> dict[str, float]:
+def forward_flops_by_component(
+    config: ModelConfig, batch_size: int, seq_len: int, *, full_square: bool = False
+) -> dict[str, float]:
     """Forward FLOPs split by the matmuls that do them; the values add up to `forward_flops` total.
 
     attention_proj: Q, K, V and output projections; attention_scores: Q K^T; attention_values: P V
-    (both over the causal pairs); ffn: the three SwiGLU matmuls; lm_head: the vocabulary projection.
+    (both over the causal pairs, or the full square with `full_square`); ffn: the three SwiGLU
+    matmuls; lm_head: the vocabulary projection.
     """
     d, layers, tokens = config.d_model, config.num_layers, batch_size * seq_len
-    scores = 2.0 * layers * batch_size * attention_pairs(seq_len) * d
+    scores = 2.0 * layers * batch_size * attention_pairs(seq_len, full_square) * d
     return {
         "attention_proj": 2.0 * layers * 4 * d * d * tokens,
         "attention_scores": scores,

@@ -62,10 +62,10 @@ class BlockBytes:
 
 
 def block_forward_flops(config: ModelConfig, batch_size: int, seq_len: int, causal: bool) -> float:
-    """Matmul FLOPs of one block's forward (attention at half the square when `causal`)."""
-    parts = forward_flops_by_component(config, batch_size, seq_len)
-    square = parts["attention_scores"] + parts["attention_values"]
-    block = parts["attention_proj"] + parts["ffn"] + (0.5 if causal else 1.0) * square
+    """Matmul FLOPs of one block's forward (attention over the causal pairs when `causal`, the
+    model-FLOPs convention of `lmscope.accounting.flops`, else over the whole square)."""
+    parts = forward_flops_by_component(config, batch_size, seq_len, full_square=not causal)
+    block = parts["attention_proj"] + parts["ffn"] + parts["attention_scores"] + parts["attention_values"]
     return block / config.num_layers
 
 

@@ -36,11 +36,11 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-MODES = ("max-autotune-no-cudagraphs", "reduce-overhead")
-"""torch.compile modes beside the default one (`on`)."""
+from lmscope.choices import COMPILE_MODES, COMPILE_SCOPES
+
+MODES = COMPILE_MODES
 CHOICES = ("off", "on", *MODES)
-SCOPES = ("model", "blocks")
-"""What is compiled: the whole model as one graph, or each of its blocks."""
+SCOPES = COMPILE_SCOPES
 GRAPHED = "reduce-overhead"
 """The mode that replays CUDA graphs."""
 WORDS = {"off": False, "on": True}

@@ -27,9 +27,10 @@ each forward of such a block gets an `OffloadFrame` (through `lmscope.model.save
   event on the compute stream; a storage's device copy is let go once every handle of it has
   been unpacked (one per saved tensor, one more per recipe that rebuilds a tensor from it), and a
   storage is copied back at most once per backward.
-* **Lifetime.** Nothing refers back to what refers to it: the saved handles hold the host copies,
-  the frame holds them only until its prefetch, so a step's copies are freed by reference counting
-  when its backward ends, not by Python's cyclic garbage collector some steps later.
+* **Lifetime.** The references form no cycle: the saved handles hold the host copies, and the
+  frame holds them (and the previous block's frame) only until its prefetch has run, so a step's
+  copies are freed by reference counting when its backward ends, not by Python's cyclic garbage
+  collector some steps later.
 
 On the CPU the same path runs without streams: the "host" copy is a second CPU tensor (a clone),
 which frees nothing but lets tests check that values and gradients are unchanged. Offloading
@@ -147,11 +148,11 @@ class _HostCopy:
         if self.on_device is None and self.unpacks_left > 0:
             self._bring_back()
 
-    def _bring_back(self) -> None:
+    def _bring_back(self) -> torch.Tensor:
         self.loads += 1
         if self.side is None:
             self.on_device = self.host.clone()
-            return
+            return self.on_device
         compute = torch.cuda.current_stream(self.device)
         on_device = torch.empty(self.host.shape, dtype=torch.uint8, device=self.device)
         self.side.wait_stream(compute)  # the memory may have been compute's until now
@@ -161,15 +162,13 @@ class _HostCopy:
             self.ready.record(self.side)
         on_device.record_stream(self.side)
         self.on_device = on_device
+        return on_device
 
     def view(self, offset: int, size: torch.Size, stride: tuple[int, ...],
              dtype: torch.dtype) -> torch.Tensor:
         """The saved tensor, back on the device (waits for its copy on the compute stream). Copied
         now if no prefetch brought it (a backward again through a retained graph, say)."""
-        if self.on_device is None:
-            self._bring_back()
-        on_device = self.on_device
-        assert on_device is not None
+        on_device = self.on_device if self.on_device is not None else self._bring_back()
         if self.ready is not None:
             torch.cuda.current_stream(self.device).wait_event(self.ready)
         self.unpacks_left -= 1

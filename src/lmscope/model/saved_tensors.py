@@ -9,10 +9,12 @@ an op saves for backward goes one of three ways:
   and the backward runs ``rebuild(*sources)`` under no_grad when it needs the tensor: the same
   kernels on the same inputs, so the same values, and freed again after the node that read it.
   The sources are found among the tensors this block saved before, and a saved tensor takes the
-  recipe only if it is the target itself: both are told by object (held weakly), address, shape,
-  strides, dtype and version, so a view of a source, a tensor modified in place since, or a later
-  tensor at a freed target's address is never mistaken for it. A target whose sources were not
-  saved stays saved.
+  recipe only if it holds the target's values: both match by address, dtype and version, by size
+  if contiguous (a norm saves its input as rows: that reshape serves) or else by shape and strides,
+  and only while the tensor matched is alive (held weakly). So a transpose of a source, a target
+  changed in place since, or a later tensor at a dead target's address is never taken for it. A
+  target whose sources were not saved stays saved; a recipe that reads an offloaded source counts
+  as one more unpack of it.
 * **offloaded**: an activation (see `lmscope.model.offload`) is handed to the block's
   `OffloadFrame`, which copies it to host memory and brings it back for the backward;
 * **kept**: anything else, passed on to the saved-tensor hooks that were active around the block

@@ -13,6 +13,7 @@ import contextlib
 
 import pytest
 import torch
+from host_copies import alive, record_host_copies, without_cyclic_gc
 from triton_child import module_under_test, rerun_in_interpreter
 
 from lmscope.accounting.fast_memory import fast_dims, saved_by_block, stays_on_device
@@ -95,3 +96,23 @@ def _same(reference: torch.Tensor, value: torch.Tensor, bf16: bool, what: tuple[
     else:
         torch.testing.assert_close(value, reference, rtol=2e-2 if bf16 else 1e-4, atol=1e-3 if bf16 else 1e-5,
                                    msg=str(what))
+
+
+@pytest.mark.parametrize("policy", ["offload", "selective+offload"])
+def test_offloaded_copies_come_back_once_and_are_freed_by_the_backward(fast_cls, monkeypatch, policy) -> None:
+    """The block's residual output gets its gradient midway through the block's backward (from
+    the second add_rmsnorm), and recipes read offloaded sources: neither brings a copy back twice
+    or leaves one on the device; without the cyclic GC the step's copies die with its backward."""
+    made = record_host_copies(monkeypatch)
+    with torch.device(DEVICE):
+        model = fast_cls(CONFIG)
+    apply_checkpointing(model, policy)
+    tokens = torch.randint(0, CONFIG.vocab_size, (BATCH, SEQ), device=DEVICE)
+    with without_cyclic_gc():
+        loss = model(tokens, tokens)
+        copies = alive(made)
+        loss.backward()
+        assert copies and [c.loads for c in copies] == [1] * len(copies)
+        assert [c for c in copies if c.on_device is not None] == []
+        del copies
+        assert alive(made) == []  # `loss` still holds the graph

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from host_copies import alive, record_host_copies, without_cyclic_gc
 
 from lmscope.accounting.memory import saved_by_treatment
 from lmscope.config import ModelConfig
@@ -43,6 +44,35 @@ def test_offload_frees_what_it_moves_and_keeps_the_gradients():
     per_block = saved_by_treatment(CONFIG, batch_size=4, seq_len=256, precision="bf16", attention="naive")
     moved = CONFIG.num_layers * (per_block["none"] - per_block["none+offload"])
     assert kept - kept_off == pytest.approx(moved, rel=0.05)
+
+
+def test_a_steps_copies_die_with_its_backward_and_device_memory_stays_level(monkeypatch):
+    """Without the cyclic GC, on the fast path with recipes: each pinned copy comes back once, none
+    outlives its step's backward (while `loss` still holds the graph), and the memory allocated
+    after each backward is the same from step to step (no device copy held past its unpacks)."""
+    from lmscope.model.fast_transformer import FastTransformerLM
+
+    made = record_host_copies(monkeypatch)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = FastTransformerLM(CONFIG, attention="flash")
+        tokens = torch.randint(0, CONFIG.vocab_size, (2, 256))
+    apply_checkpointing(model, "selective+offload")
+    allocated = []
+    with without_cyclic_gc():
+        for step in range(3):
+            made.clear()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(tokens, tokens)
+            copies = alive(made)
+            loss.backward()
+            torch.cuda.synchronize()
+            assert copies and [c.loads for c in copies] == [1] * len(copies), step
+            del copies
+            assert alive(made) == [], step
+            torch.empty(1, device="cuda")  # lets the allocator take back storages whose copies have ended
+            allocated.append(torch.cuda.memory_allocated())
+    assert allocated[1] == allocated[2], allocated
 
 
 def _fsdp_losses(ctx: RankContext, policy: str) -> list[float]:

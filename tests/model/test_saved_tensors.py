@@ -3,7 +3,9 @@ stays is handed to the saved-tensor hooks around the block."""
 
 from __future__ import annotations
 
+import pytest
 import torch
+from host_copies import record_host_copies
 
 from lmscope.model.offload import Offloader
 from lmscope.model.saved_tensors import BlockFrame, rebuild_in_backward
@@ -62,13 +64,59 @@ def test_a_target_whose_source_was_not_saved_stays_saved():
     assert calls == [] and torch.equal(x.grad, 2 * x.exp())
 
 
-def test_offloaded_sources_feed_recipes_and_come_back():
+def test_offloaded_sources_feed_recipes_and_come_back_once(monkeypatch):
     calls: list[str] = []
     reference = _graph(False, None, calls)
     torch.manual_seed(0)
     x = torch.randn(5, 7, dtype=torch.float64, requires_grad=True)
     offloader = Offloader()
     frame = offloader.frame(0, torch.nn.Identity(), (x.unsqueeze(0),), {})  # tokens: batch 1, seq 5
+    copies = record_host_copies(monkeypatch, weak=False)
     grads = _graph(True, BlockFrame(recipes=True, offload=frame), calls)
     assert calls == ["rebuilt"]
     assert all(torch.equal(a, b) for a, b in zip(grads, reference, strict=True))
+    (s,) = copies  # s, read by sin's backward and by the recipe of h
+    assert s.loads == 1 and s.on_device is None
+
+
+def _aliased(case: str, frame: BlockFrame | None, calls: list[str], seed: int) -> tuple[torch.Tensor, ...]:
+    """A graph where a tensor at a recipe's address is not what the recipe names."""
+    torch.manual_seed(seed)
+    x = torch.randn(5, 5, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(5, 5, dtype=torch.float64, requires_grad=True)
+
+    def sine(t: torch.Tensor) -> torch.Tensor:
+        calls.append("rebuilt")
+        return torch.sin(t)
+
+    with frame or torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+        s = x * 3
+        h = torch.sin(s)  # saves s
+        loss = s.sum()  # x gets a gradient in every case
+        if case == "a transpose of the source saved at its address":
+            loss = loss + (s.t() * w).sum()  # saves s.t()
+        rebuild_in_backward(h, sine, s)
+        if case == "the target changed in place":
+            h.mul_(2)
+        elif case == "another tensor at a dead target's address":
+            storage = h.untyped_storage()
+            del h  # the target dies; its memory goes to a tensor of other values (as the allocator may)
+            torch.empty(0, dtype=torch.float64).set_(storage, 0, (5, 5), (5, 1)).fill_(0.5)
+            h = torch.empty(0, dtype=torch.float64).set_(storage, 0, (5, 5), (5, 1)).requires_grad_()
+        y = h @ w  # saves h
+    (loss + y.square().sum()).backward()
+    return x.grad, w.grad
+
+
+@pytest.mark.parametrize(("case", "rebuilt"), [
+    ("a transpose of the source saved at its address", True),  # rebuilt from s, not from s.t()
+    ("the target changed in place", False),
+    ("another tensor at a dead target's address", False),
+])
+def test_a_recipe_takes_only_its_target_and_its_sources(case, rebuilt):
+    calls: list[str] = []
+    seed = int(torch.randint(0, 2**31 - 1, ()).item())
+    reference = _aliased(case, None, calls, seed)
+    grads = _aliased(case, BlockFrame(recipes=True, offload=None), calls, seed)
+    assert all(torch.equal(a, b) for a, b in zip(grads, reference, strict=True)), case
+    assert calls == (["rebuilt"] if rebuilt else [])

@@ -19,11 +19,18 @@ each forward of such a block gets an `OffloadFrame` (through `lmscope.model.save
   across steps. At the end of the block's forward the compute stream waits for the previous
   block's copies: at most two blocks' copies are in flight, so a host link slower than the
   forward shows up as time, not as memory piling up.
-* **Backward.** When the gradient of the block's output arrives (just before its backward), its
-  copies are brought back on the side stream unless they are on the way already, and so are the
-  previous block's when it is offloaded too (a prefetch, one block ahead). An unpack waits for its
-  copy's event on the compute stream; a storage's device copy is let go once every tensor saved
-  from it has been unpacked.
+* **Backward.** When the first gradient of the block's outputs arrives (just before its
+  backward), its copies are brought back on the side stream unless they are on the way already,
+  and so are the previous block's when it is offloaded too (a prefetch, one block ahead), once per
+  forward: an output whose gradient arrives later (the fast block's residual comes from a norm
+  that runs midway through its backward) brings nothing back. An unpack waits for its copy's
+  event on the compute stream; a storage's device copy is let go once every handle of it has
+  been unpacked (one per saved tensor, one more per recipe that rebuilds a tensor from it), and a
+  storage is copied back at most once per backward.
+* **Lifetime.** The references form no cycle: the saved handles hold the host copies, and the
+  frame holds them (and the previous block's frame) only until its prefetch has run, so a step's
+  copies are freed by reference counting when its backward ends, not by Python's cyclic garbage
+  collector some steps later.
 
 On the CPU the same path runs without streams: the "host" copy is a second CPU tensor (a clone),
 which frees nothing but lets tests check that values and gradients are unchanged. Offloading
@@ -33,26 +40,15 @@ cannot run under CUDA-graph capture (host copies and events per step): it refuse
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
+from lmscope.tensor_leaves import tensors_in
+
 CAPTURE_REFUSAL = ("activation offload copies to host memory every step and cannot be captured in a "
                    "CUDA graph: drop offload from --checkpoint or run without CUDA graphs")
-
-
-def _tensors(value: Any) -> Iterator[torch.Tensor]:
-    """The tensors in an argument or output: itself, or the items of a list, tuple or dict."""
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _tensors(item)
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _tensors(item)
 
 
 def _storage(tensor: torch.Tensor) -> int:
@@ -92,14 +88,14 @@ def _stay(block: nn.Module, args: tuple, kwargs: dict) -> set[int]:
     """Storages that are not activations: the block's tensors and its inputs that need no grad."""
     keep: set[int] = set()
     for module in block.modules():  # parameters, buffers and plain tensor attributes
-        keep.update(_storage(t) for t in _tensors(list(vars(module).values())))
-    keep.update(_storage(t) for t in _tensors([args, kwargs]) if not t.requires_grad)
+        keep.update(_storage(t) for t in tensors_in(list(vars(module).values())))
+    keep.update(_storage(t) for t in tensors_in([args, kwargs]) if not t.requires_grad)
     return keep
 
 
 def _tokens(args: tuple, kwargs: dict) -> tuple[int, int] | None:
     """(batch, seq) of the block's first floating input with two or more dims."""
-    for tensor in _tensors([args, kwargs]):
+    for tensor in tensors_in([args, kwargs]):
         if tensor.is_floating_point() and tensor.dim() >= 2:
             return tensor.shape[0], tensor.shape[1]
     return None
@@ -142,14 +138,21 @@ class _HostCopy:
         self.on_device: torch.Tensor | None = None
         self.ready: torch.cuda.Event | None = None
         self.unpacks_left = 0
+        """Handles of this storage not unpacked yet (one per saved tensor, and per recipe reading one)."""
+        self.loads = 0
+        """Times the bytes were copied back to the device: once per backward."""
 
-    def load(self) -> None:
-        """Start the copy back to the device (once)."""
-        if self.on_device is not None:
-            return
+    def prefetch(self) -> None:
+        """Start the copy back to the device ahead of the unpacks, unless it is there already or
+        every unpack is done (a prefetch after the block's backward would only hold memory)."""
+        if self.on_device is None and self.unpacks_left > 0:
+            self._bring_back()
+
+    def _bring_back(self) -> torch.Tensor:
+        self.loads += 1
         if self.side is None:
             self.on_device = self.host.clone()
-            return
+            return self.on_device
         compute = torch.cuda.current_stream(self.device)
         on_device = torch.empty(self.host.shape, dtype=torch.uint8, device=self.device)
         self.side.wait_stream(compute)  # the memory may have been compute's until now
@@ -159,17 +162,18 @@ class _HostCopy:
             self.ready.record(self.side)
         on_device.record_stream(self.side)
         self.on_device = on_device
+        return on_device
 
     def view(self, offset: int, size: torch.Size, stride: tuple[int, ...],
              dtype: torch.dtype) -> torch.Tensor:
-        """The saved tensor, back on the device (waits for its copy on the compute stream)."""
-        self.load()
-        on_device = self.on_device
+        """The saved tensor, back on the device (waits for its copy on the compute stream). Copied
+        now if no prefetch brought it (a backward again through a retained graph, say)."""
+        on_device = self.on_device if self.on_device is not None else self._bring_back()
         if self.ready is not None:
             torch.cuda.current_stream(self.device).wait_event(self.ready)
         self.unpacks_left -= 1
-        if self.unpacks_left <= 0:
-            self.on_device = None  # the unpacked tensors hold it while autograd needs them
+        if self.unpacks_left <= 0:  # the unpacked tensors hold it while autograd needs them
+            self.on_device, self.ready = None, None
         return torch.empty(0, dtype=dtype, device=self.device).set_(
             on_device.untyped_storage(), offset, size, stride)
 
@@ -179,11 +183,14 @@ class _Offloaded:
 
     __slots__ = ("copy", "offset", "size", "stride", "dtype")
 
-    def __init__(self, copy: _HostCopy, tensor: torch.Tensor) -> None:
-        self.copy = copy
-        self.offset, self.size, self.stride = tensor.storage_offset(), tensor.shape, tensor.stride()
-        self.dtype = tensor.dtype
+    def __init__(self, copy: _HostCopy, offset: int, size: torch.Size, stride: tuple[int, ...],
+                 dtype: torch.dtype) -> None:
+        self.copy, self.offset, self.size, self.stride, self.dtype = copy, offset, size, stride, dtype
         copy.unpacks_left += 1
+
+    def again(self) -> _Offloaded:
+        """Another handle to the same tensor, for one more unpack (a recipe that reads it)."""
+        return _Offloaded(self.copy, self.offset, self.size, self.stride, self.dtype)
 
     def unpack(self) -> torch.Tensor:
         return self.copy.view(self.offset, self.size, self.stride, self.dtype)
@@ -217,7 +224,8 @@ class OffloadFrame:
         if key not in self._copies:
             self._copies[key] = _HostCopy(tensor, self.offloader.side_stream(tensor.device))
             self._sources.append(tensor)
-        return _Offloaded(self._copies[key], tensor)
+        return _Offloaded(self._copies[key], tensor.storage_offset(), tensor.shape, tensor.stride(),
+                          tensor.dtype)
 
     def finish_forward(self, outputs: Any) -> None:
         """After the block's forward: bound the copies in flight, arm the backward's prefetch."""
@@ -229,15 +237,20 @@ class OffloadFrame:
         if self.previous is not None and self.previous.copied is not None:
             device = next(c.device for c in self.previous._copies.values())
             torch.cuda.current_stream(device).wait_event(self.previous.copied)
-        for tensor in _tensors(outputs):
+        for tensor in tensors_in(outputs):
             if tensor.requires_grad:
                 tensor.register_hook(self._backward_starts)
 
     def _backward_starts(self, grad: torch.Tensor) -> None:
-        self.load()
+        """The first gradient of an output arrived: prefetch this block's copies and the previous
+        block's, once. The frame then lets go of both (the saved handles hold the copies), so
+        nothing of it outlives the backward and a later output's gradient (one that arrives
+        midway through the block's backward) finds nothing left to bring back."""
+        self.prefetch()
         if self.previous is not None:
-            self.previous.load()
+            self.previous.prefetch()
+        self._copies, self.previous = {}, None
 
-    def load(self) -> None:
+    def prefetch(self) -> None:
         for copy in self._copies.values():
-            copy.load()
+            copy.prefetch()

@@ -8,8 +8,13 @@ an op saves for backward goes one of three ways:
   which the norm saved anyway. When `target` is then saved, the frame stores the recipe instead
   and the backward runs ``rebuild(*sources)`` under no_grad when it needs the tensor: the same
   kernels on the same inputs, so the same values, and freed again after the node that read it.
-  The sources are found among the tensors this block saved before (by address: the latest tensor
-  saved at that address is the source); a target whose sources were not saved stays saved.
+  The sources are found among the tensors this block saved before, and a saved tensor takes the
+  recipe only if it holds the target's values: both match by address, dtype and version, by size
+  if contiguous (a norm saves its input as rows: that reshape serves) or else by shape and strides,
+  and only while the tensor matched is alive (held weakly). So a transpose of a source, a target
+  changed in place since, or a later tensor at a dead target's address is never taken for it. A
+  target whose sources were not saved stays saved; a recipe that reads an offloaded source counts
+  as one more unpack of it.
 * **offloaded**: an activation (see `lmscope.model.offload`) is handed to the block's
   `OffloadFrame`, which copies it to host memory and brings it back for the backward;
 * **kept**: anything else, passed on to the saved-tensor hooks that were active around the block
@@ -30,6 +35,7 @@ the backward graph; offloading refuses to run there.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -68,6 +74,10 @@ class _Kept:
     def __init__(self, inner: Any, outer_unpack: Callable[[Any], torch.Tensor] | None) -> None:
         self.inner, self.outer_unpack = inner, outer_unpack
 
+    def again(self) -> _Kept:
+        """A handle for one more unpack (a recipe that reads it): this one, which counts none."""
+        return self
+
     def unpack(self) -> torch.Tensor:
         return self.outer_unpack(self.inner) if self.outer_unpack is not None else self.inner
 
@@ -85,8 +95,27 @@ class _Rebuilt:
             return self.rebuild(*(source.unpack() for source in self.sources)).reshape(self.shape)
 
 
-def _key(tensor: torch.Tensor) -> tuple:
-    return tensor.data_ptr(), tuple(tensor.shape), tensor.stride(), tensor.dtype
+class _Recipe:
+    """How to rebuild one target tensor (held weakly): a `_Rebuilt` handle each time it is saved."""
+
+    __slots__ = ("target", "rebuild", "sources")
+
+    def __init__(self, target: torch.Tensor, rebuild: Callable[..., torch.Tensor],
+                 sources: list[Any]) -> None:
+        self.target, self.rebuild, self.sources = weakref.ref(target), rebuild, sources
+
+    def handle(self, shape: torch.Size) -> _Rebuilt:
+        """A saved handle of `shape`; each source is unpacked once more for it (an offloaded one
+        counts that, so its device copy stays until the rebuild has read it)."""
+        return _Rebuilt(self.rebuild, [source.again() for source in self.sources], shape)
+
+
+def _identity(tensor: torch.Tensor) -> tuple:
+    """Equal for two live tensors that hold the same values in the same order: address, dtype and
+    version, and the size of a contiguous tensor (a reshape of a source, such as the rows a norm
+    saves, serves as the source), or the shape and strides of another (a transpose does not)."""
+    layout = (tensor.numel(),) if tensor.is_contiguous() else (tuple(tensor.shape), tensor.stride())
+    return tensor.data_ptr(), tensor.dtype, tensor._version, layout
 
 
 def _outer_hooks() -> tuple[Callable, Callable] | None:
@@ -101,34 +130,45 @@ class BlockFrame:
     def __init__(self, *, recipes: bool, offload: OffloadFrame | None) -> None:
         self.recipes = recipes
         self.offload = offload
-        self._recipes: dict[tuple, _Rebuilt] = {}
-        self._latest: dict[int, Any] = {}
-        """Handle of the latest tensor saved at each address (the sources of recipes)."""
+        self._recipes: dict[tuple, _Recipe] = {}
+        self._saved: dict[tuple, tuple[weakref.ref, Any]] = {}
+        """The tensors this block saved (held weakly) and their handles by `_identity`: the sources
+        of recipes."""
         self._outer = _outer_hooks()
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
+        self._hooks: torch.autograd.graph.saved_tensors_hooks | None = None
 
     def __enter__(self) -> BlockFrame:
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
         self._hooks.__enter__()
         _ACTIVE.append(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
+        """End the forward and let go of everything: the hooks hold this frame's `_pack` (a cycle
+        until now), the offload frame and the handles belong to the backward's graph from here."""
         _ACTIVE.remove(self)
-        self._hooks.__exit__(*exc)
-        self._latest.clear()
+        hooks, self._hooks, self.offload = self._hooks, None, None
+        if hooks is not None:
+            hooks.__exit__(*exc)
+        self._saved.clear()
         self._recipes.clear()
 
     def add_recipe(self, target: torch.Tensor, rebuild: Callable[..., torch.Tensor],
                    sources: tuple[torch.Tensor, ...]) -> None:
-        handles = [self._latest.get(source.data_ptr()) for source in sources]
+        handles = [self._handle_of(source) for source in sources]
         if any(h is None for h in handles) or not target.is_contiguous():
             return  # not rebuildable from what this block saved: it stays saved
-        self._recipes[_key(target)] = _Rebuilt(rebuild, handles, target.shape)
+        self._recipes[_identity(target)] = _Recipe(target, rebuild, handles)
+
+    def _handle_of(self, tensor: torch.Tensor) -> Any:
+        """The handle of a live tensor this block saved with `tensor`'s values (None if none)."""
+        saved, handle = self._saved.get(_identity(tensor), (None, None))
+        return handle if saved is not None and saved() is not None else None
 
     def _pack(self, tensor: torch.Tensor) -> Any:
-        recipe = self._recipes.get(_key(tensor)) if self._recipes else None
-        if recipe is not None:
-            return recipe
+        recipe = self._recipes.get(_identity(tensor)) if self._recipes else None
+        if recipe is not None and recipe.target() is not None:  # a dead target's address is reused
+            return recipe.handle(tensor.shape)
         if self.offload is not None and self.offload.takes(tensor):
             handle: Any = self.offload.pack(tensor)
         elif self._outer is not None:
@@ -136,7 +176,7 @@ class BlockFrame:
         else:
             handle = _Kept(tensor, None)
         if self.recipes:
-            self._latest[tensor.data_ptr()] = handle
+            self._saved[_identity(tensor)] = (weakref.ref(tensor), handle)
         return handle
 
 

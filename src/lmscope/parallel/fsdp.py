@@ -61,6 +61,7 @@ from lmscope.parallel.ddp import _averaging, broadcast_state
 from lmscope.parallel.fsdp_precision import KeepFp32, cast_at_boundaries, kept_modules
 from lmscope.parallel.fsdp_units import UnitsSpec, default_units, parameter_owners, resolve_units
 from lmscope.parallel.sharded_param import READ_HINT, ShardedParameter
+from lmscope.tensor_leaves import tensors_in
 
 __all__ = ["PREFETCH_UNITS", "FullyShardedDP", "default_units"]
 
@@ -529,7 +530,7 @@ class FullyShardedDP(nn.Module):
         if unit is not self.units[-1] or not torch.is_grad_enabled():
             self._free(unit)
         if torch.is_grad_enabled():
-            for tensor in _tensors(output):
+            for tensor in tensors_in(output):
                 if tensor.requires_grad:
                     tensor.register_hook(lambda grad, u=unit: self._pre_backward(u))
 
@@ -652,16 +653,6 @@ class FullyShardedDP(nn.Module):
 def _attribute_names(model: nn.Module) -> dict[int, str]:
     """id(submodule) -> its state-dict prefix ('' for the model, 'layers.0.' ...)."""
     return {id(m): (f"{name}." if name else "") for name, m in model.named_modules(remove_duplicate=False)}
-
-
-def _tensors(output: Any) -> list[torch.Tensor]:
-    if isinstance(output, torch.Tensor):
-        return [output]
-    if isinstance(output, (tuple, list)):
-        return [t for item in output for t in _tensors(item)]
-    if isinstance(output, dict):
-        return [t for item in output.values() for t in _tensors(item)]
-    return []
 
 
 def _in_backward() -> bool:

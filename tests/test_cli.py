@@ -55,7 +55,7 @@ def test_bench_tiny_end_to_end_then_table_and_resume(tmp_path, capsys):
         (["bench", "--context-length", "12x"], "--context-length takes integers"),
         (["bench", "--mode", "backward"], "unknown mode 'backward'"),
         (["bench", "--precision", "fp8"], "unknown precision 'fp8'"),
-        (["bench", "--compile", "maybe"], "--compile takes off, on, max-autotune-no-cudagraphs"),
+        (["bench", "--compile", "maybe"], "'maybe': choose one of off, on, max-autotune-no-cudagraphs"),
         (["bench", "--size", "tiny", "--context-length", "512", "--model-context-length", "256"],
          "exceeds the model's context_length 256"),
         (["bench", "--batch-size", "0"], "batch_size must be a positive integer"),

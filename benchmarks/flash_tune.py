@@ -65,7 +65,7 @@ WARM_SPECS_FP32 = [
 ]
 
 def n_configs(d: int, dtype: str) -> int:
-    """How many autotune configs flash_attention.py lists for this head dim and dtype."""
+    """How many autotune configs flash_attention/tuning.py lists for this head dim and dtype."""
     if dtype == "float32":
         return 1
     group = "small" if d <= 64 else "large"

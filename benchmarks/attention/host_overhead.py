@@ -8,7 +8,7 @@ forward+backward to name the Python functions that spend it.
 
 flash-triton launches its autotuned kernels through ``triton.autotune`` only until the autotuner
 has chosen a config for the key, then calls the JIT function directly (``_Launcher`` in
-lmscope/kernels/flash_attention.py); the row "flash-triton via autotuner" turns that off in the
+lmscope/kernels/flash_attention/launcher.py); the row "flash-triton via autotuner" turns that off in the
 same process, and the second table times one forward-kernel launch both ways.
 
 A third column gives the GPU time of the same call: the CUDA kernels' durations in a

@@ -35,6 +35,8 @@ except ImportError:  # pragma: no cover
 
 from lmscope.kernels import flash_attention as fa  # noqa: E402
 from lmscope.kernels.attention_reference import attention_naive, reference_with_grads  # noqa: E402
+from lmscope.kernels.flash_attention import triton_kernels as fa_kernels  # noqa: E402
+from lmscope.kernels.flash_attention import tuning as fa_tuning  # noqa: E402
 from lmscope.results import provenance  # noqa: E402
 from lmscope.stats import ratio_interval  # noqa: E402
 from lmscope.workloads.attention import kept_times  # noqa: E402
@@ -63,11 +65,11 @@ WARM_SPECS_FP32 = [
 ]
 
 def n_configs(d: int, dtype: str) -> int:
-    """How many autotune configs flash_attention.py lists for this head dim and dtype."""
+    """How many autotune configs flash_attention/tuning.py lists for this head dim and dtype."""
     if dtype == "float32":
         return 1
     group = "small" if d <= 64 else "large"
-    return max(len(fa._FWD[group]), len(fa._DKDV[group]), len(fa._DQ[group]))
+    return max(len(fa_tuning._FWD[group]), len(fa_tuning._DKDV[group]), len(fa_tuning._DQ[group]))
 
 
 def log(msg: str) -> None:
@@ -399,7 +401,7 @@ def warm_cache(timeout_s: float) -> None:
 def _forget_tuning() -> None:
     """Clear the autotuners' choices (the launchers, and the C++ host path's plans with them,
     learn again on the next call)."""
-    for kern in (fa._attn_fwd, fa._attn_bwd_dkdv, fa._attn_bwd_dq):
+    for kern in (fa_kernels._attn_fwd, fa_kernels._attn_bwd_dkdv, fa_kernels._attn_bwd_dq):
         kern.cache.clear()
 
 
@@ -409,7 +411,7 @@ def validate_configs() -> list[dict]:
     rows = []
     for d in (16,) if SMOKE else (64, 128):
         rows += _validate_group(d)
-    fa._ONLY_CONFIG = None
+    fa_tuning._ONLY_CONFIG = None
     _forget_tuning()
     log(f"validated configs one by one: {sum(r['ok'] for r in rows)}/{len(rows)} ok")
     return rows
@@ -420,7 +422,7 @@ def _validate_group(d: int) -> list[dict]:
     n = 1 if SMOKE else n_configs(d, "bfloat16")
     shape = (1, 2, 40, 40, 16) if SMOKE else (1, 4, 1000, 1000, d)
     for idx in range(n):
-        fa._ONLY_CONFIG = idx
+        fa_tuning._ONLY_CONFIG = idx
         _forget_tuning()
         for causal in (True, False):
             r = check_case(*shape, torch.bfloat16, causal, "separate")

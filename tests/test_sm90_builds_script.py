@@ -16,7 +16,7 @@ def test_a_small_forward_config_builds_with_pipelined_loads(builds) -> None:
     the loads are async copies (the divisibility hints reached the compiler)."""
     autotuned, names, table = builds.KERNELS["fwd"]
     smallest = min(table["small"], key=lambda t: t[0] * t[1])
-    config = builds.fa._cfg(names, smallest)
+    config = builds.fa_tuning._cfg(names, smallest)
     constexprs = {"HEAD_DIM": 32, "D_MAIN": 32, "D_TAIL": 0, "CAUSAL": True, "DOT_PREC": "tf32",
                   **config.kwargs}  # fmt: skip
     found = builds.build(autotuned.fn, constexprs, config.num_warps, config.num_stages)

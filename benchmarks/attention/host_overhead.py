@@ -8,7 +8,7 @@ forward+backward to name the Python functions that spend it.
 
 flash-triton launches its autotuned kernels through ``triton.autotune`` only until the autotuner
 has chosen a config for the key, then calls the JIT function directly (``_Launcher`` in
-lmscope/kernels/flash_attention.py); the row "flash-triton via autotuner" turns that off in the
+lmscope/kernels/flash_attention/launcher.py); the row "flash-triton via autotuner" turns that off in the
 same process, and the second table times one forward-kernel launch both ways.
 
 A third column gives the GPU time of the same call: the CUDA kernels' durations in a
@@ -36,10 +36,13 @@ import triton
 from host_timing import CALLS, ROUNDS, host_us  # beside this script
 
 from lmscope.kernels import flash_attention as fa
+from lmscope.kernels.flash_attention import launcher as fa_launcher
+from lmscope.kernels.flash_attention import plan as fa_plan
+from lmscope.kernels.flash_attention import triton_kernels as fa_kernels
 from lmscope.kernels.triton_launch import FixedArgs
 from lmscope.results import append_record, stamp
 
-LAUNCHERS = (fa._FWD_LAUNCH, fa._DKDV_LAUNCH, fa._DQ_LAUNCH)
+LAUNCHERS = (fa_launcher._FWD_LAUNCH, fa_launcher._DKDV_LAUNCH, fa_launcher._DQ_LAUNCH)
 
 
 
@@ -62,11 +65,11 @@ def _one_forward_launch(q, k, v) -> dict[str, float]:
     n, d = q.shape[-2], q.shape[-1]
     bh, h = q.shape[0] * q.shape[1], q.shape[1]
     o, lse = torch.empty_like(q), torch.empty(q.shape[:-1], device=q.device)
-    bucket = fa._bucket(n)
+    bucket = fa_plan._bucket(n)
     key = (d, True, q.dtype, bucket, bucket, False, False)
     tensors = (q, k, v, o, lse)
     fixed = FixedArgs((*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
-                       h, n, n, 1.0 / math.sqrt(d) * fa.LOG2E, bucket, bucket))  # fmt: skip
+                       h, n, n, 1.0 / math.sqrt(d) * fa_plan.LOG2E, bucket, bucket))  # fmt: skip
     args = (*tensors, *fixed.args)
     consts = {"HEAD_DIM": d, "D_PAD": d, "DOT_PREC": "tf32", "CAUSAL": True}
 
@@ -74,10 +77,11 @@ def _one_forward_launch(q, k, v) -> dict[str, float]:
         tiles = triton.cdiv(n, meta["BLOCK_M"])
         return (bh, tiles) if meta["HEAD_MAJOR"] else (tiles, bh)
 
-    fa._FWD_LAUNCH(key, n, bh, tensors, fixed)  # tunes (if needed) and remembers the choice
+    fa_launcher._FWD_LAUNCH(key, n, bh, tensors, fixed)  # tunes (if needed) and remembers the choice
     return {
-        "autotuner: _attn_fwd[grid](...)": host_us(lambda: fa._attn_fwd[grid](*args, **consts)),
-        "direct: _FWD_LAUNCH(...) -> fn.run": host_us(lambda: fa._FWD_LAUNCH(key, n, bh, tensors, fixed)),
+        "autotuner: _attn_fwd[grid](...)": host_us(lambda: fa_kernels._attn_fwd[grid](*args, **consts)),
+        "direct: _FWD_LAUNCH(...) -> fn.run": host_us(
+            lambda: fa_launcher._FWD_LAUNCH(key, n, bh, tensors, fixed)),
         "torch.empty (one output)": host_us(lambda: torch.empty_like(q)),
     }
 

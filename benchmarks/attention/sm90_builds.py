@@ -36,13 +36,14 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from lmscope.kernels import flash_attention as fa  # noqa: E402
 from lmscope.kernels import flash_sm90, flash_sm90_dkdv, flash_sm90_dq  # noqa: E402
+from lmscope.kernels.flash_attention import triton_kernels as fa_kernels  # noqa: E402
+from lmscope.kernels.flash_attention import tuning as fa_tuning  # noqa: E402
 
 # kernel, its tile names, its config table (flash_attention's lists per head-dim group)
-KERNELS = {"fwd": (fa._attn_fwd, ("BLOCK_M", "BLOCK_N"), fa._FWD),
-           "dkdv": (fa._attn_bwd_dkdv, ("BLOCK_M1", "BLOCK_N1"), fa._DKDV),
-           "dq": (fa._attn_bwd_dq, ("BLOCK_M2", "BLOCK_N2"), fa._DQ)}  # fmt: skip
+KERNELS = {"fwd": (fa_kernels._attn_fwd, ("BLOCK_M", "BLOCK_N"), fa_tuning._FWD),
+           "dkdv": (fa_kernels._attn_bwd_dkdv, ("BLOCK_M1", "BLOCK_N1"), fa_tuning._DKDV),
+           "dq": (fa_kernels._attn_bwd_dq, ("BLOCK_M2", "BLOCK_N2"), fa_tuning._DQ)}  # fmt: skip
 _FP32_ARGS = ("LSE", "DELTA", "DQ_ACC")
 _SCALARS = ("qk_scale", "sm_scale")
 
@@ -164,7 +165,7 @@ def main() -> None:
     kernel = autotuned.fn
     d = args.head_dim
     print(f"triton {triton.__version__}, sm_90, {args.kernel}, head dim {d}, causal {args.causal}, bf16")
-    for config in (fa._cfg(names, t) for t in table["small" if d <= 64 else "large"]):
+    for config in (fa_tuning._cfg(names, t) for t in table["small" if d <= 64 else "large"]):
         constexprs = {"HEAD_DIM": d, "D_MAIN": d, "D_TAIL": 0, "D_PAD": d, "CAUSAL": args.causal == "on",
                       "DOT_PREC": "tf32", "ATOMIC_DQ": False, "ACC64": False, **config.kwargs}  # fmt: skip
         constexprs = {k: v for k, v in constexprs.items() if k in kernel.arg_names}

@@ -32,6 +32,7 @@ from lmscope.kernels.attention_reference import (  # noqa: E402
     reference_with_grads,
     relative_error,
 )
+from lmscope.kernels.flash_attention import plan as fa_plan  # noqa: E402
 
 CASES = [  # (B, H, n_q, n_k, d, causal, token_major)
     (1, 2, 256, 256, 64, True, False),
@@ -80,7 +81,7 @@ def attention(q, k, v, causal):
 def set_mode(name: str) -> None:
     flash_sm90.ENABLED, flash_sm90_dkdv.ENABLED, flash_sm90_dq.ENABLED = MODES[name]
     flash_sm90.MIN_WORK = 1
-    fa._PLANS.clear()
+    fa_plan._PLANS.clear()
 
 
 def _inputs(b, h, n_q, n_k, d, token_major, dtype=torch.bfloat16):

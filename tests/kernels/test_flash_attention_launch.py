@@ -14,12 +14,13 @@ import torch
 
 triton = pytest.importorskip("triton")
 
-from lmscope.kernels import flash_attention as fa  # noqa: E402
+from lmscope.kernels.flash_attention import launcher as fa_launcher  # noqa: E402
+from lmscope.kernels.flash_attention import tuning as fa_tuning  # noqa: E402
 from lmscope.kernels.triton_launch import DirectLaunch, FixedArgs  # noqa: E402
 
 if "do_bench" not in inspect.signature(triton.autotune).parameters:
     pytest.skip("this Triton's autotune takes no do_bench", allow_module_level=True)
-if fa._INTERPRET:  # its lists hold one small config, which the autotuner launches untimed
+if fa_tuning._INTERPRET:  # its lists hold one small config, which the autotuner launches untimed
     pytest.skip("the config lists under TRITON_INTERPRET=1 have nothing to tune", allow_module_level=True)
 
 ARG_NAMES = ["Q", "n", "NQ_BUCKET", "NK_BUCKET",
@@ -68,12 +69,12 @@ def _setup():
         return [t, t, t]
 
     tuned = triton.autotune(
-        configs=fa._configs(fa._FWD, NAMES),
-        key=fa._TUNE_KEY,
-        prune_configs_by={"early_config_prune": fa._pruner(fa._FWD, NAMES)},
+        configs=fa_tuning._configs(fa_tuning._FWD, NAMES),
+        key=fa_tuning._TUNE_KEY,
+        prune_configs_by={"early_config_prune": fa_tuning._pruner(fa_tuning._FWD, NAMES)},
         do_bench=bench,
     )(jit)
-    return jit, tuned, fa._Launcher(tuned, "BLOCK_M")
+    return jit, tuned, fa_launcher._Launcher(tuned, "BLOCK_M")
 
 
 FIXED: dict[int, FixedArgs] = {}  # kept per n, as flash attention keeps them per plan

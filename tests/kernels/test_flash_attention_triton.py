@@ -24,6 +24,9 @@ from lmscope.kernels.attention_reference import (  # noqa: E402
     reference_with_grads,
     relative_error,
 )
+from lmscope.kernels.flash_attention import dispatch as fa_dispatch  # noqa: E402
+from lmscope.kernels.flash_attention import launcher as fa_launcher  # noqa: E402
+from lmscope.kernels.flash_attention import plan as fa_plan  # noqa: E402
 
 PARENT = "test_flash_triton_in_interpreter"
 
@@ -194,14 +197,15 @@ def test_output_is_a_view_of_bthd_memory_and_backward_copies_nothing(monkeypatch
     g = torch.randn(b, t, h * d, generator=gen).to(DEVICE, torch.bfloat16)
 
     copies = []
-    as4d = fa._as4d
+    as4d = fa_plan._as4d
 
     def spy(x):
         out = as4d(x)
         copies.append(out.data_ptr() != x.data_ptr())
         return out
 
-    monkeypatch.setattr(fa, "_as4d", spy)
+    for module in (fa, fa_dispatch, fa_plan):  # each module that takes 4-d views
+        monkeypatch.setattr(module, "_as4d", spy)
     o = fa.flash_attention(q, k, v, causal=True)
     assert o.shape == (b, h, t, d) and o.stride() == (t * h * d, d, h * d, 1)
     merged = o.transpose(1, 2).reshape(b, t, h * d)
@@ -248,7 +252,8 @@ def test_direct_launch_after_the_first_call_gives_identical_results(dq_mode):
     """The first call at a key goes through triton.autotune; the next ones launch the JIT
     function directly with its choice (host cost, docs/kernels/flash_attention.md): same bits."""
     q, k, v, do = _inputs((2, 2), 27, 33, 16, torch.bfloat16, seed=21)
-    launchers = [fa._FWD_LAUNCH, fa._DKDV_LAUNCH] + ([fa._DQ_LAUNCH] if dq_mode == "separate" else [])
+    launchers = [fa_launcher._FWD_LAUNCH, fa_launcher._DKDV_LAUNCH]
+    launchers += [fa_launcher._DQ_LAUNCH] if dq_mode == "separate" else []
     for launcher in launchers:
         launcher.known.clear()  # forget earlier tests' choices: the next call is autotuned
     before = [launcher.direct_launches for launcher in launchers]
@@ -264,30 +269,30 @@ def test_plans_are_kept_per_signature_and_checked_once(monkeypatch):
     """The forward's checks and plan run once per (shapes, strides, dtypes, devices, causal):
     a hit skips them, a change of any of those makes a new plan (the key is exact)."""
     checked = []
-    check = fa._check_inputs
-    monkeypatch.setattr(fa, "_check_inputs", lambda *t: (checked.append(t), check(*t)))
-    monkeypatch.setattr(fa, "_PLANS", {})
+    check = fa_plan._check_inputs
+    monkeypatch.setattr(fa_plan, "_check_inputs", lambda *t: (checked.append(t), check(*t)))
+    monkeypatch.setattr(fa_plan, "_PLANS", {})
     q, k, v, _ = _inputs((2, 3), 17, 17, 16, torch.float32, seed=41)
-    plan = fa._plan_for(q, k, v, True)
-    assert fa._plan_for(q.detach().clone(), k.clone(), v.clone(), True) is plan and len(checked) == 1
+    plan = fa_plan._plan_for(q, k, v, True)
+    assert fa_plan._plan_for(q.detach().clone(), k.clone(), v.clone(), True) is plan and len(checked) == 1
     bthd = q.detach().transpose(1, 2).contiguous().transpose(1, 2)  # same shape, other strides
     others = [(bthd, k, v, True), (q, k, v, False), (q.bfloat16(), k.bfloat16(), v.bfloat16(), True),
               (q[:, :, :16], k, v, True), (q, k.half(), v, True)]  # fmt: skip
-    plans = [fa._plan_for(*args) for args in others[:4]]
+    plans = [fa_plan._plan_for(*args) for args in others[:4]]
     assert len({id(p) for p in (plan, *plans)}) == 5 and len(checked) == 5
     assert plans[0].strides[:3] == bthd.stride()[:3] and plans[1].key[1] is False
     with pytest.raises(ValueError, match="dtypes differ"):
-        fa._plan_for(*others[4])
-    assert len(fa._PLANS) == 5  # the refused signature is not kept
+        fa_plan._plan_for(*others[4])
+    assert len(fa_plan._PLANS) == 5  # the refused signature is not kept
 
 
 def test_plans_stay_bounded(monkeypatch):
-    monkeypatch.setattr(fa, "_PLANS", {})
-    monkeypatch.setattr(fa, "_MAX_PLANS", 2)
+    monkeypatch.setattr(fa_plan, "_PLANS", {})
+    monkeypatch.setattr(fa_plan, "_MAX_PLANS", 2)
     for n in (9, 10, 11):
         q, k, v, _ = _inputs((1, 2), n, n, 16, torch.float32, seed=n)
-        fa._plan_for(q, k, v, True)
-    assert len(fa._PLANS) == 1  # cleared when the third came
+        fa_plan._plan_for(q, k, v, True)
+    assert len(fa_plan._PLANS) == 1  # cleared when the third came
 
 
 class _Subclass(torch.Tensor):
@@ -295,13 +300,13 @@ class _Subclass(torch.Tensor):
 
 
 def test_plans_of_tensor_subclasses_are_not_kept(monkeypatch):
-    monkeypatch.setattr(fa, "_PLANS", {})
+    monkeypatch.setattr(fa_plan, "_PLANS", {})
     q, k, v, _ = _inputs((1, 2), 9, 9, 16, torch.float32, seed=8)
     sub = [t.detach().as_subclass(_Subclass) for t in (q, k, v)]
-    plan = fa._plan_for(*sub, True)
-    assert fa._PLANS == {} and fa._plan_for(*sub, True) is not plan
-    fa._plan_for(q, k, v, True)
-    assert len(fa._PLANS) == 1
+    plan = fa_plan._plan_for(*sub, True)
+    assert fa_plan._PLANS == {} and fa_plan._plan_for(*sub, True) is not plan
+    fa_plan._plan_for(q, k, v, True)
+    assert len(fa_plan._PLANS) == 1
 
 
 def test_bad_inputs_raise_at_every_call():
@@ -313,16 +318,16 @@ def test_bad_inputs_raise_at_every_call():
 
 
 def test_backward_launch_arguments_are_kept_per_do_layout(monkeypatch):
-    monkeypatch.setattr(fa, "_MAX_LAYOUTS", 2)
+    monkeypatch.setattr(fa_plan, "_MAX_LAYOUTS", 2)
     q, k, v, _ = _inputs((2, 3), 17, 17, 16, torch.float32, seed=43)
-    plan = fa._plan(q, k, v, True)
-    first = fa._bwd_args(plan, (1, 2, 3, 1))
-    assert fa._bwd_args(plan, (1, 2, 3, 1)) is first
+    plan = fa_plan._plan(q, k, v, True)
+    first = fa_plan._bwd_args(plan, (1, 2, 3, 1))
+    assert fa_plan._bwd_args(plan, (1, 2, 3, 1)) is first
     assert first[0].args[9:12] == (1, 2, 3) and first[1].args[9:12] == (1, 2, 3)
     assert first[0].args[12:15] == plan.o_strides and first[1].args[12:] == plan.scalars
-    fa._bwd_args(plan, (4, 5, 6, 1))
-    fa._bwd_args(plan, (7, 8, 9, 1))
-    assert len(plan.bwd) == 1 and fa._bwd_args(plan, (1, 2, 3, 1)) is not first
+    fa_plan._bwd_args(plan, (4, 5, 6, 1))
+    fa_plan._bwd_args(plan, (7, 8, 9, 1))
+    assert len(plan.bwd) == 1 and fa_plan._bwd_args(plan, (1, 2, 3, 1)) is not first
 
 
 def test_direct_backward_with_o_in_another_layout():
@@ -336,18 +341,18 @@ def test_direct_backward_with_o_in_another_layout():
     theirs = fa.flash_attention_backward(do, q, k, v, dense, lse, True)
     for name, a, b in zip("QKV", ours, theirs, strict=True):
         assert torch.equal(a, b), name
-    plan = fa._plan_for(q, k, v, True)
-    assert list(plan.other_o) == [fa._as4d(dense).stride()[:3]]  # kept: the next call reuses it
+    plan = fa_plan._plan_for(q, k, v, True)
+    assert list(plan.other_o) == [fa_plan._as4d(dense).stride()[:3]]  # kept: the next call reuses it
     fa.flash_attention_backward(do, q, k, v, dense, lse, True)
     assert len(plan.other_o) == 1
 
 
 def test_plan_made_under_inference_mode_serves_training_calls(monkeypatch):
     """The plan's dQ-accumulator argument is a normal tensor (the autotuner zeroes it)."""
-    monkeypatch.setattr(fa, "_PLANS", {})
+    monkeypatch.setattr(fa_plan, "_PLANS", {})
     q, k, v, _ = _inputs((1, 2), 11, 11, 16, torch.float32, seed=47)
     with torch.inference_mode():
-        plan = fa._plan_for(q.detach(), k.detach(), v.detach(), True)
+        plan = fa_plan._plan_for(q.detach(), k.detach(), v.detach(), True)
     assert not plan.dq_acc.is_inference()
     plan.dq_acc.zero_()
 
@@ -431,7 +436,7 @@ def test_gpu_function_saves_exactly_one_lse_in_every_dq_mode(case, dq_mode, monk
 
 def _launchers():
     names = ["_FWD_LAUNCH", "_DKDV_LAUNCH"] + (["_DQ_LAUNCH"] if fa.DQ_MODE != "atomic" else [])
-    return [getattr(fa, name).compiled for name in names]
+    return [getattr(fa_launcher, name).compiled for name in names]
 
 
 @pytest.mark.gpu

@@ -20,6 +20,8 @@ pytest.importorskip("triton")
 
 from lmscope.kernels import flash_attention as fa  # noqa: E402
 from lmscope.kernels import flash_native  # noqa: E402
+from lmscope.kernels.flash_attention import native_path as fa_native  # noqa: E402
+from lmscope.kernels.flash_attention import triton_kernels as fa_kernels  # noqa: E402
 
 
 def _compiled(signature: dict, **meta) -> SimpleNamespace:
@@ -71,8 +73,9 @@ def test_tensor_slots_match_the_cpp_table_and_the_kernels_arguments():
     names = [n.strip() for n in table.split(",")]
     assert names[-1] == "N_TENSORS"
     alias = {"LSE": "L", "DELTA": "D"}  # the kernels' names for the C++ table's L and D
-    for kernel, slots in ((fa._attn_fwd, fa._FWD_SLOTS), (fa._attn_bwd_dq, fa._DQ_SLOTS),
-                          (fa._attn_bwd_dkdv, fa._DKDV_SLOTS)):  # fmt: skip
+    for kernel, slots in ((fa_kernels._attn_fwd, fa_native._FWD_SLOTS),
+                          (fa_kernels._attn_bwd_dq, fa_native._DQ_SLOTS),
+                          (fa_kernels._attn_bwd_dkdv, fa_native._DKDV_SLOTS)):  # fmt: skip
         args = kernel.fn.arg_names[: len(slots)]
         assert [names[i] for i in slots] == [alias.get(a, a) for a in args]
 
@@ -80,9 +83,9 @@ def test_tensor_slots_match_the_cpp_table_and_the_kernels_arguments():
 def test_python_path_turns_the_cpp_path_off_while_open():
     with fa.python_path():
         with fa.python_path():
-            assert not fa._native_allowed()
-        assert not fa._native_allowed()
-    assert fa._PYTHON_ONLY[0] == 0
+            assert not fa_native._native_allowed(fa.DQ_MODE)
+        assert not fa_native._native_allowed(fa.DQ_MODE)
+    assert fa_native._PYTHON_ONLY[0] == 0
 
 
 def test_reset_starts_a_new_generation():
@@ -121,7 +124,7 @@ def _is_native(o: torch.Tensor) -> bool:
 
 def _register(q, k, v, do, causal):
     """Run forward+backward until a call takes the C++ path (the plan handed over)."""
-    for _ in range(fa._NATIVE_TRIES + 1):
+    for _ in range(fa_native._NATIVE_TRIES + 1):
         if _is_native(_fwd_bwd(q, k, v, do, causal)[0]):
             return
     pytest.fail("the plan was not handed to the C++ path")
@@ -209,7 +212,7 @@ def test_cpp_path_hands_back_to_python_where_it_must(monkeypatch):
     assert not _is_native(_fwd_bwd(q, k, v, do, True)[0])
     monkeypatch.setattr(fa, "DQ_MODE", default_mode)
     # a cleared autotuner cache (re-tuning): Python, which learns again and resets the C++ plans
-    fa._attn_fwd.cache.clear()
+    fa_kernels._attn_fwd.cache.clear()
     assert not _is_native(_fwd_bwd(q, k, v, do, True)[0])
     _register(q, k, v, do, True)
     # after a reset: Python again until handed over anew

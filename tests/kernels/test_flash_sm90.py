@@ -21,6 +21,8 @@ from lmscope.kernels.attention_reference import (  # noqa: E402
     reference_with_grads,
     relative_error,
 )
+from lmscope.kernels.flash_attention import dispatch as fa_dispatch  # noqa: E402
+from lmscope.kernels.flash_attention import plan as fa_plan  # noqa: E402
 
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 needs_hopper = pytest.mark.skipif(
@@ -122,7 +124,7 @@ def test_gpu_forward_matches_reference(case, pingpong):
     q, k, v = _inputs(b, h, n_q, n_k, d, token_major, dtype, seed=n_q + n_k + d)
     o = torch.empty_like(q)
     lse = torch.empty(q.shape[:-1], device="cuda", dtype=torch.float32)
-    flash_sm90.forward(q, k, v, o, lse, causal, fa.LOG2E / d**0.5, pingpong=pingpong)
+    flash_sm90.forward(q, k, v, o, lse, causal, fa_plan.LOG2E / d**0.5, pingpong=pingpong)
     ref_o, ref_l, *_ = reference_with_grads(q, k, v, torch.zeros_like(q), causal)
     naive = attention_naive(q, k, v, causal)
     visible = ref_l.isfinite()  # causal rows with no key (n_q > n_k) have no softmax
@@ -191,7 +193,8 @@ def _float64_stand_ins(monkeypatch) -> dict:
 
         def __getitem__(self, grid):
             def launch(o, do, delta, dq_acc, *args, **constants):
-                delta[: do.shape[:-1].numel()].copy_((do.double() * fa._as4d(o).double()).sum(-1).flatten())
+                rows = (do.double() * fa_plan._as4d(o).double()).sum(-1)
+                delta[: do.shape[:-1].numel()].copy_(rows.flatten())
                 dq_acc.fill_(float("nan"))  # the kernel zeroes the rows dQ's shares are added to
                 dq_acc[: do.numel()].zero_()
 
@@ -202,9 +205,10 @@ def _float64_stand_ins(monkeypatch) -> dict:
     monkeypatch.setattr(flash_sm90, "forward", forward)
     monkeypatch.setattr(flash_sm90_dq, "dq", dq)
     monkeypatch.setattr(flash_sm90_dkdv, "dkdv", dkdv)
-    monkeypatch.setattr(fa, "_bwd_preprocess", Preprocess())
-    monkeypatch.setattr(fa, "_INTERPRET", True)  # let CPU tensors through the input check
-    fa._PLANS.clear()
+    monkeypatch.setattr(fa_dispatch, "_bwd_preprocess", Preprocess())
+    for module in (fa_plan, fa_dispatch):  # let CPU tensors through the input check
+        monkeypatch.setattr(module, "_INTERPRET", True)
+    fa_plan._PLANS.clear()
     return calls
 
 
@@ -231,7 +235,7 @@ def test_dispatch_to_the_gluon_kernels_on_the_cpu(shape, have_reduce, monkeypatc
     o2, lse = fa.flash_attention_forward(q, k, v, True)
     grads = fa.flash_attention_backward(do, q, k, v, o2, lse, True)
     _assert_within_twice_torch(q, k, v, do, True, o2, grads, lse)
-    fa._PLANS.clear()
+    fa_plan._PLANS.clear()
 
 
 @pytest.mark.parametrize("shape", [(3, 40, 64), (2, 3, 37, 128)], ids=["3d", "4d"])
@@ -246,7 +250,7 @@ def test_atomic_dq_mode_dispatches_to_the_gluon_dkdv_kernel_on_the_cpu(shape, mo
     assert calls == {"forward": 1, "dq": 0, "dkdv": 1}
     assert fa.last_kernels() == {"forward": "gluon-sm90", "dq": "gluon-sm90-atomic", "dkdv": "gluon-sm90"}
     _assert_within_twice_torch(q, k, v, do, True, o, grads, lse)
-    fa._PLANS.clear()
+    fa_plan._PLANS.clear()
 
 
 DQ_MODES = ("auto", "separate", "atomic")
@@ -268,7 +272,7 @@ def test_gluon_path_saves_exactly_one_lse_on_the_cpu(shape, dq_mode, monkeypatch
     assert_saves_lse(o.grad_fn.saved_tensors, q, k, True)
     o.backward(do)
     _assert_within_twice_torch(q, k, v, do, True, o, [t.grad for t in leaves])
-    fa._PLANS.clear()
+    fa_plan._PLANS.clear()
 
 
 def _count_gluon_launches(monkeypatch) -> dict:
@@ -297,14 +301,14 @@ def test_gpu_gluon_kernels_match_reference(case, dq_mode, monkeypatch):
     reduce-adds: O, L, dQ, dK, dV within 2x torch's same-dtype error of float64."""
     b, h, n_q, n_k, d, causal, token_major, dtype = case
     monkeypatch.setattr(flash_sm90, "MIN_WORK", 1)
-    fa._PLANS.clear()
+    fa_plan._PLANS.clear()
     calls = _count_gluon_launches(monkeypatch)
     atomic = dq_mode == "atomic"
     q, k, v = _inputs(b, h, n_q, n_k, d, token_major, dtype, seed=(5 if atomic else 3) * n_q + n_k + d)
     do = torch.randn_like(q)
     o, lse = fa.flash_attention_forward(q, k, v, causal)
     grads = fa.flash_attention_backward(do, q, k, v, o, lse, causal, dq_mode=dq_mode)
-    fa._PLANS.clear()
+    fa_plan._PLANS.clear()
     assert calls == {"forward": 1, "dq": int(not atomic), "dkdv": 1}
     assert fa.last_kernels()["dq"] == ("gluon-sm90-atomic" if atomic else "gluon-sm90")
     _assert_within_twice_torch(q, k, v, do, causal, o, grads, lse)
@@ -321,7 +325,7 @@ def test_gpu_gluon_path_saves_exactly_one_lse_in_every_dq_mode(case, dq_mode, mo
     b, h, n_q, n_k, d, causal, token_major, dtype = case
     monkeypatch.setattr(flash_sm90, "MIN_WORK", 1)
     monkeypatch.setattr(fa, "DQ_MODE", dq_mode)
-    fa._PLANS.clear()
+    fa_plan._PLANS.clear()
     q, k, v = _inputs(b, h, n_q, n_k, d, token_major, dtype, seed=13 * n_q + d)
     do = torch.randn_like(q)
     leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
@@ -329,7 +333,7 @@ def test_gpu_gluon_path_saves_exactly_one_lse_in_every_dq_mode(case, dq_mode, mo
     assert fa.last_kernels()["forward"] == "gluon-sm90"
     assert_saves_lse(o.grad_fn.saved_tensors, q, k, causal)
     o.backward(do)
-    fa._PLANS.clear()
+    fa_plan._PLANS.clear()
     reduce_adds = flash_sm90.HAVE_TMA_REDUCE
     expected = {"auto": "gluon-sm90-atomic" if reduce_adds else "gluon-sm90", "separate": "gluon-sm90",
                 "atomic": "gluon-sm90-atomic" if reduce_adds else "triton-atomic"}  # fmt: skip
@@ -345,12 +349,12 @@ def test_gpu_atomic_dq_on_time_matches_reference(d, monkeypatch):
     (``DQ_LAG = 0``, not the default): O and gradients within 2x torch's error of float64."""
     monkeypatch.setattr(flash_sm90, "MIN_WORK", 1)
     monkeypatch.setattr(flash_sm90_dkdv, "DQ_LAG", 0)
-    fa._PLANS.clear()
+    fa_plan._PLANS.clear()
     q, k, v = _inputs(1, 3, 450, 517, d, True, torch.bfloat16, seed=11 * d)
     do = torch.randn_like(q)
     o, lse = fa.flash_attention_forward(q, k, v, True)
     grads = fa.flash_attention_backward(do, q, k, v, o, lse, True, dq_mode="atomic")
-    fa._PLANS.clear()
+    fa_plan._PLANS.clear()
     assert fa.last_kernels()["dq"] == "gluon-sm90-atomic"
     _assert_within_twice_torch(q, k, v, do, True, o, grads, lse)
 
@@ -362,14 +366,14 @@ def test_gpu_gluon_kernels_serve_inputs_of_other_ranks(shape, monkeypatch):
     """(batch, seq, d) inputs (the classic study's), 5-d and 2-d ones through the autograd Function
     with the Gluon kernels: O and gradients within 2x torch's same-dtype error of float64."""
     monkeypatch.setattr(flash_sm90, "MIN_WORK", 1)
-    fa._PLANS.clear()
+    fa_plan._PLANS.clear()
     calls = _count_gluon_launches(monkeypatch)
     gen = torch.Generator().manual_seed(len(shape))
     q, k, v, do = (torch.randn(*shape, generator=gen).to("cuda", torch.bfloat16) for _ in range(4))
     leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
     o = fa.flash_attention(*leaves, causal=True)
     o.backward(do)
-    fa._PLANS.clear()
+    fa_plan._PLANS.clear()
     atomic = flash_sm90.HAVE_TMA_REDUCE  # the "auto" dQ mode's choice
     assert calls == {"forward": 1, "dq": int(not atomic), "dkdv": 1}
     _assert_within_twice_torch(q, k, v, do, True, o, [t.grad for t in leaves])
@@ -387,7 +391,7 @@ def test_gpu_flash_attention_takes_the_gluon_kernels_and_keeps_the_gradients(tok
     calls = _count_gluon_launches(monkeypatch)
     for min_work in (1, 1 << 40):  # the Gluon kernels, then the Triton ones
         monkeypatch.setattr(flash_sm90, "MIN_WORK", min_work)
-        fa._PLANS.clear()
+        fa_plan._PLANS.clear()
         before = dict(calls)
         leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
         o = fa.flash_attention(*leaves, causal=True)
@@ -400,7 +404,7 @@ def test_gpu_flash_attention_takes_the_gluon_kernels_and_keeps_the_gradients(tok
         dq_kind = "gluon-sm90-atomic" if atomic else kind
         assert fa.last_kernels() == {"forward": kind, "dq": dq_kind, "dkdv": kind}
         results.append((o.detach(), *(t.grad for t in leaves)))
-    fa._PLANS.clear()
+    fa_plan._PLANS.clear()
     for name, ours, triton in zip(("O", "dQ", "dK", "dV"), *results, strict=True):
         assert relative_error(ours, triton) <= 2e-2, name
 

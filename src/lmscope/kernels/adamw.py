@@ -3,10 +3,11 @@
 API
     ``FusedAdamW(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, shadows=None)``
     is a ``torch.optim.Optimizer`` with ``torch.optim.AdamW``'s math (decoupled weight decay,
-    bias correction). ``shadows`` is a callable returning the model's current
-    ``lmscope.model.shadow_weights.ShadowWeights`` (or None): each step writes every updated
-    parameter that has a copy there into that copy too (bf16) and marks it fresh, so a model that
-    computes in bf16 reads current weights without casting them every forward.
+    bias correction). ``shadows`` is a callable returning the model's current low-precision
+    copies (``lmscope.kernels.shadow_copies.ShadowCopies``, e.g. the model's ``ShadowWeights``)
+    or None: each step writes every updated parameter that has a copy there into that copy too
+    (bf16) and marks it fresh, so a model that computes in bf16 reads current weights without
+    casting them every forward.
     ``adamw_reference`` is the PyTorch math of one step.
 
     ``step_in_backward=True`` updates each parameter during ``backward()``, the moment its gradient
@@ -56,7 +57,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lmscope.model.shadow_weights import ShadowWeights
+from lmscope.kernels.shadow_copies import ShadowCopies
 
 __all__ = ["FusedAdamW", "adamw_reference"]
 
@@ -118,7 +119,7 @@ class FusedAdamW(torch.optim.Optimizer):
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 1e-2,
-        shadows: Callable[[], ShadowWeights | None] | None = None,
+        shadows: Callable[[], ShadowCopies | None] | None = None,
         step_in_backward: bool = False,
     ) -> None:
         if lr < 0 or eps < 0 or weight_decay < 0:
@@ -127,7 +128,7 @@ class FusedAdamW(torch.optim.Optimizer):
             raise ValueError(f"betas must be in [0, 1), got {betas}")
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
         self.shadows = shadows
-        # tells lmscope.model.shadow_weights' step hook that this step keeps the copies current
+        # tells the copies' owner that this step keeps them current (shadow_copies.WRITES_SHADOW_WEIGHTS)
         self.writes_shadow_weights = shadows is not None
         self.step_in_backward = step_in_backward
         self._updated_in_backward: set[torch.Tensor] = set()

@@ -1,7 +1,7 @@
 """FlashAttention-2 tiled in plain PyTorch: forward and backward, CPU or GPU.
 
-The algorithm of the Triton kernel in ``flash_attention.py``, written with torch tensor ops so it
-can be read, stepped through and run anywhere:
+The algorithm of the Triton kernels in ``flash_attention/triton_kernels.py``, written with torch
+tensor ops so it can be read, stepped through and run anywhere:
 
 - forward: for each query tile, loop over key tiles keeping a running row maximum ``m``, a
   running denominator ``l`` and an unnormalised output accumulator (online softmax); the output

@@ -1,7 +1,7 @@
 """FlashAttention forward for Hopper (sm_90) in Gluon: warp-specialised, TMA tiles, asynchronous
 wgmma, the softmax of one key tile overlapped with the P V product of the one before it.
 
-Why a second forward kernel: the Triton forward (``flash_attention._attn_fwd``) leaves the
+Why a second forward kernel: the Triton forward (``flash_attention.triton_kernels._attn_fwd``) leaves the
 tensor cores idle while each tile's softmax runs, because Triton waits for a dot's result as
 soon as the next operation reads it, and its automatic warp specialisation does not run these
 kernels on Hopper (``docs/kernels/flash_attention_backward_notes.md``, variant 6). Here the
@@ -21,7 +21,7 @@ log-sum-exp per query row, float32, indexed by (batch*head, row)) for the backwa
 causal masking aligned at the top left (key j visible to query i when j <= i). The backward's
 kernels of the same design are ``flash_sm90_dq`` and ``flash_sm90_dkdv``.
 
-Chosen at run time (``flash_attention._plan``) for bf16/fp16 inputs with head dim 64 or 128 on
+Chosen at run time (``flash_attention.plan._plan``) for bf16/fp16 inputs with head dim 64 or 128 on
 a compute-capability 9.0 GPU, for calls with enough work not to be bound by host time
 (``MIN_WORK``) and tensors TMA can describe; everything else keeps the Triton kernels.
 ``LMSCOPE_FLASH_SM90=0`` turns all three off. Gluon has no CPU interpreter: the kernels' tests

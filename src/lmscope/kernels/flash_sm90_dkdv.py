@@ -12,7 +12,7 @@ The two warpgroups run out of step, so one's exponentials overlap the other's do
 (Software pipelining across query tiles was measured and dropped: at head dim 128 it spills;
 ``docs/kernels/flash_attention_backward_notes.md``, variant 8.)
 
-It is the Triton dK/dV kernel's contract (``flash_attention._attn_bwd_dkdv``): L and
+It is the Triton dK/dV kernel's contract (``flash_attention.triton_kernels._attn_bwd_dkdv``): L and
 D = rowsum(dO * O) come from the forward and the dQ kernel (or the preprocess kernel), indexed
 (batch*head, row); dK and dV are written contiguous (..., n_keys, d). Chosen with the Gluon
 forward (``flash_sm90.serves``) where the tensors allow (``flash_sm90.describable``).

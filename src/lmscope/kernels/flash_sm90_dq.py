@@ -9,7 +9,7 @@ next. Per key tile it issues ``S = Q K^T`` and ``dP = dO V^T`` for the next tile
 ``dQ += dS K`` for this one, waits for the first two only, and forms the next tile's
 ``P = exp2(S c - L log2 e)`` and ``dS = P (dP - D)`` while ``dS K`` is still on the tensor cores.
 
-It is the Triton dQ kernel's contract (``flash_attention._attn_bwd_dq``): L from the forward,
+It is the Triton dQ kernel's contract (``flash_attention.triton_kernels._attn_bwd_dq``): L from the forward,
 D stored at ``DELTA``, both indexed (batch*head, row); dQ written contiguous (..., n_q, d).
 """
 

@@ -14,6 +14,10 @@ re-copies a weight when it may have changed since it was mirrored:
   the weight's version counter, which `stack` compares.
 
 A write that does neither (through ``.data``, or a raw kernel) is not seen: call `invalidate()`.
+
+`ShadowWeights` is the model's side of `lmscope.kernels.shadow_copies.ShadowCopies`, the contract
+an optimizer that writes the copies relies on (``views``, ``mark_fresh``, and the optimizer's
+``WRITES_SHADOW_WEIGHTS`` attribute that spares its steps from the hook).
 """
 
 from __future__ import annotations
@@ -24,12 +28,14 @@ from collections.abc import Sequence
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from lmscope.kernels.shadow_copies import WRITES_SHADOW_WEIGHTS
+
 _LIVE: weakref.WeakSet[ShadowWeights] = weakref.WeakSet()
 
 
 def _invalidate_after_foreign_step(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
     """Global optimizer step post-hook: any optimizer but a shadow-writing one stales the copies."""
-    if not getattr(optimizer, "writes_shadow_weights", False):
+    if not getattr(optimizer, WRITES_SHADOW_WEIGHTS, False):
         for shadows in list(_LIVE):
             shadows.invalidate()
 

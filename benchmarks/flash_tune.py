@@ -35,8 +35,8 @@ except ImportError:  # pragma: no cover
 
 from lmscope.kernels import flash_attention as fa  # noqa: E402
 from lmscope.kernels.attention_reference import attention_naive, reference_with_grads  # noqa: E402
-from lmscope.results import provenance  # noqa: E402
-from lmscope.stats import ratio_interval  # noqa: E402
+from lmscope.records.results import provenance  # noqa: E402
+from lmscope.records.stats import ratio_interval  # noqa: E402
 from lmscope.workloads.attention import kept_times  # noqa: E402
 
 T0 = time.time()

@@ -37,7 +37,7 @@ from host_timing import CALLS, ROUNDS, host_us  # beside this script
 
 from lmscope.kernels import flash_attention as fa
 from lmscope.kernels.triton_launch import FixedArgs
-from lmscope.results import append_record, stamp
+from lmscope.records.results import append_record, stamp
 
 LAUNCHERS = (fa._FWD_LAUNCH, fa._DKDV_LAUNCH, fa._DQ_LAUNCH)
 

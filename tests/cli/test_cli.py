@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from lmscope.cli import main
-from lmscope.stats import ratio_interval, ratio_interval_rounds
+from lmscope.records.stats import ratio_interval, ratio_interval_rounds
 
 
 def run_cli(capsys, *args):

@@ -21,8 +21,7 @@ import typer.main
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lmscope import commands
-from lmscope.cli import app, main
+from lmscope.cli import app, main, sweep
 
 NOT_FUZZED = {"out", "resume", "reuse_worker", "nsys", "plot", "worked_example", "version"}
 """Paths (any name is a valid file) and on/off switches (no value to get wrong)."""
@@ -92,7 +91,7 @@ def nothing_runs(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a bad value reached the runner")
 
-    monkeypatch.setattr(commands, "run_sweep", refuse)
+    monkeypatch.setattr(sweep, "run_sweep", refuse)
 
 
 def _call(argv: list[str]) -> tuple[int | str | None, str]:

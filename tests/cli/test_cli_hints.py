@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmscope import __version__, commands, precision
-from lmscope.cli import main
-from lmscope.provenance import git_state, source_hash
+from lmscope import __version__
+from lmscope.cli import main, sweep
+from lmscope.planning import precision
+from lmscope.records.provenance import git_state, source_hash
 from lmscope.workloads.step import Spec
 
 
@@ -36,7 +37,7 @@ def test_interrupt_suggests_resume_only_where_the_command_has_it(capsys, monkeyp
     monkeypatch.setattr(precision, "accumulate", _interrupt)
     code, _, err = _run(capsys, "precision", "accumulate")
     assert code == 130 and err.strip() == "lmscope: error: interrupted"
-    monkeypatch.setattr(commands, "run_sweep", _interrupt)
+    monkeypatch.setattr(sweep, "run_sweep", _interrupt)
     code, _, err = _run(capsys, "bench", "--device", "cpu", "--out", str(tmp_path / "r.jsonl"))
     assert code == 130 and "rerun with --resume" in err
 

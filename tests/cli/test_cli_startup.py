@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from lmscope.choices import ATTENTION_BACKENDS
+from lmscope.inputs.choices import ATTENTION_BACKENDS
 from lmscope.model.attention import attention_backends
 
 # A fresh interpreter runs the command line and reports whether torch (or transformers, triton)

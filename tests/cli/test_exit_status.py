@@ -6,10 +6,9 @@ import itertools
 
 import pytest
 
-from lmscope import commands
-from lmscope.cli import main
-from lmscope.results import append_record
-from lmscope.runner import spec_dict
+from lmscope.cli import main, sweep
+from lmscope.records.results import append_record
+from lmscope.running.runner import spec_dict
 
 MODEL = ["--size", "tiny", "--context-length", "16,24", "--device", "cpu"]
 COMMANDS = {
@@ -38,7 +37,7 @@ def _fake_sweep(statuses):
     (["oom"], 0), (["oom", "error"], 1), (["timeout", "oom"], 1), (["error"], 1),
 ])
 def test_exit_status_rule(command, statuses, code, monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(commands, "run_sweep", _fake_sweep(statuses))
+    monkeypatch.setattr(sweep, "run_sweep", _fake_sweep(statuses))
     with pytest.raises(SystemExit) as exit_info:
         main([*COMMANDS[command], "--out", str(tmp_path / "r.jsonl")])
         raise SystemExit(0)
@@ -46,6 +45,6 @@ def test_exit_status_rule(command, statuses, code, monkeypatch, tmp_path, capsys
 
 
 def test_exit_status_of_records():
-    assert commands.exit_status([{"status": "ok"}, {"status": "oom"}]) == 0
-    assert commands.exit_status([{"status": "ok"}, {"status": "timeout"}]) == 1
-    assert commands.exit_status([]) == 0
+    assert sweep.exit_status([{"status": "ok"}, {"status": "oom"}]) == 0
+    assert sweep.exit_status([{"status": "ok"}, {"status": "timeout"}]) == 1
+    assert sweep.exit_status([]) == 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from lmscope.tensor_leaves import tensors_in
+from lmscope.model.tensor_leaves import tensors_in
 
 
 def test_every_nested_tensor_in_order_and_nothing_else():

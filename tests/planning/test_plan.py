@@ -10,7 +10,7 @@ from lmscope.accounting.parallelism import Hardware, Mesh, PrecisionPlan, comput
 from lmscope.accounting.xxl import FFNStack, ffn_model, worked_example
 from lmscope.cli import main
 from lmscope.config import preset
-from lmscope.plan import comm_plan, flops_plan, mfu_record, model_shape, parallel_plan, render_plan
+from lmscope.planning.plan import comm_plan, flops_plan, mfu_record, model_shape, parallel_plan, render_plan
 
 V5P = Hardware(name="v5p", peak_flops=4.6e14, axis_bandwidth=1.8e11, memory_bytes=95e9)
 
@@ -141,7 +141,7 @@ def test_cli_user_errors_exit_2(argv, capsys):
 
 def test_memory_plan_is_predict_memory():
     from lmscope.accounting.memory import predict_memory
-    from lmscope.plan import memory_plan
+    from lmscope.planning.plan import memory_plan
 
     config = preset("tiny")
     plan = memory_plan("tiny", config, batch_size=3, seq_len=40, mode="train-step", precision="bf16")

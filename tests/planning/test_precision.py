@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lmscope.precision import accumulate, autocast_dtypes
+from lmscope.planning.precision import accumulate, autocast_dtypes
 
 
 def by_variant(records):

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import lmscope
-from lmscope import provenance as prov
+from lmscope.records import provenance as prov
 from lmscope.workloads.train_step import device_facts
 
 PACKAGE = Path(lmscope.__file__).resolve().parent
@@ -48,7 +48,7 @@ def test_a_copy_inside_another_repository_records_none_of_its_sha(tmp_path, comm
         git(other, "add", ".")
         git(other, "commit", "-qm", "vendor lmscope")
     their_sha = git(other, "rev-parse", "HEAD")
-    script = ("import json, lmscope; from lmscope.provenance import source_identity; "
+    script = ("import json, lmscope; from lmscope.records.provenance import source_identity; "
               "print(json.dumps({'file': lmscope.__file__, **source_identity()}))")
     env = {**os.environ, "PYTHONPATH": str(other / "src")}
     env.pop("LMSCOPE_GIT_SHA", None)

@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from lmscope import commands
-from lmscope.cli import main
-from lmscope.results import TORN, append_record, scan_results, set_aside_torn_line
-from lmscope.results_check import prepare_out, read_rows, writer_of
-from lmscope.runner import spec_dict
+from lmscope.cli import main, sweep
+from lmscope.records.results import TORN, append_record, scan_results, set_aside_torn_line
+from lmscope.records.results_check import prepare_out, read_rows, writer_of
+from lmscope.running.runner import spec_dict
 from lmscope.workloads.step import Spec
 
 POINT = dict(size="tiny", context_length=16, mode="forward", device="cpu", warmup=0, steps=1)
@@ -116,7 +115,7 @@ def test_table_and_report_refuse_files_without_lmscope_rows_alike(tmp_path, caps
 def test_report_says_what_it_left_out_in_the_page_and_on_the_terminal(tmp_path, capsys):
     folder = tmp_path / "run"
     folder.mkdir()
-    bench = Path(__file__).parent.parent / "benchmarks" / "results" / "bench" / "bench.jsonl"
+    bench = Path(__file__).parents[2] / "benchmarks" / "results" / "bench" / "bench.jsonl"
     (folder / "results.jsonl").write_text("\n".join(bench.read_text().splitlines()[:2]) + "\nnot json\n")
     (folder / "notes.jsonl").write_text("hello\n")
     code, _, err = run_cli(capsys, "report", folder)
@@ -145,7 +144,7 @@ def test_appending_to_another_commands_results_file_is_refused_naming_it(
         tmp_path, capsys, monkeypatch, command, written_by):
     out = tmp_path / "results.jsonl"
     out.write_text(json.dumps(_row(written_by)) + "\n")
-    monkeypatch.setattr(commands, "run_sweep", lambda *a, **k: pytest.fail("must not run"))
+    monkeypatch.setattr(sweep, "run_sweep", lambda *a, **k: pytest.fail("must not run"))
     code, _, err = run_cli(capsys, *command, "--out", out, "--resume")
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert f"holds rows of {writer_of(written_by)}, not of lmscope {command[0]}" in err
@@ -172,6 +171,6 @@ def test_prepare_out_takes_its_own_file_and_refuses_a_text_file(tmp_path):
     ["attention", "--passes", "fwd,,bwd"],
 ])
 def test_an_empty_item_in_a_list_flag_is_refused(capsys, monkeypatch, tmp_path, args):
-    monkeypatch.setattr(commands, "run_sweep", lambda *a, **k: pytest.fail("must not run"))
+    monkeypatch.setattr(sweep, "run_sweep", lambda *a, **k: pytest.fail("must not run"))
     code, _, err = run_cli(capsys, *args, "--device", "cpu", "--out", tmp_path / "r.jsonl")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "has an empty item" in err, err

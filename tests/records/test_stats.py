@@ -11,8 +11,8 @@ import math
 import numpy as np
 import pytest
 
-from lmscope.bootstrap import block_length, t_quantile
-from lmscope.stats import (
+from lmscope.records.bootstrap import block_length, t_quantile
+from lmscope.records.stats import (
     MIN_ROUNDS,
     MIN_STEPS,
     median_interval,

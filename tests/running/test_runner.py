@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from lmscope.results import append_record, read_records
-from lmscope.runner import classify_failure, expand_grid, failure_record, pending_count, run_sweep
+from lmscope.records.results import append_record, read_records
+from lmscope.running.runner import classify_failure, expand_grid, failure_record, pending_count, run_sweep
 
-SUPPORT = Path(__file__).parent / "support"
+SUPPORT = Path(__file__).parent.parent / "support"
 FAULTS = "lmscope_test_faults"
 
 

@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from lmscope.commands import (
+from lmscope.cli.sweep import (
     check_format,
     exit_status,
     model_axes,
@@ -27,7 +27,7 @@ from lmscope.commands import (
     split_list,
 )
 from lmscope.report import console
-from lmscope.runner import expand_grid, spec_fields
+from lmscope.running.runner import expand_grid, spec_fields
 
 app = typer.Typer(
     name="lmscope",
@@ -89,7 +89,7 @@ Device = Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")]
 
 def _show_version(value: bool) -> None:
     if value:
-        from lmscope.version import version_line
+        from lmscope.records.version import version_line
 
         console.say(version_line())
         raise typer.Exit(0)
@@ -205,7 +205,7 @@ def profile(
     reuse_worker: ReuseWorker = False,
 ) -> None:
     """Kernel-level profile of a step: kernel tables, categories, idle gaps, attention breakdown."""
-    from lmscope.commands import default_out
+    from lmscope.cli.sweep import default_out
 
     out = out or default_out()
     fixed = dict(d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
@@ -262,7 +262,7 @@ def attention(
     reuse_worker: ReuseWorker = True,
 ) -> None:
     """Time attention implementations: latency, TFLOP/s, memory, error vs float64."""
-    from lmscope.commands import default_out
+    from lmscope.cli.sweep import default_out
     from lmscope.report.attention_plots import plot_sweep
     from lmscope.workloads.attention import Spec, attention_grid
 
@@ -307,7 +307,7 @@ def comm(
 ) -> None:
     """Time collectives like nccl-tests: time, algbw, busbw, #wrong; busbw-vs-size plot."""
     from lmscope.accounting.comms import COLLECTIVES
-    from lmscope.parallel.commands import run_comm
+    from lmscope.cli.distributed_sweeps import run_comm
     from lmscope.parallel.launch import default_world_sizes
     from lmscope.workloads.collectives import Spec, parse_size_mb
 
@@ -362,7 +362,7 @@ def ddp(
     fmt: Format = None,
 ) -> None:
     """Data-parallel train step per strategy vs the single-GPU step, with the overhead model."""
-    from lmscope.commands import default_out
+    from lmscope.cli.sweep import default_out
 
     out = out or default_out()
     fixed = dict(d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
@@ -372,7 +372,7 @@ def ddp(
                  profile_steps=profile_steps, artifacts_dir=str(out.parent / "ddp-profile"))
     axes = model_grid(model_axes(size=model_flag(model, size), context_length=context_length,
                                  batch_size=batch_size, device=device, precision=precision))
-    from lmscope.parallel.commands import ddp_points, run_ddp
+    from lmscope.cli.distributed_sweeps import ddp_points, run_ddp
     from lmscope.parallel.launch import default_world_sizes
     from lmscope.workloads.ddp import Spec
 
@@ -427,7 +427,7 @@ def memory(
     compare_base: CompareBase = None,
 ) -> None:
     """Peak memory of each phase (measured and predicted), snapshots, timelines, largest allocations."""
-    from lmscope.commands import default_out
+    from lmscope.cli.sweep import default_out
 
     out = out or default_out()
     fixed = dict(d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
@@ -460,7 +460,7 @@ def table(
     workload: Annotated[str | None, typer.Option(help="which workload's rows (default: first)")] = None,
 ) -> None:
     """Re-render a results file without re-running anything."""
-    from lmscope.commands import read_table_rows
+    from lmscope.cli.sweep import read_table_rows
 
     check_format(fmt)
     records = read_table_rows(results)
@@ -532,7 +532,7 @@ def plan_flops(
     fmt: PlanFormat = "table",
 ) -> None:
     """Parameters by component, FLOPs per token and per step, attention share vs context, MFU."""
-    from lmscope import plan
+    from lmscope.planning import plan
 
     config = plan.transformer_config(model, d_model=d_model, d_ff=d_ff, num_layers=num_layers,
                                      num_heads=num_heads, vocab_size=vocab_size)
@@ -558,7 +558,7 @@ def plan_memory(
     fmt: PlanFormat = "table",
 ) -> None:
     """Predicted memory per phase of a step, its components, saved activations, one residual tensor."""
-    from lmscope import plan
+    from lmscope.planning import plan
 
     config = plan.transformer_config(model, d_model=d_model, d_ff=d_ff, num_layers=num_layers,
                                      num_heads=num_heads, vocab_size=vocab_size)
@@ -600,9 +600,9 @@ def plan_checkpoint(
 ) -> None:
     """Which blocks to checkpoint, recompute selectively or offload under a memory budget: candidates,
     predicted peak, recompute share and the time the treatments add."""
-    from lmscope import plan
     from lmscope.accounting.checkpoint_plan import parse_bytes
-    from lmscope.plan_checkpoint import checkpoint_sections, measured_from
+    from lmscope.planning import plan
+    from lmscope.planning.plan_checkpoint import checkpoint_sections, measured_from
 
     measured = None
     point = dict(batch_size=batch_size, context_length=context_length, mode=mode, precision=precision,
@@ -629,8 +629,8 @@ def plan_checkpoint(
 @plan_app.command("presets")
 def plan_presets(fmt: PlanFormat = "table") -> None:
     """Every model preset with its shape and parameter count."""
-    from lmscope import plan
-    from lmscope.plan_checkpoint import presets_sections
+    from lmscope.planning import plan
+    from lmscope.planning.plan_checkpoint import presets_sections
 
     plan.show(presets_sections(), fmt, title="lmscope plan presets", command=_command_line())
 
@@ -647,8 +647,8 @@ def plan_comm(
     peak_tflops: PeakTflops = None, bandwidth_gbps: Bandwidth = None, fmt: PlanFormat = "table",
 ) -> None:
     """Bytes moved per step and their time for data parallel, FSDP and tensor parallel."""
-    from lmscope import plan
     from lmscope.accounting.parallelism import hardware
+    from lmscope.planning import plan
 
     shape = plan.model_shape(model, context_length, d_model=d_model, d_ff=d_ff, num_layers=num_layers,
                              num_heads=num_heads, vocab_size=vocab_size)
@@ -684,8 +684,8 @@ def plan_parallel(
     fmt: PlanFormat = "table",
 ) -> None:
     """Per-device memory, traffic per axis and compute-bound batch of a DP x FSDP x TP x PP mesh."""
-    from lmscope import plan
     from lmscope.accounting.parallelism import Mesh, PrecisionPlan, hardware
+    from lmscope.planning import plan
 
     if worked_example:
         sections = plan.worked_example_plan(plan.ffn_stack(model, d_model=d_model, d_ff=d_ff,
@@ -718,8 +718,8 @@ def precision_accumulate(
     fmt: PlanFormat = "table",
 ) -> None:
     """Sum a small value many times with fp32, fp16, bf16 and mixed accumulators; errors vs exact."""
-    from lmscope.plan import check_format, show
-    from lmscope.precision import accumulate
+    from lmscope.planning.plan import check_format, show
+    from lmscope.planning.precision import accumulate
 
     check_format(fmt)
     rows = [r for n in split_list(count, int, "--count") for r in accumulate(n, value, device)]
@@ -735,8 +735,8 @@ def precision_autocast(
     fmt: PlanFormat = "table",
 ) -> None:
     """Dtypes of parameters, each submodule's output, the loss and the gradients under autocast."""
-    from lmscope.plan import check_format, show
-    from lmscope.precision import autocast_dtypes
+    from lmscope.planning.plan import check_format, show
+    from lmscope.planning.precision import autocast_dtypes
     from lmscope.workloads.train_step import resolve_device
 
     check_format(fmt)

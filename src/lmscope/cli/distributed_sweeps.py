@@ -16,16 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from lmscope.accounting.comms import ddp_overhead_s, optimal_bucket_bytes, optimal_bucket_count
-from lmscope.commands import default_out, exit_status, run_and_report
+from lmscope.cli.sweep import default_out, exit_status, run_and_report
 from lmscope.measure.overlap import HOST_BOUND_BELOW_PCT
 from lmscope.parallel.launch import torchrun_env
+from lmscope.records.results import Record
+from lmscope.records.stats import ratio_interval
 from lmscope.report import console
 from lmscope.report.comm_plots import plot_busbw
 from lmscope.report.rounds import pool_rounds
 from lmscope.report.tables import Table, format_value, render
-from lmscope.results import Record
-from lmscope.runner import expand_grid, spec_fields
-from lmscope.stats import ratio_interval
+from lmscope.running.runner import expand_grid, spec_fields
 
 STARTUP_MARGIN_S = 120.0
 """Seconds the runner allows a point beyond the ranks' own timeout (imports, process start)."""

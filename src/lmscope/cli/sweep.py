@@ -8,16 +8,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lmscope.choices import check_choices
-from lmscope.comma_list import list_items
-from lmscope.limits import check_timeout
+from lmscope.inputs.choices import check_choices
+from lmscope.inputs.comma_list import list_items
+from lmscope.inputs.limits import check_timeout
+from lmscope.records.results import Record, read_records
+from lmscope.records.results_check import prepare_out, read_rows
 from lmscope.report import console
 from lmscope.report.compare import find_base
 from lmscope.report.host_bound import host_bound_note
 from lmscope.report.tables import FORMATS, build_table, render
-from lmscope.results import Record, read_records
-from lmscope.results_check import prepare_out, read_rows
-from lmscope.runner import (
+from lmscope.running.runner import (
     identity_key,
     pending_count,
     record_spec,

@@ -13,7 +13,7 @@ from typing import Any
 
 from lmscope.accounting.flops import MODES
 from lmscope.config import PRESETS
-from lmscope.limits import check_size
+from lmscope.inputs.limits import check_size
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 """fp32: no autocast; bf16/fp16: torch.autocast over fp32 master weights."""

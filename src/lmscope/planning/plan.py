@@ -42,10 +42,10 @@ from lmscope.accounting.parallelism import (
 )
 from lmscope.accounting.xxl import FFN_MODELS, FFNStack, worked_example
 from lmscope.config import ModelConfig, preset
-from lmscope.limits import MAX_SIZE
+from lmscope.inputs.limits import MAX_SIZE
+from lmscope.records.results import Record
 from lmscope.report import console
 from lmscope.report.tables import Table, render
-from lmscope.results import Record
 
 Sections = dict[str, list[Record]]
 PLAN_FORMATS = ("table", "md", "json")

@@ -21,8 +21,8 @@ from lmscope.accounting.checkpoint_plan import (
 from lmscope.accounting.flops import parameter_counts
 from lmscope.accounting.memory import GIB
 from lmscope.config import PRESETS, ModelConfig, preset
+from lmscope.records.results import Record, read_records
 from lmscope.report.tables import render
-from lmscope.results import Record, read_records
 
 Sections = dict[str, list[Record]]
 OVERRIDES = ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size")

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lmscope.limits import MAX_STEPS
+from lmscope.inputs.limits import MAX_STEPS
 from lmscope.workloads.train_step import resolve_device
 
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}

@@ -37,7 +37,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
 SHA_ENV = "LMSCOPE_GIT_SHA"
 KERNEL_ENV_PREFIX = "LMSCOPE_FLASH_"
 MACHINE_ID_FILES = (Path("/etc/machine-id"), Path("/var/lib/dbus/machine-id"))

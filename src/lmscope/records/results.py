@@ -2,7 +2,7 @@
 
 A record holds the point's spec fields, its metrics (keys carry units: `_ms`, `_gib`, `_gbps`,
 `tflops`), `status` (`ok`, `oom`, `timeout`, `error`), `error` (one line or None) and the
-provenance of `lmscope.provenance` (time, host and host id, GPU with its clocks, versions, the
+provenance of `lmscope.records.provenance` (time, host and host id, GPU with its clocks, versions, the
 source's git sha, CPU affinity and load), re-exported here: every row of every script is stamped
 by `provenance()` or `stamp(row)`.
 """
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lmscope.provenance import provenance as provenance
-from lmscope.provenance import stamp as stamp
+from lmscope.records.provenance import provenance as provenance
+from lmscope.records.provenance import stamp as stamp
 
 Record = dict[str, Any]
 STATUSES = ("ok", "oom", "timeout", "error")

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from lmscope.results import Record, ResultsFile, scan_results, set_aside_torn_line
+from lmscope.records.results import Record, ResultsFile, scan_results, set_aside_torn_line
 
 STUDY_WORKLOADS = "lmscope.study."
 """Prefix of the workloads that only `lmscope study` runs (its accounting and precision points)."""

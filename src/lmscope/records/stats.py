@@ -2,7 +2,7 @@
 
 A speed claim is a ratio of two medians: the base's median step time over the other's (above 1:
 the other is faster). Its interval is a percentile bootstrap that resamples what varies
-independently (`lmscope.bootstrap`): the rounds of `lmscope bench --rounds R` (separate
+independently (`lmscope.records.bootstrap`): the rounds of `lmscope bench --rounds R` (separate
 processes), or, within one process, blocks of consecutive steps (steps are correlated, so
 resampling them one by one would make the interval too narrow). The percentile interval is then
 widened for the few independent units it rests on (Hesterberg's expanded percentile interval).
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lmscope.bootstrap import block_bias, independent_units, resampled_medians, widening
+from lmscope.records.bootstrap import block_bias, independent_units, resampled_medians, widening
 
 RESAMPLES = 4000
 """Bootstrap resamples per interval (the interval's own Monte Carlo error is well under 1 %)."""

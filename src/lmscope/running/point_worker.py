@@ -1,4 +1,4 @@
-"""The parent's handle on a worker process that runs sweep points (`python -m lmscope.worker`).
+"""The parent's handle on a worker process that runs sweep points (`python -m lmscope.running.worker`).
 
 The worker imports its workload first and then marks itself ready; a point's timeout counts
 from then, so a slow `import torch` never turns into a timeout. It reads one request per line
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lmscope.tempdirs import owned_tempdir
+from lmscope.running.tempdirs import owned_tempdir
 
 POLL_S = 0.05
 STARTUP_TIMEOUT_S = 300.0
@@ -39,7 +39,7 @@ class PointWorker:
         self._count = 0
         self._ready = self._dir / "ready"
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "lmscope.worker", workload, str(self._ready)],
+            [sys.executable, "-m", "lmscope.running.worker", workload, str(self._ready)],
             stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT,
             start_new_session=True, text=True,
         )

@@ -1,7 +1,7 @@
 """Sweeps: grid expansion, isolated worker processes, timeouts, OOM capture, resume.
 
 Every command goes through `run_sweep`: each point runs in a worker process
-(`lmscope.point_worker`) in its own process group, so an OOM, a crash or a hang costs that
+(`lmscope.running.point_worker`) in its own process group, so an OOM, a crash or a hang costs that
 point only; it becomes a record with status `oom`, `error` or `timeout` and the sweep goes on.
 Records are appended to the results file as each point finishes, so an interrupted sweep
 loses nothing that finished, and `resume=True` skips points whose `ok` or `oom` record is
@@ -27,9 +27,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from lmscope.limits import check_steps
-from lmscope.point_worker import PointWorker
-from lmscope.results import Record, append_record, point_key, provenance, read_records
+from lmscope.inputs.limits import check_steps
+from lmscope.records.results import Record, append_record, point_key, provenance, read_records
+from lmscope.running.point_worker import PointWorker
 
 WORKLOADS: dict[str, str] = {
     "bench": "lmscope.workloads.step",

@@ -1,4 +1,4 @@
-"""The worker process of a sweep: `python -m lmscope.worker WORKLOAD READY_FILE`.
+"""The worker process of a sweep: `python -m lmscope.running.worker WORKLOAD READY_FILE`.
 
 Reads requests `{"spec": {...}, "result": "/path"}` one per line on stdin until end of input;
 runs each point with `run_in_process` (a Python exception becomes an `oom`/`error` status) and
@@ -15,7 +15,7 @@ import signal
 import sys
 from pathlib import Path
 
-from lmscope.runner import resolve_workload, run_in_process
+from lmscope.running.runner import resolve_workload, run_in_process
 
 
 def die_with_parent() -> None:

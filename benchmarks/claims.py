@@ -28,7 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
-from lmscope.provenance import code_identity
+from lmscope.records.provenance import code_identity
+from lmscope.records.stats import ratio_interval
 from lmscope.report.claims import (
     ClaimError,
     Registry,
@@ -41,7 +42,6 @@ from lmscope.report.claims import (
     ratio,
     table,
 )
-from lmscope.stats import ratio_interval
 
 ROOT = Path(__file__).resolve().parent.parent
 REGISTRY = Registry(ROOT)
@@ -1029,7 +1029,7 @@ then the profiled steps (`run_fsdp_gpu.sh`'s overlap stage)."""
 def _overlap_rows(rows: Rows) -> tuple[dict[tuple[int, str], dict], dict[tuple[int, str], dict]]:
     """(timed rows with their rounds pooled, profiled rows), each by (batch, strategy)."""
     from lmscope.report.rounds import pool_rounds
-    from lmscope.runner import spec_fields
+    from lmscope.running.runner import spec_fields
 
     timed = pool_rounds(rows.select(f"{FSDP_OVERLAP}/{OVERLAP_TIMED}"), spec_fields("ddp"))
     profiled = rows.select(f"{FSDP_OVERLAP}/overlap-xl-x2-profile.jsonl")
@@ -1150,7 +1150,7 @@ def attention_rounds(rows: Rows) -> str:
     """Ours against SDPA's flash and cuDNN kernels at issue 19's shapes, every round a fresh
     process: medians pooled over the rounds, ratios with the interval that resamples rounds."""
     from lmscope.report.rounds import pool_rounds, ratio_between
-    from lmscope.runner import spec_fields
+    from lmscope.running.runner import spec_fields
 
     found = rows.select(ATTENTION_ROUNDS)
     pooled = pool_rounds(found, spec_fields("attention"))

@@ -37,8 +37,8 @@ from lmscope.kernels import flash_attention as fa  # noqa: E402
 from lmscope.kernels.attention_reference import attention_naive, reference_with_grads  # noqa: E402
 from lmscope.kernels.flash_attention import triton_kernels as fa_kernels  # noqa: E402
 from lmscope.kernels.flash_attention import tuning as fa_tuning  # noqa: E402
-from lmscope.results import provenance  # noqa: E402
-from lmscope.stats import ratio_interval  # noqa: E402
+from lmscope.records.results import provenance  # noqa: E402
+from lmscope.records.stats import ratio_interval  # noqa: E402
 from lmscope.workloads.attention import kept_times  # noqa: E402
 
 T0 = time.time()

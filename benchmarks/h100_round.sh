@@ -79,7 +79,7 @@ if stage tests 75; then
   limit 30 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_triton_launch.py \
     tests/kernels/test_flash_attention_triton.py -k "direct or hook or 80 or 96" 2>&1 | tail -6
   limit 45 python3 -m pytest -q -m gpu -p no:cacheprovider tests/measure/test_flop_count_gpu.py tests/measure/test_energy_gpu.py \
-    tests/measure/test_saved_activations_gpu.py tests/test_probe_gpu.py tests/test_provenance.py \
+    tests/measure/test_saved_activations_gpu.py tests/test_probe_gpu.py tests/records/test_provenance.py \
     tests/sources/test_sources_gpu.py 2>&1 | tail -15
 fi
 if stage attention "${ATTENTION_S:-115}"; then
@@ -155,7 +155,7 @@ if stage tests-all 420; then
   limit 420 python3 -m pytest -q -m gpu -rs -p no:cacheprovider tests/kernels/test_flash_native.py \
     tests/kernels/test_triton_launch.py tests/kernels/test_flash_attention_launch.py \
     tests/measure/test_flop_count_gpu.py tests/measure/test_energy_gpu.py tests/measure/test_memory_gpu.py \
-    tests/measure/test_saved_activations_gpu.py tests/test_probe_gpu.py tests/test_provenance.py \
+    tests/measure/test_saved_activations_gpu.py tests/test_probe_gpu.py tests/records/test_provenance.py \
     tests/sources/test_sources_gpu.py tests/workloads/test_cuda_graph_step.py tests/model/test_fast_transformer.py \
     tests/workloads/test_attention_bench.py tests/kernels/test_flash_attention_triton.py \
     -k "not leaderboard" > "$W/pytest_gpu.txt" 2>&1

@@ -85,7 +85,7 @@ def test_old_names_keep_their_meaning_beside_the_new_ones():
 def test_readme_presets_table_is_generated():
     from pathlib import Path
 
-    from lmscope.plan_checkpoint import presets_markdown
+    from lmscope.planning.plan_checkpoint import presets_markdown
 
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     table = readme.split("<!-- presets:start -->\n")[1].split("<!-- presets:end -->")[0]

@@ -5,7 +5,7 @@ import random
 import pytest
 from scripts import load_script
 
-from lmscope.stats import ratio_interval, ratio_interval_rounds
+from lmscope.records.stats import ratio_interval, ratio_interval_rounds
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from scripts import load_script
 
-from lmscope.results import read_records
+from lmscope.records.results import read_records
 
 
 def test_fidelity_rows_alternate_and_end_with_the_ratio(tmp_path: Path, capsys) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from scripts import load_script
 
-from lmscope.results import append_record, read_records
+from lmscope.records.results import append_record, read_records
 
 LLAMA = "hf:examples/llama-3.2-1b-shape.json"
 

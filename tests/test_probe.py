@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from lmscope.cli import app
 from lmscope.probe import Probe, measure_step
-from lmscope.results import read_records
+from lmscope.records.results import read_records
 
 DOC = Path(__file__).parents[1] / "docs" / "probe.md"
 

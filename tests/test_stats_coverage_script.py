@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scripts import load_script
 
-from lmscope.stats import ratio_interval_rounds
+from lmscope.records.stats import ratio_interval_rounds
 
 
 @pytest.fixture(scope="module")

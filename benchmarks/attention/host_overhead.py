@@ -40,7 +40,7 @@ from lmscope.kernels.flash_attention import launcher as fa_launcher
 from lmscope.kernels.flash_attention import plan as fa_plan
 from lmscope.kernels.flash_attention import triton_kernels as fa_kernels
 from lmscope.kernels.triton_launch import FixedArgs
-from lmscope.results import append_record, stamp
+from lmscope.records.results import append_record, stamp
 
 LAUNCHERS = (fa_launcher._FWD_LAUNCH, fa_launcher._DKDV_LAUNCH, fa_launcher._DQ_LAUNCH)
 

@@ -77,7 +77,7 @@ def print_parts(shape: tuple[int, ...], measured: dict[str, float]) -> None:
 
 def append_parts(out: str, workload: str, shape: tuple[int, ...], measured: dict[str, float]) -> None:
     """One row per part (provenance, workload, shape, part, host_us) appended to `out`."""
-    from lmscope.results import provenance
+    from lmscope.records.results import provenance
 
     stamp = provenance()
     with open(out, "a", encoding="utf-8") as handle:

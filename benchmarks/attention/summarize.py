@@ -12,13 +12,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from lmscope.provenance import source_label
+from lmscope.records.provenance import source_label
+from lmscope.records.results import Record, read_records
+from lmscope.records.stats import ratio_interval
 from lmscope.report import console
 from lmscope.report.attention_plots import plot_attention
 from lmscope.report.tables import build_table, render
-from lmscope.results import Record, read_records
-from lmscope.runner import spec_fields
-from lmscope.stats import ratio_interval
+from lmscope.running.runner import spec_fields
 
 LEADERBOARD_BEST_MS = 5.364
 """Best verified CS336 leaderboard entry for the reference workload (issue 5): the bar to beat."""

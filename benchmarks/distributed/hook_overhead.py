@@ -28,7 +28,7 @@ from lmscope.config import ModelConfig
 from lmscope.model.transformer import TransformerLM
 from lmscope.parallel.ddp import data_parallel
 from lmscope.parallel.launch import RankContext, launch
-from lmscope.results import append_record, stamp
+from lmscope.records.results import append_record, stamp
 
 CONFIG = ModelConfig(vocab_size=37, context_length=8, d_model=16, d_ff=32, num_layers=48, num_heads=2)
 

@@ -24,7 +24,7 @@ import torch
 from lmscope.config import ModelConfig
 from lmscope.model.hf_peer import llama_config_kwargs
 from lmscope.parallel.launch import RankContext, across_ranks, launch
-from lmscope.results import provenance
+from lmscope.records.results import provenance
 
 GIB = 2**30
 

@@ -36,7 +36,7 @@ from lmscope.measure.timer import PhaseClock, synchronize
 from lmscope.model.checkpointing import RECOMPUTE_RANGE
 from lmscope.model.saved_tensors import REBUILD_RANGE
 from lmscope.parallel.launch import RankContext, launch
-from lmscope.results import provenance
+from lmscope.records.results import provenance
 from lmscope.workloads.ddp import Spec, _Setup
 
 RANGES = {"recompute": RECOMPUTE_RANGE, "rebuild": REBUILD_RANGE, "optimizer": "optimizer",

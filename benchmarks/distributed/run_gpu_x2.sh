@@ -102,10 +102,10 @@ echo "== summary ($SECONDS s)"
 python3 - "$OUT" <<'PY'
 import sys
 from pathlib import Path
-from lmscope.parallel.commands import ddp_summary, overhead_model_line
+from lmscope.cli.distributed_sweeps import ddp_summary, overhead_model_line
 from lmscope.report.tables import build_table, render
-from lmscope.results import read_records
-from lmscope.runner import spec_fields
+from lmscope.records.results import read_records
+from lmscope.running.runner import spec_fields
 out = Path(sys.argv[1])
 if (out / "ddp.jsonl").exists():
     rows = [r for r in read_records(out / "ddp.jsonl") if r.get("workload") == "ddp"]

@@ -24,7 +24,7 @@ from summarize import copy_bandwidth_gbps  # benchmarks/fast, this script's fold
 from lmscope.config import preset
 from lmscope.kernels import adamw
 from lmscope.model.fast_transformer import FastTransformerLM
-from lmscope.results import stamp
+from lmscope.records.results import stamp
 
 CONFIGS = [(2048, 8), (1024, 4), (2048, 4), (4096, 8), (4096, 16), (8192, 16), (1024, 8), (8192, 8)]
 BYTES_PER_PARAM = 28 + 2  # AdamW with fp32 gradients, plus the bf16 shadow it writes

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from summarize import fwd_bwd_mfu, latest
 
-from lmscope.provenance import source_label
+from lmscope.records.provenance import source_label
 
 RESULTS = Path("benchmarks/results/fast")
 SIZES = ("small", "medium", "large", "xl", "2.7B")

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lmscope.results import stamp
+from lmscope.records.results import stamp
 
 CONFIGS: list[dict[str, Any]] = [
     {"blas": "default", "carveout": 0, "scope": "none", "optimizer_in_backward": False},

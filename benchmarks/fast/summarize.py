@@ -15,11 +15,11 @@ from typing import Any
 
 from lmscope.accounting.flops import mfu, step_flops
 from lmscope.config import preset
-from lmscope.provenance import stamp
+from lmscope.records.provenance import stamp
+from lmscope.records.results import append_record, read_records
+from lmscope.records.stats import RatioInterval
 from lmscope.report.rounds import pool_rounds, ratio_between, rounds_of
-from lmscope.results import append_record, read_records
-from lmscope.runner import spec_fields
-from lmscope.stats import RatioInterval
+from lmscope.running.runner import spec_fields
 
 VARIANTS = ("naive", "sdpa", "compile", "hf", "fast-eager", "fast", "fast-inbwd")
 COMPILE_MODES = ("", "-max-autotune-no-cudagraphs", "-reduce-overhead")

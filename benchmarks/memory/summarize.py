@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from lmscope.records.results import Record, read_records
 from lmscope.report import console
 from lmscope.report.tables import Table, to_markdown
-from lmscope.results import Record, read_records
 
 TARGET_PCT = 10.0
 """The issue's target: predicted step peak within 10 % of the measured one."""

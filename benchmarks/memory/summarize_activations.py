@@ -6,7 +6,7 @@ Writes SUMMARY_MD with (1) per point, the bytes a block saves for backward, meas
 the blocks) beside the formula, the largest block error and the total's, against the 5 % target;
 (2) the top ops of the largest point; (3) each point's peak by part; (4) the planner: the planned
 point beside the same point without checkpointing, its predicted and measured peak against the
-budget and the 10 % target, and the step-time ratio with its bootstrap interval (lmscope.stats).
+budget and the 10 % target, and the step-time ratio with its bootstrap interval (lmscope.records.stats).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from lmscope.records.results import Record, read_records
+from lmscope.records.stats import ratio_interval
 from lmscope.report import console
 from lmscope.report.tables import to_markdown
-from lmscope.results import Record, read_records
-from lmscope.stats import ratio_interval
 
 BLOCK_TARGET_PCT = 5.0
 PLAN_TARGET_PCT = 10.0

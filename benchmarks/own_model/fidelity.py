@@ -4,7 +4,7 @@ One process, one model, one step function: rounds alternate (their order flippin
 between `lmscope.probe.measure_step` and a plain loop that records a CUDA event pair around each
 step and synchronizes once at its end (the host clock on a CPU). Every round writes one row per
 method, and a final row holds the ratio of the pooled medians, plain / lmscope, with its bootstrap
-interval over the rounds (`lmscope.stats.ratio_interval_rounds`: none below 3 rounds) and whether
+interval over the rounds (`lmscope.records.stats.ratio_interval_rounds`: none below 3 rounds) and whether
 it lies within --tolerance (the issue's
 target: 2 %). The step is transformers' GPT-2 from its config (random weights, never a
 download): forward with the LM loss under autocast, backward, AdamW (fused on CUDA).
@@ -23,8 +23,8 @@ from typing import Any
 import torch
 
 from lmscope.probe import measure_step
-from lmscope.results import append_record, provenance
-from lmscope.stats import ratio_interval_rounds
+from lmscope.records.results import append_record, provenance
+from lmscope.records.stats import ratio_interval_rounds
 from lmscope.workloads.train_step import autocast_context
 
 

@@ -4,7 +4,7 @@ setups (eager, torch.compile, Liger-Kernel, lmscope --fast), the ratios and issu
 Reads OUT/bench.jsonl (rounds pooled: their per-step times joined), writes OUT/summary.md (printed
 too) and OUT/speedup.png. Ratios are a peer's median step time over lmscope's, each side's fastest
 variant where several ran (`fast (sdpa-cudnn)` beside `fast`, `compile (<mode>)` beside
-`compile`), with the 95 % bootstrap interval over the steps (`lmscope.stats.ratio_interval`).
+`compile`), with the 95 % bootstrap interval over the steps (`lmscope.records.stats.ratio_interval`).
 Usage: PYTHONPATH=src python3 benchmarks/own_model/speedup_summary.py OUT
 """
 
@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from lmscope.records.results import read_records
+from lmscope.records.stats import ratio_interval
 from lmscope.report.rounds import pool_rounds
-from lmscope.results import read_records
-from lmscope.runner import spec_fields
-from lmscope.stats import ratio_interval
+from lmscope.running.runner import spec_fields
 
 GROUPS = ("eager", "compile", "liger", "fast")
 """The setups in table order; a group may hold variants: `compile (<mode>)`, `fast (<attention>)`."""

@@ -9,9 +9,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from lmscope.records.results import read_records
 from lmscope.report.tables import build_table, render
-from lmscope.results import read_records
-from lmscope.runner import spec_fields
+from lmscope.running.runner import spec_fields
 
 FILES = ("bench", "profile", "memory")
 """The results files of benchmarks/own_model/run_gpu.sh, one lmscope workload each."""

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-from lmscope.results import append_record, provenance
+from lmscope.records.results import append_record, provenance
 from lmscope.sources.hf import hf_config
 from lmscope.sources.request import ModelRequest
 from lmscope.workloads.train_step import autocast_context

@@ -9,7 +9,7 @@ export PYTHONPATH=src PYTHONUNBUFFERED=1
 DEVICE=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "device: $DEVICE"
 
-python3 -m pytest -m gpu tests/test_precision.py -q -p no:cacheprovider 2>&1 | tail -3 | tee "$OUT/gpu_tests.txt"
+python3 -m pytest -m gpu tests/planning/test_precision.py -q -p no:cacheprovider 2>&1 | tail -3 | tee "$OUT/gpu_tests.txt"
 python3 -m lmscope precision autocast --model toy,small --dtype fp16,bf16 --device cuda --format md \
   > "$OUT/autocast_cuda.md"
 python3 -m lmscope precision autocast --model toy,small --dtype fp16,bf16 --device cuda --format json \

@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from lmscope.records.results import Record, append_record, read_records
 from lmscope.report.rounds import pool_rounds, ratio_between, rounds_of
-from lmscope.results import Record, append_record, read_records
-from lmscope.runner import spec_fields
+from lmscope.running.runner import spec_fields
 
 Rounds = list[list[float]]
 PROVENANCE = ("time", "host", "device_name", "cpu_count", "load_1m", "torch", "git_sha")

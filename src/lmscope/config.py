@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from lmscope.limits import check_size
+from lmscope.inputs.limits import check_size
 
 
 @dataclass(frozen=True, kw_only=True)

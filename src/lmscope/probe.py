@@ -40,7 +40,7 @@ from lmscope.measure.kernels import STEP, load_trace, phase_stats, step_spans
 from lmscope.measure.memory import MemoryMeter
 from lmscope.measure.ranges import phase as named_range
 from lmscope.measure.timer import PhaseClock, summarize, synchronize
-from lmscope.results import Record, append_record, provenance
+from lmscope.records.results import Record, append_record, provenance
 
 GIB = 2**30
 

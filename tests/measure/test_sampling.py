@@ -8,7 +8,7 @@ import torch
 
 from lmscope.measure.sampling import Sampler, StopRule, parse_target, precision, sampling_metrics
 from lmscope.measure.timer import time_phased_steps
-from lmscope.stats import median_interval
+from lmscope.records.stats import median_interval
 from lmscope.workloads.step import Spec, run_point
 
 
@@ -83,7 +83,7 @@ def test_target_flag_reads_off_and_numbers():
 
 
 def test_resume_keeps_points_finished_under_another_target_or_budget():
-    from lmscope.runner import identity_key
+    from lmscope.running.runner import identity_key
 
     point = {"size": "tiny", "steps": 10, "target_ci": 0.01, "max_time_s": 10.0}
     other = {**point, "target_ci": 0.0, "max_time_s": 3.0}

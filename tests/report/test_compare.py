@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
+from lmscope.records.stats import ratio_interval, ratio_interval_rounds
 from lmscope.report.compare import find_base
 from lmscope.report.tables import build_table
-from lmscope.stats import ratio_interval, ratio_interval_rounds
 
 KEYS = ["size", "impl", "steps"]
 
@@ -125,8 +125,8 @@ def _header(rows):
 
 
 def test_a_pooled_row_keeps_its_rounds_apart_for_the_interval_and_its_precision():
+    from lmscope.records.stats import median_interval_rounds
     from lmscope.report.rounds import pool_rounds, ratio_between
-    from lmscope.stats import median_interval_rounds
 
     rng = np.random.default_rng()
     rounds = [list(rng.lognormal(np.log(10.0) + rng.normal(0, 0.05), 0.02, 6)) for _ in range(4)]

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from scripts import load_script
 
+from lmscope.records.stats import ratio_interval
 from lmscope.report.claims import Rows
-from lmscope.stats import ratio_interval
 
 FOLDER = "benchmarks/results/distributed/fsdp-overlap-x2"
 STRATEGIES = {"single": 1, "fsdp": 2, "torch-fsdp2": 2, "coalesced:1000": 2}

@@ -10,7 +10,7 @@ from lmscope.report.host_bound import host_bound_note
 from lmscope.report.page.command import build_page
 from lmscope.report.page.model import TableBlock, TextBlock
 from lmscope.report.tables import build_table
-from lmscope.runner import spec_fields
+from lmscope.running.runner import spec_fields
 
 
 def _row(size: str, share: float | None, **extra) -> dict:

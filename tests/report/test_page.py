@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from page_checks import check_page
 
+from lmscope.records.stats import ratio_interval
 from lmscope.report.page.command import build_page, write_report
 from lmscope.report.page.compare import compare_section
 from lmscope.report.page.load import Run
 from lmscope.report.page.model import ImageBlock, TableBlock
-from lmscope.stats import ratio_interval
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 KINDS = {

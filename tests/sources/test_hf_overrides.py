@@ -88,7 +88,7 @@ def test_vocab_below_the_pad_token_is_one_line_not_a_traceback():
 
 
 def test_rows_and_the_console_say_what_was_adjusted():
-    from lmscope.commands import adjusted_sources
+    from lmscope.cli.sweep import adjusted_sources
     from lmscope.workloads.step import Spec, throughput_metrics
 
     spec = Spec(size="hf:mistral", d_model=64, num_heads=4, num_layers=1, vocab_size=97, device="cpu",

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from lmscope.cli import main
-from lmscope.runner import run_in_process
+from lmscope.running.runner import run_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
 SUPPORT = ROOT / "tests" / "support"

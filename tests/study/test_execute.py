@@ -15,7 +15,7 @@ import json
 
 import pytest
 
-from lmscope.results import read_records
+from lmscope.records.results import read_records
 from lmscope.study import pace, planner
 from lmscope.study.accounting_point import Spec
 from lmscope.study.execute import MANIFEST, _batches, later_that_fit, run_plan

@@ -9,7 +9,7 @@ import warnings
 import pytest
 import torch
 
-from lmscope.runner import expand_grid, run_in_process
+from lmscope.running.runner import expand_grid, run_in_process
 from lmscope.workloads import attention_impls
 from lmscope.workloads.attention import (
     KEPT_TIMES,

@@ -13,7 +13,7 @@ import pytest
 from triton_child import run_interpreted
 
 from lmscope.cli import main
-from lmscope.results import read_records
+from lmscope.records.results import read_records
 
 MEASURE = """
 import json, sys

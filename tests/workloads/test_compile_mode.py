@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lmscope.cli import main
-from lmscope.commands import model_axes
+from lmscope.cli.flags import model_axes
 from lmscope.workloads import compile_mode
 from lmscope.workloads.step import Spec, run_point
 from lmscope.workloads.train_step import TrainStep

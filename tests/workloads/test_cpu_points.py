@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmscope import commands
-from lmscope.cli import main
+from lmscope.cli import main, sweep
 from lmscope.workloads.cpu_points import refuse_triton_attention_on_cpu, runs_on_cpu
 from lmscope.workloads.step import Spec
 
@@ -20,7 +19,7 @@ def test_bench_flash_on_the_cpu_is_refused_up_front(device, capsys, monkeypatch,
     if device == "auto" and torch.cuda.is_available():
         pytest.skip("auto is the GPU here")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.setattr(commands, "run_sweep", _never_run)
+    monkeypatch.setattr(sweep, "run_sweep", _never_run)
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", "--attention", "naive,flash", "--device", device, "--out", str(tmp_path / "r.jsonl")])
     err = capsys.readouterr().err

@@ -12,9 +12,7 @@ import torch
 
 from lmscope.accounting.flops import parameter_counts
 from lmscope.cli import main
-from lmscope.commands import exit_status
-from lmscope.measure.overlap import HOST_BOUND_BELOW_PCT
-from lmscope.parallel.commands import (
+from lmscope.cli.distributed_sweeps import (
     ddp_points,
     ddp_summary,
     fsdp_summary,
@@ -22,11 +20,13 @@ from lmscope.parallel.commands import (
     profile_summary,
     results_path,
 )
+from lmscope.cli.sweep import exit_status
+from lmscope.measure.overlap import HOST_BOUND_BELOW_PCT
 from lmscope.parallel.launch import launch
+from lmscope.records.stats import ratio_interval
 from lmscope.report.rounds import pool_rounds
 from lmscope.report.tables import format_value
-from lmscope.runner import spec_fields
-from lmscope.stats import ratio_interval
+from lmscope.running.runner import spec_fields
 from lmscope.workloads import ddp
 from lmscope.workloads.ddp import Spec
 from lmscope.workloads.ddp_profile import STEP_PHASES

@@ -9,7 +9,7 @@ import pytest
 
 from lmscope.accounting.memory import GIB
 from lmscope.cli import main
-from lmscope.results import read_records
+from lmscope.records.results import read_records
 from lmscope.workloads.memory import Spec, point_slug, run_point
 
 TINY = {"size": "tiny", "device": "cpu", "batch_size": 3, "context_length": 45}

@@ -3,14 +3,14 @@ is spent, after at least the minimum count (as pyperf and torch.utils.benchmark'
 adaptive_autorange do).
 
 The precision is the relative half-width of the median's 95 % interval
-(`lmscope.stats.median_interval`: a block bootstrap, so correlated steps do not pass for
-independent ones; no interval below `lmscope.stats.MIN_STEPS` steps). It is checked once the
+(`lmscope.records.stats.median_interval`: a block bootstrap, so correlated steps do not pass for
+independent ones; no interval below `lmscope.records.stats.MIN_STEPS` steps). It is checked once the
 minimum steps are timed and then each time the count has grown by a tenth, so the checks cost
 little beside the steps (they run between steps, outside the timed region).
 
 Why a point stopped (`stop_reason` of its row): `target` (the half-width reached `target_ci`),
 `time` (the budget `max_time_s` ran out first), `steps` (no target: exactly the minimum count),
-`limit` (`lmscope.limits.MAX_STEPS`).
+`limit` (`lmscope.inputs.limits.MAX_STEPS`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from lmscope.limits import MAX_STEPS, MAX_TIMEOUT_S
-from lmscope.stats import median_interval
+from lmscope.inputs.limits import MAX_STEPS, MAX_TIMEOUT_S
+from lmscope.records.stats import median_interval
 
 CONFIDENCE = 0.95
 """Confidence of the median's interval whose half-width is the precision."""

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lmscope.tensor_leaves import tensors_in
+from lmscope.model.tensor_leaves import tensors_in
 
 CAPTURE_REFUSAL = ("activation offload copies to host memory every step and cannot be captured in a "
                    "CUDA graph: drop offload from --checkpoint or run without CUDA graphs")

@@ -57,11 +57,11 @@ import torch.distributed as dist
 from torch import nn
 
 from lmscope.measure.ranges import traced
+from lmscope.model.tensor_leaves import tensors_in
 from lmscope.parallel.ddp import _averaging, broadcast_state
 from lmscope.parallel.fsdp_precision import KeepFp32, cast_at_boundaries, kept_modules
 from lmscope.parallel.fsdp_units import UnitsSpec, default_units, parameter_owners, resolve_units
 from lmscope.parallel.sharded_param import READ_HINT, ShardedParameter
-from lmscope.tensor_leaves import tensors_in
 
 __all__ = ["PREFETCH_UNITS", "FullyShardedDP", "default_units"]
 

@@ -13,8 +13,8 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from lmscope.records.results import Record
 from lmscope.report.styles import series_styles
-from lmscope.results import Record
 
 LINE_FIELDS = ("causal", "batch", "heads")
 """Spec fields that split an implementation's line when they vary within a panel."""

@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lmscope.provenance import code_identity, source_label
+from lmscope.records.provenance import code_identity, source_label
+from lmscope.records.stats import ratio_interval
 from lmscope.report.backing import Backing, numbers, parse
 from lmscope.report.doc_refs import ROWS_SUFFIXES, broken, links, rows_files
-from lmscope.stats import ratio_interval
 
 Row = dict[str, Any]
 

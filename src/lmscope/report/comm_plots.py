@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from lmscope.results import Record
+from lmscope.records.results import Record
 
 
 def plot_busbw(records: Sequence[Record], path: Path) -> Path | None:

@@ -16,8 +16,8 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from lmscope.records.results import Record
 from lmscope.report.rounds import ratio_between
-from lmscope.results import Record
 
 ATTENTION_TIMES = {f"{p}_ms": f"{p}_times_ms" for p in ("fwd", "bwd", "fwd_bwd")}
 TIMES_OF: dict[str, dict[str, str]] = {

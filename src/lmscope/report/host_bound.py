@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from lmscope.measure.host_bound import HOST_BOUND_BELOW
+from lmscope.records.results import Record
 from lmscope.report.rounds import pool_rounds
 from lmscope.report.tables import format_value, latest_per_point, shown_fields
-from lmscope.results import Record
 
 
 def host_bound_note(records: Sequence[Record], spec_keys: Sequence[str]) -> str | None:

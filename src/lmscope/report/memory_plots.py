@@ -17,8 +17,8 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from lmscope.measure.memory import AllocationGroup, Block, Timeline, site, top_allocations
+from lmscope.records.results import Record
 from lmscope.report import console
-from lmscope.results import Record
 
 GIB = 2**30
 MIB = 2**20

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from lmscope.results import Record, point_key
-from lmscope.stats import RatioInterval, median_interval_rounds, ratio_interval, ratio_interval_rounds
+from lmscope.records.results import Record, point_key
+from lmscope.records.stats import RatioInterval, median_interval_rounds, ratio_interval, ratio_interval_rounds
 
 THROUGHPUT_KEYS = ("tokens_per_s", "tflops", "mfu")
 """Metrics of a step that are proportional to 1 / median step time."""

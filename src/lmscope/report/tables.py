@@ -12,9 +12,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from lmscope.records.results import Record, point_key
 from lmscope.report.compare import Table, pivot
 from lmscope.report.rounds import pool_rounds
-from lmscope.results import Record, point_key
 
 METRIC_COLUMNS: dict[str, list[str]] = {
     "bench": [
@@ -62,7 +62,7 @@ PRIMARY_METRIC: dict[str, str] = {"bench": "median_ms", "attention": "fwd_bwd_ms
                                   "comm": "busbw_gbps", "ddp": "step_ms", "memory": "step_peak_gib",
                                   "probe": "median_ms"}
 """Per workload, the metric that `--compare` pivots (lower is better for *_ms; timings are
-medians, the statistic whose ratio `lmscope.stats.ratio_interval` bounds)."""
+medians, the statistic whose ratio `lmscope.records.stats.ratio_interval` bounds)."""
 
 IDENTITY_SKIP = {"workload"}
 OVERRIDES = ("vocab_size", "d_model", "d_ff", "num_layers", "num_heads", "model_context_length")

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lmscope.choices import check_model_name
 from lmscope.config import ModelConfig, preset
+from lmscope.inputs.choices import check_model_name
 from lmscope.sources.contract import ModelSource, UserModel
 from lmscope.sources.request import ModelRequest
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from lmscope.choices import source_kind
+from lmscope.inputs.choices import source_kind
 from lmscope.sources.contract import ModelSource
 from lmscope.sources.factory import factory_source
 from lmscope.sources.hf import hf_source

@@ -2,7 +2,7 @@
 
 It runs through the runner like every measured point, so the study's last section is a JSONL of
 Records too: per mesh, the memory per device, the bytes each axis moves per step and the pass
-times at the device's peak, from `lmscope.plan.parallel_plan`.
+times at the device's peak, from `lmscope.planning.plan.parallel_plan`.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from lmscope import plan
 from lmscope.accounting.parallelism import Mesh, PrecisionPlan, hardware
+from lmscope.planning import plan
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -27,11 +27,11 @@ import timeit
 from pathlib import Path
 from typing import Any
 
+from lmscope.records.results import append_record, read_records
 from lmscope.report import console
 from lmscope.report.study_progress import StudyProgress, study_progress
 from lmscope.report.tables import Table
-from lmscope.results import append_record, read_records
-from lmscope.runner import FINISHED, _finished_keys, identity_key, record_spec, run_sweep
+from lmscope.running.runner import FINISHED, _finished_keys, identity_key, record_spec, run_sweep
 from lmscope.study.pace import Pace
 from lmscope.study.planner import DONE, LATER, REUSE, RUN, Plan, PlannedPoint
 from lmscope.study.sections import Section

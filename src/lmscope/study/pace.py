@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from lmscope.results import read_records
-from lmscope.runner import FINISHED, record_spec
+from lmscope.records.results import read_records
+from lmscope.running.runner import FINISHED, record_spec
 from lmscope.study.cost import point_cost_s
 from lmscope.study.sections import Section
 from lmscope.study.target import Target

@@ -15,7 +15,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lmscope.runner import _finished_keys, identity_key
+from lmscope.running.runner import _finished_keys, identity_key
 from lmscope.study.cost import point_cost_s
 from lmscope.study.pace import Pace, pace_of_rows
 from lmscope.study.sections import Point, Section

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from lmscope.precision import accumulate, autocast_dtypes
+from lmscope.planning.precision import accumulate, autocast_dtypes
 from lmscope.workloads.train_step import resolve_device
 
 CHECKS = ("accumulate", "autocast")

@@ -35,7 +35,7 @@ def detect(device: str = "auto") -> Target:
     """The target of `--device` (auto: cuda when a GPU is visible, else cpu)."""
     import torch
 
-    from lmscope.results import provenance  # nvidia-smi's name: no CUDA context in this process
+    from lmscope.records.results import provenance  # nvidia-smi's name: no CUDA context in this process
 
     if device not in ("auto", "cpu", "cuda"):
         raise ValueError(

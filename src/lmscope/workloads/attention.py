@@ -48,8 +48,8 @@ from typing import Any
 
 import torch
 
-from lmscope.comma_list import list_items
-from lmscope.limits import MAX_SIZE, MAX_TIMEOUT_S, check_size, check_steps
+from lmscope.inputs.comma_list import list_items
+from lmscope.inputs.limits import MAX_SIZE, MAX_TIMEOUT_S, check_size, check_steps
 from lmscope.measure.timer import summarize, synchronize, time_steps
 from lmscope.workloads.attention_impls import impl_names, prepare
 from lmscope.workloads.train_step import device_facts, resolve_device

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from lmscope.accounting.comms import COLLECTIVES, algbw_gbps, bus_factor
-from lmscope.limits import check_steps, check_timeout
+from lmscope.inputs.limits import check_steps, check_timeout
 from lmscope.measure.timer import synchronize
 from lmscope.parallel.launch import RankContext, across_ranks, check_world, launch, point_id
 from lmscope.workloads.train_step import device_facts

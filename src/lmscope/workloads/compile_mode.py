@@ -36,7 +36,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from lmscope.choices import COMPILE_MODES, COMPILE_SCOPES
+from lmscope.inputs.choices import COMPILE_MODES, COMPILE_SCOPES
 
 MODES = COMPILE_MODES
 CHOICES = ("off", "on", *MODES)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from lmscope.choices import check_choices
+from lmscope.inputs.choices import check_choices
 from lmscope.measure.timer import PhaseClock
 from lmscope.workloads.model_spec import ModelPointSpec
 from lmscope.workloads.train_step import TrainStep

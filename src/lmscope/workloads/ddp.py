@@ -53,7 +53,7 @@ from lmscope.accounting.comms import (
 )
 from lmscope.accounting.fsdp import predict_fsdp
 from lmscope.accounting.memory import checkpointed_blocks
-from lmscope.limits import check_steps, check_timeout
+from lmscope.inputs.limits import check_steps, check_timeout
 from lmscope.measure.ranges import phase
 from lmscope.measure.timer import PhaseClock, synchronize, time_phased_steps
 from lmscope.model.checkpointing import checkpoint_blocks
@@ -71,7 +71,7 @@ from lmscope.parallel.fsdp import FullyShardedDP
 from lmscope.parallel.launch import RankContext, across_ranks, check_world, launch, point_id, resolve_backend
 from lmscope.parallel.sharded_optimizer import ShardedOptimizer
 from lmscope.parallel.torch_fsdp2 import torch_fully_shard
-from lmscope.runner import release_device_memory
+from lmscope.running.runner import release_device_memory
 from lmscope.workloads.collectives import time_calls
 from lmscope.workloads.ddp_profile import point_folder, profile_steps
 from lmscope.workloads.model_spec import ModelPointSpec

@@ -34,8 +34,8 @@ from lmscope.accounting.checkpoint_plan import (
     resolve_checkpoint,
 )
 from lmscope.accounting.memory import GIB, checkpointed_blocks, predict_memory
-from lmscope.comma_list import list_items
-from lmscope.limits import MAX_SIZE, check_steps
+from lmscope.inputs.comma_list import list_items
+from lmscope.inputs.limits import MAX_SIZE, check_steps
 from lmscope.measure.gpu_busy import measure_gpu_busy
 from lmscope.measure.memory import MemoryMeter, PhasePeaks, build_timeline, load_snapshot, top_allocations
 from lmscope.measure.timer import synchronize

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import torch
 
-from lmscope.choices import check_choices, check_device_name, source_kind
 from lmscope.config import ModelConfig
-from lmscope.limits import check_size
+from lmscope.inputs.choices import check_choices, check_device_name, source_kind
+from lmscope.inputs.limits import check_size
 from lmscope.sources import ModelRequest, ModelSource, resolve_source
 from lmscope.workloads.compile_mode import check_compile, compile_choice
 

@@ -31,7 +31,7 @@ import torch
 
 from lmscope.accounting.flops import step_flops
 from lmscope.config import ModelConfig
-from lmscope.limits import check_steps
+from lmscope.inputs.limits import check_steps
 from lmscope.measure import nsys
 from lmscope.measure.host_bound import busy_fields
 from lmscope.measure.kernel_categories import CATEGORIES, short_name

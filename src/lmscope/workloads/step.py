@@ -11,7 +11,7 @@ import torch
 from lmscope.accounting.devices import peak_tflops
 from lmscope.accounting.flops import step_flops
 from lmscope.accounting.memory import checkpointed_blocks
-from lmscope.limits import check_steps
+from lmscope.inputs.limits import check_steps
 from lmscope.measure.energy import step_energy
 from lmscope.measure.gpu_busy import measure_gpu_busy
 from lmscope.measure.sampling import StopRule, sampling_metrics

@@ -16,10 +16,10 @@ from typing import Any
 
 import torch
 
-from lmscope.choices import check_choices
+from lmscope.inputs.choices import check_choices
 from lmscope.measure.ranges import phase
 from lmscope.measure.timer import PhaseClock
-from lmscope.provenance import cpu_model
+from lmscope.records.provenance import cpu_model
 from lmscope.workloads.compile_mode import GRAPHED, compile_model, first_calls
 from lmscope.workloads.model_spec import ModelPointSpec
 

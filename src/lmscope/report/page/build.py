@@ -15,6 +15,7 @@ from typing import Any
 from lmscope.accounting.flops import parameter_counts
 from lmscope.config import PRESETS, preset
 from lmscope.measure.kernel_categories import CATEGORIES, short_name
+from lmscope.records.results import Record
 from lmscope.report import attention_plots, comm_plots
 from lmscope.report.host_bound import host_bound_note
 from lmscope.report.page import plots, twins
@@ -23,8 +24,7 @@ from lmscope.report.page.model import Block, Cell, ImageBlock, PageSection, Tabl
 from lmscope.report.page.peers import peer_table, varying_peer_fields
 from lmscope.report.profile_report import PHASE_ORDER, attention_table, fmt_ns
 from lmscope.report.tables import build_table
-from lmscope.results import Record
-from lmscope.runner import spec_fields
+from lmscope.running.runner import spec_fields
 
 QUESTIONS = {
     "bench": "How long does a training step take, and how close to the device's peak is it?",

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import statistics
 
+from lmscope.records.results import Record
 from lmscope.report.page.load import Run
 from lmscope.report.page.model import PageSection, TableBlock, TextBlock
 from lmscope.report.page.peers import times as _times
 from lmscope.report.page.peers import verdict
 from lmscope.report.rounds import pool_rounds, ratio_between
-from lmscope.results import Record
-from lmscope.runner import spec_fields
+from lmscope.running.runner import spec_fields
 
 IGNORED = {"device", "artifacts_dir", "timeout_s"}
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lmscope.results import Record
-from lmscope.results_check import read_rows
+from lmscope.records.results import Record
+from lmscope.records.results_check import read_rows
 
 
 @dataclass

@@ -13,10 +13,10 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from lmscope.records.results import Record
 from lmscope.report.page.model import TableBlock
 from lmscope.report.rounds import pool_rounds, ratio_between
-from lmscope.results import Record
-from lmscope.runner import spec_fields
+from lmscope.running.runner import spec_fields
 
 PEER_FIELDS = ("precision", "compile", "compile_scope", "attention", "fast", "checkpoint", "peer",
                "cuda_graph")

@@ -16,9 +16,9 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullLocator
 
 from lmscope.measure.kernel_categories import CATEGORIES, CATEGORY_LABELS
+from lmscope.records.results import Record
 from lmscope.report.attention_plots import plain_minor, plain_number
 from lmscope.report.styles import series_styles
-from lmscope.results import Record
 
 
 def _png(figure: Figure) -> bytes:

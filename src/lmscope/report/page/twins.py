@@ -12,13 +12,13 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
+from lmscope.records.results import Record
+from lmscope.records.stats import ratio_interval
 from lmscope.report.page.load import Run
 from lmscope.report.page.model import Block, TableBlock, TextBlock
 from lmscope.report.page.peers import times, verdict
 from lmscope.report.tables import format_value
-from lmscope.results import Record
-from lmscope.runner import identity_key, record_spec, spec_fields
-from lmscope.stats import ratio_interval
+from lmscope.running.runner import identity_key, record_spec, spec_fields
 
 
 def reuse_note(records: Sequence[Record]) -> Block | None:

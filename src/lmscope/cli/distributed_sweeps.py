@@ -1,0 +1,206 @@
+"""Glue of `lmscope comm` and `lmscope ddp`: run the sweep, then plot or summarize, and exit status.
+
+`comm` writes the busbw-vs-size plot beside the results. `ddp` adds the single-GPU baseline
+to the grid and, after the sweep, prints each strategy against it (step time over the
+baseline's) with the overhead model's prediction and optimal bucket size, and for profiled
+points their breakdown; a point run in several rounds counts once, its rounds' steps pooled.
+Both return the exit code of `exit_status` (a failed rank is an error row naming the rank). Under torchrun
+every rank runs the sweep; ranks other than 0 write `<results>.rank<R>.jsonl`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from lmscope.accounting.comms import ddp_overhead_s, optimal_bucket_bytes, optimal_bucket_count
+from lmscope.cli.sweep import default_out, exit_status, run_and_report
+from lmscope.measure.overlap import HOST_BOUND_BELOW_PCT
+from lmscope.parallel.launch import torchrun_env
+from lmscope.records.results import Record
+from lmscope.records.stats import ratio_interval
+from lmscope.report import console
+from lmscope.report.comm_plots import plot_busbw
+from lmscope.report.rounds import pool_rounds
+from lmscope.report.tables import Table, format_value, render
+from lmscope.running.runner import expand_grid, spec_fields
+
+STARTUP_MARGIN_S = 120.0
+"""Seconds the runner allows a point beyond the ranks' own timeout (imports, process start)."""
+MODEL_POINT_KEYS = ("size", "vocab_size", "d_model", "d_ff", "num_layers", "num_heads",
+                    "model_context_length", "context_length", "batch_size", "precision", "attention",
+                    "device", "backend")
+"""Fields that make a ddp point's model and per-rank batch: its single baseline shares them."""
+
+
+def results_path(out: Path | None) -> Path:
+    """The results file of this process (rank R > 0 of a torchrun job: `<out>.rank<R>.jsonl`)."""
+    out = out or default_out()
+    env = torchrun_env()
+    if env is None or env["rank"] == 0:
+        return out
+    return out.with_name(f"{out.stem}.rank{env['rank']}{out.suffix}")
+
+
+def run_comm(specs: Sequence[Any], *, out: Path | None, resume: bool, timeout_s: float,
+             fmt: str | None) -> int:
+    """Run the collective sweep, show the table, write the busbw plot; the exit code."""
+    out = results_path(out)
+    records = run_and_report("comm", specs, out=out, resume=resume,
+                             timeout_s=timeout_s + STARTUP_MARGIN_S, fmt=fmt, title="lmscope comm",
+                             reuse_worker=True)
+    png = plot_busbw(records, out.with_suffix(".busbw.png"))
+    if png is not None:
+        console.say(f"wrote {png}")
+    return exit_status(records)
+
+
+def ddp_points(fixed: dict[str, Any], swept: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """The grid of strategies x sharding x world sizes, with one single baseline per model point.
+
+    `single` takes world size 1 and no sharding whatever the flags say; the baselines come first.
+    """
+    points, baselines = [], []
+    for point in expand_grid(fixed, swept):
+        if point["strategy"] == "single":
+            point = {**point, "world_size": 1, "shard_optimizer": False}
+        points.append(point)
+        baselines.append({**point, "strategy": "single", "world_size": 1, "shard_optimizer": False})
+    unique = {repr(sorted(p.items())): p for p in baselines + points}
+    return list(unique.values())
+
+
+def run_ddp(specs: Sequence[Any], *, out: Path | None, resume: bool, timeout_s: float,
+            fmt: str | None, rounds: int = 1) -> int:
+    """Run the ddp sweep, show its table and the summaries (sharded memory, profiles, against the
+    baseline and the model; each point's rounds pooled); the exit code."""
+    out = results_path(out)
+    records = run_and_report("ddp", specs, out=out, resume=resume,
+                             timeout_s=timeout_s + STARTUP_MARGIN_S, fmt=fmt, title="lmscope ddp",
+                             reuse_worker=True, rounds=rounds)
+    pooled = pool_rounds(records, spec_fields("ddp"))
+    _show(fsdp_summary(pooled), "fully sharded: memory per rank (max over ranks, rank 0) and bytes per "
+          "step beside the FSDP accounting", out.with_suffix(".fsdp.md") if fmt == "md" else None)
+    _show(profile_summary(pooled), "profiled steps per rank (mean over ranks): ms per step",
+          out.with_suffix(".profile.md") if fmt == "md" else None)
+    model_line = overhead_model_line(pooled)
+    _show(ddp_summary(pooled), "against the single-GPU step and the overhead model",
+          out.with_suffix(".summary.md") if fmt == "md" else None, model_line)
+    return exit_status(records)
+
+
+def _show(table: Table, title: str, path: Path | None, line: str | None = None) -> None:
+    """Print a summary table (and a line under it) when it has rows; write both to `path` as md."""
+    if not table[1]:
+        return
+    console.show_table(table, title=title)
+    if line:
+        console.say(line)
+    if path is not None:
+        path.write_text(render(table, "md") + (f"\n{line}\n" if line else ""))
+        console.say(f"wrote {path}")
+
+
+def _model_key(record: Record) -> tuple[Any, ...]:
+    return tuple(record.get(key) for key in MODEL_POINT_KEYS)
+
+
+def ddp_summary(records: Sequence[Record]) -> Table:
+    """Per ok point: step time, its overhead over the baselines, comm wait measured and predicted.
+
+    Two baselines: the same ranks' unwrapped step timed just before (local, paired) and the
+    `single` point of the sweep (one process, one GPU). The overheads are of mean step times;
+    `step/local` and `step/single` are ratios of rank 0's median step times with their 95 %
+    bootstrap interval ('~' when it holds 1: no overhead can be told from these steps).
+    """
+    ok = [r for r in records if r.get("status") == "ok"]
+    single = {_model_key(r): r for r in ok if r.get("strategy") == "single"}
+    varying = [k for k in ("size", "context_length", "batch_size", "precision")
+               if len({str(r.get(k)) for r in ok}) > 1]
+    header = [*varying, "strategy", "shard_optimizer", "world_size", "step_ms", "local_step_ms",
+              "overhead_vs_local_pct", "step/local", "single_step_ms", "overhead_vs_single_pct",
+              "step/single", "comm_wait_ms", "predicted_comm_wait_ms", "buckets",
+              "peak_after_optimizer_gib"]
+    rows = []
+    for record in ok:
+        baseline = single.get(_model_key(record)) or {}
+        base, local = baseline.get("step_ms"), record.get("local_step_ms")
+        overhead = 100 * (record["step_ms"] - base) / base if base else None
+        values = {**record, "single_step_ms": base, "overhead_vs_single_pct": overhead,
+                  "overhead_vs_local_pct": 100 * (record["step_ms"] / local - 1) if local else None,
+                  "step/local": _bounded(record.get("times_ms"), record.get("local_times_ms")),
+                  "step/single": _bounded(record.get("times_ms"), baseline.get("times_ms"))}
+        rows.append([values.get(key) for key in header])
+    return header, rows
+
+
+def _bounded(times: Sequence[float] | None, base_times: Sequence[float] | None) -> str | None:
+    """median(times) / median(base_times) with its interval; None without both."""
+    if not times or not base_times:
+        return None
+    return ratio_interval(times, base_times).as_text(3)
+
+
+FSDP_COLUMNS = (
+    "strategy", "world_size", "step_ms", "local_step_ms", "exposed_comm_ms",
+    "init_allocated_rank_max_gib", "init_allocated_rank0_gib", "predicted_fsdp_params_gib", "init_error_pct",
+    "peak_after_optimizer_rank_max_gib", "peak_after_optimizer_rank0_gib", "predicted_fsdp_peak_gib",
+    "peak_error_pct", "after_step_allocated_rank_max_gib", "after_step_allocated_rank0_gib",
+    "predicted_fsdp_state_gib", "after_step_error_pct", "allgather_gib", "reduce_scatter_gib",
+    "predicted_fsdp_comm_gib",
+)
+
+
+def fsdp_summary(records: Sequence[Record]) -> Table:
+    """Per ok fsdp / torch-fsdp2 point: step, exposed communication, memory and bytes beside the model."""
+    rows = [[r.get(key) for key in FSDP_COLUMNS] for r in records
+            if r.get("status") == "ok" and r.get("predicted_fsdp_peak_gib") is not None]
+    return list(FSDP_COLUMNS), rows
+
+
+PROFILE_COLUMNS = (
+    "step_ms", "profile_step_ms", "profile_compute_ms", "profile_comm_ms", "profile_exposed_comm_ms",
+    "profile_exposed_comm_forward_ms", "profile_exposed_comm_backward_ms", "profile_idle_ms",
+    "profile_compute_pct", "profile_gpu_busy_pct", "bound", "profile_wrapper_host_ms",
+    "profile_wrapper_calls",
+)
+
+
+def profile_summary(records: Sequence[Record]) -> Table:
+    """Per profiled ok point: the step's breakdown (`lmscope.workloads.ddp_profile`), and whether
+    the GPU or the host bound the timed step (by the GPU's busy share of it)."""
+    ok = [r for r in records if r.get("status") == "ok" and r.get("profile_wall_ms") is not None]
+    varying = [k for k in ("size", "context_length", "batch_size", "precision")
+               if len({str(r.get(k)) for r in ok}) > 1]
+    header = [*varying, "strategy", "world_size", *PROFILE_COLUMNS]
+    rows = []
+    for record in ok:
+        busy = record.get("profile_gpu_busy_pct")
+        bound = None if busy is None else "host" if busy < HOST_BOUND_BELOW_PCT else "GPU"
+        rows.append([{**record, "bound": bound}.get(key) for key in header])
+    return header, rows
+
+
+def overhead_model_line(records: Sequence[Record]) -> str | None:
+    """The model's optimal bucket from this run's all-reduce fit, and the best measured bucket."""
+    fitted = [r for r in records if r.get("status") == "ok" and r.get("allreduce_algbw_gbps")]
+    if not fitted:
+        return None
+    overhead_s = statistics.median(r["allreduce_overhead_us"] for r in fitted) / 1e6
+    algbw = statistics.median(r["allreduce_algbw_gbps"] for r in fitted)
+    model_bytes = fitted[0]["grad_mib"] * 2**20
+    line = (f"overhead model (docs/distributed.md): S = {format_value(model_bytes / 2**20)} MiB of "
+            f"gradients, all-reduce w = {format_value(algbw)} GB/s, o = {format_value(overhead_s * 1e6)} us")
+    if overhead_s > 0:
+        count = optimal_bucket_count(model_bytes, algbw, overhead_s)
+        bucket_mib = optimal_bucket_bytes(model_bytes, algbw, overhead_s) / 2**20
+        least_ms = 1e3 * ddp_overhead_s(model_bytes, algbw, overhead_s, count)
+        line += (f" -> optimal bucket {format_value(bucket_mib)} MiB ({count:.0f} buckets), "
+                 f"exposed {format_value(least_ms)} ms")
+    bucketed = [r for r in fitted if str(r.get("strategy", "")).startswith(("bucketed:", "coalesced:"))]
+    if bucketed:
+        best = min(bucketed, key=lambda r: r["step_ms"])
+        line += f"; best measured: {best['strategy']} ({best['step_ms']:.1f} ms/step)"
+    return line

@@ -18,6 +18,7 @@ from lmscope.report.tables import FORMATS, build_table, render
 from lmscope.results import Record, read_records
 from lmscope.results_check import prepare_out, read_rows
 from lmscope.runner import (
+    expand_grid,
     identity_key,
     pending_count,
     record_spec,
@@ -26,6 +27,7 @@ from lmscope.runner import (
     spec_dict,
     spec_fields,
 )
+from lmscope.workloads.cpu_points import refuse_triton_attention_on_cpu
 
 TRUE_WORDS = {"on": True, "true": True, "yes": True, "1": True,
               "off": False, "false": False, "no": False, "0": False}
@@ -102,10 +104,15 @@ def model_axes(
     return axes
 
 
-def model_grid(swept: dict[str, list[Any]]) -> dict[str, list[Any]]:
-    """A model command's swept axes, every choice checked (--peer, --cuda-graph too), and the
-    default preset first where --model was not given: torch is imported only after this."""
-    check_choices(swept)
+def model_grid(swept: dict[str, list[Any]], fixed: dict[str, Any] | None = None) -> dict[str, list[Any]]:
+    """A model command's swept axes, every choice of them and of its `fixed` fields checked
+    (--peer, --cuda-graph, --checkpoint, --strategy too; --attention flash on an explicit
+    --device cpu), and the default preset first where --model was not given: torch is imported
+    only after this."""
+    fixed = fixed or {}
+    check_choices({**fixed, **swept})
+    if fixed.get("device", "auto") != "auto":  # auto needs torch to know
+        refuse_triton_attention_on_cpu(expand_grid(fixed, swept))
     return swept if "size" in swept else {"size": [default_size()], **swept}
 
 
@@ -157,10 +164,8 @@ def run_and_report(
     only_round: int | None = None,
 ) -> list[Record]:
     """Run the points (isolated, resumable, with progress), then print and save the table."""
-    from lmscope.workloads.cpu_points import refuse_triton_attention_on_cpu
-
     check_format(fmt)
-    refuse_triton_attention_on_cpu(specs)
+    refuse_triton_attention_on_cpu(spec_dict(s) for s in specs)
     check_compare(compare, specs, compare_base)
     round_indices(rounds, only_round)
     check_timeout(timeout_s)

@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from lmscope.accounting.memory import checkpointed_blocks
-from lmscope.accounting.treatments import BlockTreatments, format_blocks, parse_treatments
+from lmscope.accounting.treatments import (
+    BlockTreatments,
+    check_policy_spelling,
+    format_blocks,
+    parse_treatments,
+)
 
 
 @pytest.mark.parametrize(("policy", "full", "selective", "offload"), [
@@ -53,3 +58,14 @@ def test_bad_policies_say_how_to_write_one(policy, message):
 def test_block_lists_print_as_ranges():
     assert format_blocks((7, 0, 1, 2, 5, 8)) == "0-2,5,7-8"
     assert format_blocks([3]) == "3"
+
+
+def test_the_spelling_is_checked_before_the_blocks_are_known():
+    for policy in ("none", "block", "every:3", "blocks:0-3,70", "selective:5+offload", "plan:40GiB"):
+        check_policy_spelling(policy)  # block 70 is checked once the model says how many it has
+    with pytest.raises(ValueError, match="names blocks outside 0..3"):
+        parse_treatments("blocks:0-3,70", 4)
+    for bad, message in (("evry:2", "unknown checkpoint policy"), ("blocks:0-x", "bad checkpoint policy"),
+                         ("blocks:0-3+selective:2", "both fully checkpointed and selective")):
+        with pytest.raises(ValueError, match=message):
+            check_policy_spelling(bad)

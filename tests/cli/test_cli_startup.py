@@ -1,12 +1,13 @@
 """A typo costs well under a second: the command line checks its flags before it imports torch."""
 
+import os
 import subprocess
 import sys
 import time
 
 import pytest
 
-from lmscope.inputs.choices import ATTENTION_BACKENDS
+from lmscope.inputs.choices import ATTENTION_BACKENDS, FLASH_ON_CPU
 from lmscope.model.attention import attention_backends
 
 # A fresh interpreter runs the command line and reports whether torch (or transformers, triton)
@@ -38,12 +39,33 @@ finally:
         (["bench", "--cuda-graph", "maybe"], "unknown --cuda-graph 'maybe'"),
         (["profile", "--fast", "maybe"], "--fast takes on/off"),  # no --model: checked before the default
         (["bench", "--bogus"], "No such option: --bogus"),
+        (["attention", "--impl", "nope"], "unknown attention impl 'nope'"),
+        (["attention", "--impl", "naive,all,flsh"], "unknown attention impl 'flsh'"),
+        (["attention", "--dtype", "fp33"], "unknown dtype 'fp33'"),
+        (["attention", "--passes", "fwd,bwdd"], "passes must be a comma list of fwd, bwd, fwd_bwd"),
+        (["attention", "--preset", "leaderbord"], "unknown preset 'leaderbord'"),
+        (["attention", "--device", "cdua"], "unknown device 'cdua'"),
+        (["ddp", "--strategy", "naive,nope"], "unknown strategy 'nope'"),
+        (["ddp", "--strategy", "bucketed:x"], "strategy 'bucketed:x' needs a positive bucket size"),
+        (["ddp", "--attention", "flsh"], "unknown attention backend 'flsh'"),
+        (["ddp", "--checkpoint", "evry:2"], "unknown checkpoint policy 'evry:2'"),
+        (["comm", "--op", "all-reduce,nope"], "unknown collective 'nope'"),
+        (["comm", "--dtype", "float33"], "unknown dtype 'float33'"),
+        (["comm", "--size", "1XB"], "cannot read size '1XB'"),
+        (["bench", "--checkpoint", "nope"], "unknown checkpoint policy 'nope'"),
+        (["bench", "--checkpoint", "blocks:0-x"], "bad checkpoint policy blocks:0-x"),
+        (["memory", "--checkpoint", "none;nope"], "unknown checkpoint policy 'nope'"),
+        (["bench", "--attention", "naive,flash", "--device", "cpu"], FLASH_ON_CPU),
+        (["profile", "--attention", "flash", "--device", "cpu"], FLASH_ON_CPU),
+        (["memory", "--attention", "flash", "--device", "cpu"], FLASH_ON_CPU),
+        (["ddp", "--attention", "flash", "--device", "cpu"], FLASH_ON_CPU),
     ],
 )
 def test_a_bad_flag_is_refused_before_torch_is_imported(args, message):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # flash runs there
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, env=env)
     elapsed = time.perf_counter() - started
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2, done.stderr

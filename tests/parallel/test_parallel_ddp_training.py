@@ -23,10 +23,10 @@ from lmscope.parallel.ddp import (
     TorchDDP,
     data_parallel,
     describe,
-    parse_strategy,
 )
 from lmscope.parallel.launch import RankContext, launch
 from lmscope.parallel.sharded_optimizer import ShardedOptimizer
+from lmscope.parallel.strategies import parse_strategy
 
 WORLD = 2
 PER_RANK = 3

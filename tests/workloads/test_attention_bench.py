@@ -13,15 +13,14 @@ from lmscope.running.runner import expand_grid, run_in_process
 from lmscope.workloads import attention_impls
 from lmscope.workloads.attention import (
     KEPT_TIMES,
-    LEADERBOARD_PEERS,
     Spec,
     attention_flops,
-    attention_grid,
     kept_times,
     reference_errors,
     run_point,
 )
-from lmscope.workloads.attention_impls import Unavailable, impl_names
+from lmscope.workloads.attention_grid import IMPL_NAMES, LEADERBOARD_PEERS, attention_grid
+from lmscope.workloads.attention_impls import IMPLS, Unavailable
 
 ALL_IMPLS = [
     "flash-triton", "flash-torch", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math",
@@ -53,7 +52,7 @@ def test_backward_is_two_and_a_half_forwards():
 # --- specs -------------------------------------------------------------------------------------
 
 def test_registry_holds_every_implementation_ours_first():
-    assert impl_names() == ALL_IMPLS
+    assert list(IMPL_NAMES) == ALL_IMPLS and list(IMPLS) == ALL_IMPLS
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,8 @@ from lmscope.accounting.comms import COLLECTIVES, bus_factor
 from lmscope.cli import main
 from lmscope.parallel.launch import RankContext, launch
 from lmscope.workloads import collectives
-from lmscope.workloads.collectives import Spec, collective, parse_size_mb
+from lmscope.workloads.collective_choices import parse_size_mb
+from lmscope.workloads.collectives import Spec, collective
 
 PRELOAD = ["torch._dynamo"]  # the forkserver of this test process may serve optimizer tests too
 

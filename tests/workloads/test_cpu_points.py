@@ -7,7 +7,6 @@ import torch
 
 from lmscope.cli import main, sweep
 from lmscope.workloads.cpu_points import refuse_triton_attention_on_cpu, runs_on_cpu
-from lmscope.workloads.step import Spec
 
 
 def _never_run(*args, **kwargs):
@@ -29,10 +28,11 @@ def test_bench_flash_on_the_cpu_is_refused_up_front(device, capsys, monkeypatch,
 
 
 def test_the_interpreter_and_other_backends_pass(monkeypatch):
-    naive = Spec(size="tiny", attention="naive", device="cpu")
-    flash = Spec(size="tiny", attention="flash", device="cpu")
+    naive = {"size": "tiny", "attention": "naive", "device": "cpu"}
+    flash = {**naive, "attention": "flash"}
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    refuse_triton_attention_on_cpu([naive, Spec(size="tiny", attention="flash-torch", device="cpu")])
+    refuse_triton_attention_on_cpu([naive, {**naive, "attention": "flash-torch"}, {**flash, "fast": True},
+                                    {**flash, "device": "cuda:0"}])
     with pytest.raises(ValueError, match="flash-torch"):
         refuse_triton_attention_on_cpu([naive, flash])
     monkeypatch.setenv("TRITON_INTERPRET", "1")

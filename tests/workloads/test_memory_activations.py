@@ -11,11 +11,12 @@ import pytest
 from lmscope.accounting.checkpoint_plan import plan_checkpointing
 from lmscope.accounting.flops import parameter_counts
 from lmscope.accounting.memory import GIB
+from lmscope.accounting.treatments import checkpoint_values
 from lmscope.cli import main
 from lmscope.config import preset
 from lmscope.records.results import append_record
 from lmscope.report.memory_plots import show_saved_activations
-from lmscope.workloads.memory import Spec, checkpoint_values, run_point
+from lmscope.workloads.memory import Spec, run_point
 
 TINY = {"size": "tiny", "device": "cpu", "batch_size": 3, "context_length": 45, "snapshot": False,
         "warmup": 1, "steps": 1}

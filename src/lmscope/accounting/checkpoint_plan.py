@@ -46,12 +46,11 @@ from lmscope.accounting.memory import (
     saved_activations_by_group,
 )
 from lmscope.accounting.treatment_cost import Rates, block_forward_flops, step_time_s, treatment_time_s
-from lmscope.accounting.treatments import BlockTreatments, parse_treatments
+from lmscope.accounting.treatments import PLAN_PREFIX, BlockTreatments, parse_treatments
 from lmscope.config import ModelConfig
 
 _UNITS = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
           "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
-PLAN_PREFIX = "plan:"
 MARGIN_PCT = 5.0
 """Default share of the budget a plan leaves free for what the memory model does not hold."""
 

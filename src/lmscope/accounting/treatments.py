@@ -23,10 +23,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lmscope.inputs.comma_list import list_items
+
 NONE, FULL, SELECTIVE = "none", "full", "selective"
 KINDS = (NONE, FULL, SELECTIVE)
 """What a block recomputes: nothing, its whole forward, or its elementwise work."""
 
+PLAN_PREFIX = "plan:"
+"""`plan:BUDGET`: the planner's policy under a memory budget (`lmscope.accounting.checkpoint_plan`)."""
 _GRAMMAR = ("none, block, every:K (K >= 1, e.g. every:2), blocks:LIST (e.g. blocks:0-3,7), "
             "selective[:LIST], offload[:LIST], parts joined with + (e.g. blocks:0-9+selective:10-20) "
             "or plan:BUDGET (e.g. plan:40GiB)")
@@ -67,24 +71,35 @@ class BlockTreatments:
         return "+".join(parts) or "none"
 
 
-def parse_treatments(policy: str, num_layers: int) -> BlockTreatments:
-    """The blocks each treatment of `policy` applies to; ValueError (saying how to write one) else."""
+def check_policy_spelling(policy: str) -> None:
+    """Refuse a --checkpoint value that is not written in the grammar, before the model (and so its
+    number of blocks) is known; `plan:BUDGET` is left to the planner."""
+    if not policy.startswith(PLAN_PREFIX):
+        parse_treatments(policy, None)
+
+
+def parse_treatments(policy: str, num_layers: int | None) -> BlockTreatments:
+    """The blocks each treatment of `policy` applies to; ValueError (saying how to write one) else.
+
+    num_layers None checks the spelling only: no block list is checked against the model's blocks.
+    """
     full: set[int] = set()
     selective: set[int] = set()
     offload: set[int] = set()
     parts = [p.strip() for p in str(policy).split("+")]
+    layers = num_layers or 0
     if policy == "none":
-        return BlockTreatments(num_layers)
+        return BlockTreatments(layers)
     for part in parts:
         prefix, colon, rest = part.partition(":")
         if part == "block":
-            full.update(range(num_layers))
+            full.update(range(layers))
         elif prefix == "every" and rest.isdigit() and int(rest) >= 1:
-            full.update(range(0, num_layers, int(rest)))
+            full.update(range(0, layers, int(rest)))
         elif prefix == "blocks" and rest:
             full.update(_block_list(part, rest, num_layers))
         elif prefix in ("selective", "offload") and (not colon or rest):
-            chosen = _block_list(part, rest, num_layers) if colon else range(num_layers)
+            chosen = _block_list(part, rest, num_layers) if colon else range(layers)
             (selective if prefix == "selective" else offload).update(chosen)
         else:
             raise ValueError(f"unknown checkpoint policy {policy!r}: use {_GRAMMAR}")
@@ -92,10 +107,10 @@ def parse_treatments(policy: str, num_layers: int) -> BlockTreatments:
     if both:
         raise ValueError(f"checkpoint policy {policy!r} makes blocks {format_blocks(both)} both fully "
                          "checkpointed and selective: full recompute rebuilds everything, drop one")
-    return BlockTreatments(num_layers, tuple(sorted(full)), tuple(sorted(selective)), tuple(sorted(offload)))
+    return BlockTreatments(layers, tuple(sorted(full)), tuple(sorted(selective)), tuple(sorted(offload)))
 
 
-def _block_list(part: str, text: str, num_layers: int) -> tuple[int, ...]:
+def _block_list(part: str, text: str, num_layers: int | None) -> tuple[int, ...]:
     chosen: set[int] = set()
     for item in text.split(","):
         low, dash, high = item.strip().partition("-")
@@ -103,11 +118,20 @@ def _block_list(part: str, text: str, num_layers: int) -> tuple[int, ...]:
             raise ValueError(f"bad checkpoint policy {part}: give block indices and ranges, "
                              "e.g. blocks:0-3,7")
         first, last = int(low), int(high) if dash else int(low)
-        if first > last or last >= num_layers:
+        if first > last or (num_layers is not None and last >= num_layers):
             raise ValueError(f"checkpoint policy {part} names blocks outside 0..{num_layers - 1}: "
                              "the model has that many blocks")
         chosen.update(range(first, last + 1))
     return tuple(sorted(chosen))
+
+
+def checkpoint_values(text: str) -> list[str]:
+    """The --checkpoint list: split on ';' when given, else on ',' unless it is one policy with a list."""
+    if ";" not in text and any(f"{kind}:" in text for kind in ("blocks", "selective", "offload")):
+        values = [text.strip()]  # one policy whose block lists hold commas
+    else:
+        values = list_items(text, "--checkpoint", ";" if ";" in text else ",")
+    return list(dict.fromkeys(values))
 
 
 def format_blocks(blocks: tuple[int, ...] | list[int]) -> str:

@@ -161,7 +161,7 @@ def bench(
         "optimizer_in_backward": split_list(optimizer_in_backward, bool, "--optimizer-in-backward"),
         "peer": split_list(peer, str, "--peer"),
         "cuda_graph": split_list(cuda_graph, str, "--cuda-graph"),
-    })
+    }, fixed)
     from lmscope.workloads.step import Spec  # torch: only once the flags are known to be right
 
     specs = [Spec(**point) for point in expand_grid(fixed, swept)]
@@ -213,7 +213,7 @@ def profile(
                                      compile=compile, attention=attention, compile_scope=compile_scope),
                         "fast": split_list(fast, bool, "--fast"),
                         "optimizer_in_backward": split_list(optimizer_in_backward, bool,
-                                                            "--optimizer-in-backward")})
+                                                            "--optimizer-in-backward")}, fixed)
     from lmscope.report.profile_report import show_nsys, show_point_reports
     from lmscope.workloads.profile import Spec, nsys_capture
 
@@ -260,8 +260,7 @@ def attention(
 ) -> None:
     """Time attention implementations: latency, TFLOP/s, memory, error vs float64."""
     from lmscope.cli.sweep import default_out
-    from lmscope.report.attention_plots import plot_sweep
-    from lmscope.workloads.attention import Spec, attention_grid
+    from lmscope.workloads.attention_grid import attention_grid
 
     lists = {"impl": (impl, str), "batch": (batch, int), "heads": (heads, int), "head_dim": (head_dim, int),
              "seq_len": (seq_len, int), "dtype": (dtype, str), "causal": (causal, bool)}
@@ -269,7 +268,11 @@ def attention(
                  for name, (value, cast) in lists.items() if value is not None}
     overrides.update(passes=passes, warmup_ms=warmup_ms, rep_ms=rep_ms, cpu_steps=cpu_steps,
                      check_max_seq=check_max_seq, device=device)
-    specs = [Spec(**point) for point in expand_grid(*attention_grid(preset, overrides))]
+    grid = attention_grid(preset, overrides)  # checked before torch is imported
+    from lmscope.report.attention_plots import plot_sweep
+    from lmscope.workloads.attention import Spec
+
+    specs = [Spec(**point) for point in expand_grid(*grid)]
     out = out or default_out()
     records = run_and_report("attention", specs, out=out, resume=resume, timeout_s=timeout, fmt=fmt,
                              compare=compare, compare_base=compare_base, rounds=rounds, only_round=round_,
@@ -303,15 +306,19 @@ def comm(
     fmt: Format = None,
 ) -> None:
     """Time collectives like nccl-tests: time, algbw, busbw, #wrong; busbw-vs-size plot."""
-    from lmscope.accounting.comms import COLLECTIVES
+    from lmscope.workloads.collective_choices import check_comm_dtype, collective_ops, parse_size_mb
+
+    ops = collective_ops(split_list(op, str, "--op"))
+    sizes = [parse_size_mb(s) for s in split_list(size, str, "--size")]
+    check_comm_dtype(dtype)  # all checked before torch is imported
     from lmscope.cli.distributed_sweeps import run_comm
     from lmscope.parallel.launch import default_world_sizes
-    from lmscope.workloads.collectives import Spec, parse_size_mb
+    from lmscope.workloads.collectives import Spec
 
     swept = {
-        "op": list(COLLECTIVES) if op == "all" else split_list(op, str, "--op"),
+        "op": ops,
         "world_size": split_list(nproc, int, "--nproc") if nproc is not None else default_world_sizes(),
-        "size_mb": [parse_size_mb(s) for s in split_list(size, str, "--size")],
+        "size_mb": sizes,
     }
     fixed = dict(backend=backend, dtype=dtype, warmup=warmup, iters=iters, timeout_s=timeout)
     specs = [Spec(**point) for point in expand_grid(fixed, swept)]
@@ -367,8 +374,10 @@ def ddp(
                  warmup=warmup, steps=steps, timeout_s=timeout, checkpoint=checkpoint,
                  fast=split_list(fast, bool, "--fast")[0], model_context_length=model_context_length,
                  profile_steps=profile_steps, artifacts_dir=str(out.parent / "ddp-profile"))
+    strategies = split_list(strategy, str, "--strategy")
     axes = model_grid(model_axes(size=model_flag(model, size), context_length=context_length,
-                                 batch_size=batch_size, device=device, precision=precision))
+                                 batch_size=batch_size, device=device, precision=precision),
+                      {**fixed, "strategy": strategies})
     from lmscope.cli.distributed_sweeps import ddp_points, run_ddp
     from lmscope.parallel.launch import default_world_sizes
     from lmscope.workloads.ddp import Spec
@@ -376,7 +385,7 @@ def ddp(
     swept = {
         **axes,
         "world_size": split_list(nproc, int, "--nproc") if nproc is not None else default_world_sizes(),
-        "strategy": split_list(strategy, str, "--strategy"),
+        "strategy": strategies,
         "shard_optimizer": split_list(shard_optimizer, bool, "--shard-optimizer"),
     }
     specs = [Spec(**point) for point in ddp_points(fixed, swept)]
@@ -424,6 +433,7 @@ def memory(
     compare_base: CompareBase = None,
 ) -> None:
     """Peak memory of each phase (measured and predicted), snapshots, timelines, largest allocations."""
+    from lmscope.accounting.treatments import checkpoint_values
     from lmscope.cli.sweep import default_out
 
     out = out or default_out()
@@ -432,14 +442,14 @@ def memory(
                  steps=steps, snapshot=split_list(snapshot, bool, "--snapshot")[0], top=top,
                  max_entries=max_entries, device=device, artifacts_dir=str(out.parent / "memory"),
                  activations=split_list(activations, bool, "--activations")[0])
-    axes = model_grid(model_axes(size=model_flag(model, size), context_length=context_length,
-                                 batch_size=batch_size, device=device,
-                                 mode=mode, precision=precision, compile=compile, attention=attention,
-                                 compile_scope=compile_scope))
+    swept = model_grid({**model_axes(size=model_flag(model, size), context_length=context_length,
+                                     batch_size=batch_size, device=device,
+                                     mode=mode, precision=precision, compile=compile, attention=attention,
+                                     compile_scope=compile_scope),
+                        "checkpoint": checkpoint_values(checkpoint)}, fixed)
     from lmscope.report.memory_plots import show_saved_activations, show_top_allocations
-    from lmscope.workloads.memory import Spec, checkpoint_values
+    from lmscope.workloads.memory import Spec
 
-    swept = {**axes, "checkpoint": checkpoint_values(checkpoint)}
     specs = [Spec(**point) for point in expand_grid(fixed, swept)]
     records = run_and_report("memory", specs, out=out, resume=resume, timeout_s=timeout, fmt=fmt,
                              compare=compare, compare_base=compare_base, title="lmscope memory")

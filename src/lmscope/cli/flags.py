@@ -9,6 +9,8 @@ from typing import Any
 
 from lmscope.inputs.choices import check_choices
 from lmscope.inputs.comma_list import list_items
+from lmscope.running.runner import expand_grid
+from lmscope.workloads.cpu_points import refuse_triton_attention_on_cpu
 
 TRUE_WORDS = {"on": True, "true": True, "yes": True, "1": True,
               "off": False, "false": False, "no": False, "0": False}
@@ -85,10 +87,15 @@ def model_axes(
     return axes
 
 
-def model_grid(swept: dict[str, list[Any]]) -> dict[str, list[Any]]:
-    """A model command's swept axes, every choice checked (--peer, --cuda-graph too), and the
-    default preset first where --model was not given: torch is imported only after this."""
-    check_choices(swept)
+def model_grid(swept: dict[str, list[Any]], fixed: dict[str, Any] | None = None) -> dict[str, list[Any]]:
+    """A model command's swept axes, every choice of them and of its `fixed` fields checked
+    (--peer, --cuda-graph, --checkpoint, --strategy too; --attention flash on an explicit
+    --device cpu), and the default preset first where --model was not given: torch is imported
+    only after this."""
+    fixed = fixed or {}
+    check_choices({**fixed, **swept})
+    if fixed.get("device", "auto") != "auto":  # auto needs torch to know
+        refuse_triton_attention_on_cpu(expand_grid(fixed, swept))
     return swept if "size" in swept else {"size": [default_size()], **swept}
 
 

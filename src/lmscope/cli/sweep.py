@@ -27,6 +27,7 @@ from lmscope.running.runner import (
     spec_dict,
     spec_fields,
 )
+from lmscope.workloads.cpu_points import refuse_triton_attention_on_cpu
 
 EXIT_RULE = "0 when every point is ok or oom, 1 when any point is an error or a timeout"
 
@@ -69,10 +70,8 @@ def run_and_report(
     only_round: int | None = None,
 ) -> list[Record]:
     """Run the points (isolated, resumable, with progress), then print and save the table."""
-    from lmscope.workloads.cpu_points import refuse_triton_attention_on_cpu
-
     check_format(fmt)
-    refuse_triton_attention_on_cpu(specs)
+    refuse_triton_attention_on_cpu(spec_dict(s) for s in specs)
     check_compare(compare, specs, compare_base)
     round_indices(rounds, only_round)
     check_timeout(timeout_s)

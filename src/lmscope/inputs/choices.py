@@ -1,5 +1,5 @@
 """The spelled-out choices of a model point (model name, sizes, mode, precision, attention,
-device, peer, CUDA graphs), checked without importing torch.
+device, peer, CUDA graphs, checkpointing, ddp strategy), checked without importing torch.
 
 The command line checks each value of its flags here before it imports a workload (torch alone
 takes seconds to import), so a typo is refused at once; `ModelPointSpec` checks the same way.
@@ -12,14 +12,18 @@ from functools import partial
 from typing import Any
 
 from lmscope.accounting.flops import MODES
+from lmscope.accounting.treatments import check_policy_spelling
 from lmscope.config import PRESETS
 from lmscope.inputs.limits import check_size
+from lmscope.parallel.strategies import check_strategy
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 """fp32: no autocast; bf16/fp16: torch.autocast over fp32 master weights."""
 
 ATTENTION_BACKENDS = ("naive", "sdpa", "sdpa-cudnn", "flash", "flash-torch")
 """The attention backends a point may name (`lmscope.model.attention` registers these)."""
+FLASH_ON_CPU = ("--attention flash runs lmscope's Triton kernels, which need a CUDA GPU: on the CPU "
+                "use --attention flash-torch (the same FlashAttention-2 algorithm in PyTorch)")
 
 PEERS = ("none", "hf", "liger")
 """Peers of a point's model: none; hf (a preset's sizes as transformers' Llama); liger (Liger-Kernel
@@ -95,6 +99,8 @@ CHECKS: dict[str, Callable[[Any], None]] = {
     "cuda_graph": one_of("--cuda-graph", CUDA_GRAPH_CHOICES),
     "compile": check_compile_value,
     "compile_scope": one_of("--compile-scope", COMPILE_SCOPES),
+    "checkpoint": check_policy_spelling,
+    "strategy": check_strategy,
 }
 """Spec field -> its torch-free check."""
 

@@ -41,6 +41,7 @@ import torch.distributed as dist
 from torch import nn
 
 from lmscope.accounting.comms import plan_buckets
+from lmscope.parallel.strategies import SHARDED, parse_strategy
 
 MIB = 2**20
 TORCH_DDP_BUCKET_MB = 25.0
@@ -344,35 +345,8 @@ class TorchDDP(nn.parallel.DistributedDataParallel):
         """Nothing to wait for: DDP's backward returns with the gradients averaged."""
 
 
-STRATEGIES = ("naive", "flat", "overlap", "bucketed:<MiB>", "coalesced:<MiB>", "torch-ddp[:<MiB>]",
-              "fsdp", "torch-fsdp2")
-"""Names `parse_strategy` accepts; bucketed and coalesced take their bucket size, e.g. bucketed:25;
-torch-ddp takes an optional bucket_cap_mb (PyTorch's default when left out). The fully sharded
-ones (SHARDED) are built by `lmscope.parallel.fsdp` / `.torch_fsdp2`, not `data_parallel`."""
-SHARDED = ("fsdp", "torch-fsdp2")
-SIZED = ("bucketed", "coalesced", "torch-ddp")
-
-
-def parse_strategy(strategy: str) -> tuple[str, float | None]:
-    """'bucketed:25' -> ('bucketed', 25.0); 'overlap' and 'torch-ddp' (default cap) -> (name, None)."""
-    name, colon, size = strategy.partition(":")
-    if name in SIZED:
-        if name == "torch-ddp" and not colon:
-            return name, None
-        try:
-            bucket_mb = float(size)
-        except ValueError:
-            bucket_mb = -1.0
-        if not (bucket_mb > 0 and math.isfinite(bucket_mb)):
-            raise ValueError(f"strategy {strategy!r} needs a positive bucket size in MiB, e.g. {name}:25")
-        return name, bucket_mb
-    if colon or name not in STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
-    return name, None
-
-
 def data_parallel(strategy: str, module: nn.Module) -> nn.Module:
-    """Wrap `module` with the named strategy (see STRATEGIES)."""
+    """Wrap `module` with the named strategy (see `lmscope.parallel.strategies`)."""
     name, bucket_mb = parse_strategy(strategy)
     if name in SHARDED:
         raise ValueError(f"{name} shards the parameters: build it with lmscope.parallel.fsdp.FullyShardedDP "

@@ -14,13 +14,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmscope.config import ModelConfig, preset
-from lmscope.inputs.choices import check_model_name
+from lmscope.inputs.choices import FLASH_ON_CPU, check_model_name
 from lmscope.sources.contract import ModelSource, UserModel
 from lmscope.sources.request import ModelRequest
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-FLASH_ON_CPU = ("--attention flash runs lmscope's Triton kernels, which need a CUDA GPU: on the CPU "
-                "use --attention flash-torch (the same FlashAttention-2 algorithm in PyTorch)")
 
 
 def preset_source(request: ModelRequest) -> ModelSource:

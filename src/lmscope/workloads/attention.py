@@ -48,15 +48,15 @@ from typing import Any
 
 import torch
 
-from lmscope.inputs.comma_list import list_items
+from lmscope.inputs.choices import check_device_name
 from lmscope.inputs.limits import MAX_SIZE, MAX_TIMEOUT_S, check_size, check_steps
 from lmscope.measure.timer import summarize, synchronize, time_steps
-from lmscope.workloads.attention_impls import impl_names, prepare
+from lmscope.workloads.attention_grid import DTYPE_NAMES, check_dtype, check_impl, passes_in_order
+from lmscope.workloads.attention_impls import prepare
 from lmscope.workloads.train_step import device_facts, resolve_device
 
 MIB = 2**20
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-PASSES = ("fwd", "bwd", "fwd_bwd")
+DTYPES = {name: getattr(torch, attribute) for name, attribute in DTYPE_NAMES.items()}
 BACKWARD_FLOP_FACTOR = 2.5
 """Backward FLOPs per forward FLOP: five seq x seq x d matmuls (S = Q K^T recomputed, dV = P^T dO,
 dP = dO V^T, dQ = dS K, dK = dS^T Q) to the forward's two, the FlashAttention-2 benchmark
@@ -73,7 +73,7 @@ class Spec:
     """One attention implementation at one shape, dtype and masking, and how to time it."""
 
     impl: str = "naive"
-    """Implementation: one of attention_impls.impl_names()."""
+    """Implementation: one of attention_grid.IMPL_NAMES."""
     batch: int = 8
     """Leading batch dim."""
     heads: int = 1
@@ -102,23 +102,14 @@ class Spec:
     """'auto' (cuda when present, else cpu), 'cuda', 'cuda:N' or 'cpu'."""
 
     def __post_init__(self) -> None:
-        if self.impl not in impl_names():
-            raise ValueError(f"unknown attention impl {self.impl!r}: choose from {', '.join(impl_names())}")
+        check_impl(self.impl)
         for name in ("batch", "heads", "head_dim", "seq_len"):
             check_size(name, getattr(self, name))
         check_steps("cpu_steps", self.cpu_steps, 1, "calls")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"unknown dtype {self.dtype!r}: choose one of {', '.join(DTYPES)}")
+        check_dtype(self.dtype)
         if not isinstance(self.causal, bool):
             raise ValueError(f"causal must be true or false, got {self.causal!r}: pass --causal on|off")
-        asked = list_items(self.passes, "--passes") if str(self.passes).strip() else []
-        unknown = [p for p in asked if p not in PASSES]
-        if unknown or not asked:
-            raise ValueError(
-                f"passes must be a comma list of {', '.join(PASSES)}, got {self.passes!r}: "
-                "pass e.g. --passes fwd,bwd"
-            )
-        object.__setattr__(self, "passes", ",".join(p for p in PASSES if p in asked))
+        object.__setattr__(self, "passes", passes_in_order(self.passes))
         if not (0 <= self.warmup_ms <= MAX_TIMEOUT_S * 1e3 and 0 < self.rep_ms <= MAX_TIMEOUT_S * 1e3):
             raise ValueError(
                 f"warmup_ms must be >= 0 and rep_ms > 0, both finite and at most a week, got "
@@ -128,8 +119,7 @@ class Spec:
         if not isinstance(self.check_max_seq, int) or not 0 <= self.check_max_seq <= MAX_SIZE:
             raise ValueError(f"check_max_seq must be from 0 to {MAX_SIZE:,}, got {self.check_max_seq!r}: "
                              "pass --check-max-seq N (0: never)")
-        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
-            raise ValueError(f"unknown device {self.device!r}: use auto, cpu, cuda or cuda:N")
+        check_device_name(self.device)
 
     @property
     def pass_list(self) -> list[str]:
@@ -140,58 +130,6 @@ class Spec:
         """Shape of q, k and v."""
         lead = (self.batch,) if self.heads == 1 else (self.batch, self.heads)
         return (*lead, self.seq_len, self.head_dim)
-
-
-LEADERBOARD_PEERS = ["flash-triton", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "naive"]
-"""Implementations of the reference workload, ours first (the base of `--compare impl` ratios)."""
-
-PRESETS: dict[str, dict[str, Any]] = {
-    "leaderboard": {
-        "impl": LEADERBOARD_PEERS, "batch": [1], "heads": [16], "head_dim": [64], "seq_len": [16384],
-        "dtype": ["bf16"], "causal": [True], "check_max_seq": 16384,
-    },
-    "classic": {
-        "impl": ["all"], "batch": [8], "heads": [1], "head_dim": [16, 32, 64, 128],
-        "seq_len": [256, 1024, 4096, 8192, 16384], "dtype": ["fp32", "bf16"], "causal": [True],
-    },
-    "tflops": {
-        "impl": ["flash-triton", "sdpa-flash", "sdpa-cudnn"], "batch": [1], "heads": [16],
-        "head_dim": [64, 128], "seq_len": [1024 * 2**i for i in range(7)], "dtype": ["bf16"],
-        "causal": [True], "passes": "fwd,bwd",
-    },
-}
-"""Named grids. leaderboard: the reference workload (batch 1, 16 heads, seq 16384, d 64, bf16,
-causal, forward+backward) with every peer, checked against float64 at full size; classic: the
-study's grid (batch 8, no head dim, d 16..128, seq 256..16384, fp32 and bf16, all
-implementations); tflops: forward-only and backward-only TFLOP/s of the fast kernels for d 64
-and 128 at seq 1k..64k."""
-
-DEFAULT_GRID: dict[str, Any] = {
-    "impl": ["all"], "batch": [8], "heads": [1], "head_dim": [64], "seq_len": [1024],
-    "dtype": ["fp32"], "causal": [True],
-}
-"""The grid without a preset: every implementation at one shape."""
-
-AXES = ("dtype", "causal", "batch", "heads", "head_dim", "seq_len", "impl")
-"""Swept fields, outermost first: every shape runs all its implementations back to back."""
-
-
-def attention_grid(
-    preset: str | None, overrides: dict[str, Any]
-) -> tuple[dict[str, Any], dict[str, list[Any]]]:
-    """(fixed, swept) fields for `runner.expand_grid`: the preset (or the default grid) with
-    `overrides` (field -> list for an axis, value otherwise; None keeps the preset's) on top;
-    'all' in impl stands for every implementation."""
-    if preset is not None and preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}: choose one of {', '.join(PRESETS)}")
-    merged = {**DEFAULT_GRID, **(PRESETS[preset] if preset else {})}
-    merged.update({key: value for key, value in overrides.items() if value is not None})
-    impls: list[str] = []
-    for name in merged["impl"]:
-        impls += impl_names() if name == "all" else [name]
-    merged["impl"] = list(dict.fromkeys(impls))
-    swept = {axis: list(merged.pop(axis)) for axis in AXES}
-    return merged, swept
 
 
 def attention_flops(

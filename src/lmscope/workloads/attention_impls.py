@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from lmscope.envflags import env_flag
+from lmscope.workloads.attention_grid import IMPL_NAMES, SDPA_BACKENDS
 
 AttentionCall = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 Calls = Iterator[AttentionCall]
@@ -70,14 +71,6 @@ def _naive_compiled(device: torch.device, dtype: torch.dtype, head_dim: int, cau
     with keep_buffers:
         yield lambda q, k, v: compiled(q, k, v, causal)
 
-
-SDPA_BACKENDS = {
-    "sdpa-flash": "FLASH_ATTENTION",
-    "sdpa-cudnn": "CUDNN_ATTENTION",
-    "sdpa-efficient": "EFFICIENT_ATTENTION",
-    "sdpa-math": "MATH",
-}
-"""Benchmark name -> torch.nn.attention.SDPBackend member."""
 
 _NO_KERNEL = ("No available kernel", "No viable backend")
 
@@ -156,20 +149,15 @@ def _flash_triton(device: torch.device, dtype: torch.dtype, head_dim: int, causa
     yield lambda q, k, v: flash_attention(q, k, v, causal)
 
 
-IMPLS: dict[str, Prepare] = {
+_OWN: dict[str, Prepare] = {
     "flash-triton": _flash_triton,
     "flash-torch": _flash_torch,
-    **{name: _sdpa(name) for name in SDPA_BACKENDS},
     "naive": _naive,
     "naive-compiled": _naive_compiled,
 }
-"""Name -> prepare, ours first: `--compare impl` puts the first name in the base column."""
-
-
-def impl_names() -> list[str]:
-    """Names of all implementations, in registry order."""
-    return list(IMPLS)
-
+IMPLS: dict[str, Prepare] = {name: _sdpa(name) if name in SDPA_BACKENDS else _OWN[name]
+                             for name in IMPL_NAMES}
+"""Name -> prepare, in the order of `attention_grid.IMPL_NAMES` (ours first)."""
 
 def prepare(
     name: str, device: torch.device, dtype: torch.dtype, head_dim: int, causal: bool

@@ -21,33 +21,14 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
-from lmscope.accounting.comms import COLLECTIVES, algbw_gbps, bus_factor
+from lmscope.accounting.comms import algbw_gbps, bus_factor
 from lmscope.inputs.limits import check_steps, check_timeout
 from lmscope.measure.timer import synchronize
 from lmscope.parallel.launch import RankContext, across_ranks, check_world, launch, point_id
+from lmscope.workloads.collective_choices import COMM_DTYPES, check_collective, check_comm_dtype
 from lmscope.workloads.train_step import device_facts
 
-DTYPES = {
-    "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-    "float64": torch.float64,
-}
-SIZE_UNITS = {"": 1.0, "b": 1e-6, "kb": 1e-3, "mb": 1.0, "gb": 1e3, "kib": 2**10 / 1e6,
-              "mib": 2**20 / 1e6, "gib": 2**30 / 1e6}
-"""Size suffix -> decimal MB (a bare number is MB)."""
-
-
-def parse_size_mb(text: str) -> float:
-    """'1MB' -> 1.0, '1GB' -> 1000.0, '1MiB' -> 1.048576, '10' -> 10.0 (decimal MB)."""
-    raw = text.strip().lower().replace(" ", "")
-    number = raw.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = raw[len(number):]
-    try:
-        value = float(number)
-    except ValueError:
-        value = None
-    if value is None or unit not in SIZE_UNITS or not value > 0:
-        raise ValueError(f"cannot read size {text!r}: write e.g. 1MB, 10MB, 1GB or 256MiB")
-    return value * SIZE_UNITS[unit]
+DTYPES = {name: getattr(torch, name) for name in COMM_DTYPES}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,10 +56,8 @@ class Spec:
     """A rank that fails or hangs ends the point within this many seconds."""
 
     def __post_init__(self) -> None:
-        if self.op not in COLLECTIVES:
-            raise ValueError(f"unknown collective {self.op!r}: choose one of {', '.join(COLLECTIVES)}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"unknown dtype {self.dtype!r}: choose one of {', '.join(DTYPES)}")
+        check_collective(self.op)
+        check_comm_dtype(self.dtype)
         check_world(self.world_size, self.backend)
         if not (isinstance(self.size_mb, int | float) and self.size_mb > 0):
             raise ValueError(f"size must be positive, got {self.size_mb!r}: pass --size 1MB,1GB")

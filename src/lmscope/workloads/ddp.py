@@ -58,18 +58,11 @@ from lmscope.measure.ranges import phase
 from lmscope.measure.timer import PhaseClock, synchronize, time_phased_steps
 from lmscope.model.checkpointing import checkpoint_blocks
 from lmscope.model.hf_fast import fast_patch_of
-from lmscope.parallel.ddp import (
-    MIB,
-    SHARDED,
-    TORCH_DDP_BUCKET_MB,
-    TORCH_DDP_FIRST_BUCKET_MB,
-    data_parallel,
-    describe,
-    parse_strategy,
-)
+from lmscope.parallel.ddp import MIB, TORCH_DDP_BUCKET_MB, TORCH_DDP_FIRST_BUCKET_MB, data_parallel, describe
 from lmscope.parallel.fsdp import FullyShardedDP
 from lmscope.parallel.launch import RankContext, across_ranks, check_world, launch, point_id, resolve_backend
 from lmscope.parallel.sharded_optimizer import ShardedOptimizer
+from lmscope.parallel.strategies import SHARDED, parse_strategy
 from lmscope.parallel.torch_fsdp2 import torch_fully_shard
 from lmscope.running.runner import release_device_memory
 from lmscope.workloads.collectives import time_calls

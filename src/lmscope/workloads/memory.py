@@ -34,7 +34,6 @@ from lmscope.accounting.checkpoint_plan import (
     resolve_checkpoint,
 )
 from lmscope.accounting.memory import GIB, checkpointed_blocks, predict_memory
-from lmscope.inputs.comma_list import list_items
 from lmscope.inputs.limits import MAX_SIZE, check_steps
 from lmscope.measure.gpu_busy import measure_gpu_busy
 from lmscope.measure.memory import MemoryMeter, PhasePeaks, build_timeline, load_snapshot, top_allocations
@@ -117,15 +116,6 @@ class Spec(ModelPointSpec):
         return resolve_checkpoint(self.checkpoint, self.model_config(), batch_size=self.batch_size,
                                   seq_len=self.context_length, mode=self.mode, precision=self.precision,
                                   attention=self.attention)
-
-
-def checkpoint_values(text: str) -> list[str]:
-    """The --checkpoint list: split on ';' when given, else on ',' unless it is one policy with a list."""
-    if ";" not in text and any(f"{kind}:" in text for kind in ("blocks", "selective", "offload")):
-        values = [text.strip()]  # one policy whose block lists hold commas
-    else:
-        values = list_items(text, "--checkpoint", ";" if ";" in text else ",")
-    return list(dict.fromkeys(values))
 
 
 def point_slug(spec: Spec) -> str:

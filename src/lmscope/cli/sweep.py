@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from lmscope.envflags import env_flag
 from lmscope.inputs.limits import check_timeout
 from lmscope.records.results import Record, read_records
 from lmscope.records.results_check import prepare_out, read_rows
@@ -28,6 +29,10 @@ from lmscope.running.runner import (
     spec_fields,
 )
 from lmscope.workloads.cpu_points import refuse_triton_attention_on_cpu
+
+PLAN_ONLY = "LMSCOPE_PLAN_ONLY"
+"""When set (1), a command that runs points checks its flags, prints the points it would run and
+exits 0, running and writing nothing: how tests/test_doc_commands.py checks every documented command."""
 
 EXIT_RULE = "0 when every point is ok or oom, 1 when any point is an error or a timeout"
 
@@ -75,6 +80,9 @@ def run_and_report(
     check_compare(compare, specs, compare_base)
     round_indices(rounds, only_round)
     check_timeout(timeout_s)
+    if env_flag(PLAN_ONLY):
+        show_plan(workload, specs)
+        raise SystemExit(0)
     out = out or default_out()
     if resume and not out.exists():
         console.say(f"--resume: {out} does not exist yet; starting a new results file")
@@ -97,6 +105,14 @@ def run_and_report(
                and identity_key(workload, record_spec(r, spec_keys, workload)) in keys]
     show(records, spec_keys, fmt=fmt, compare=compare, out=out, title=title, compare_base=compare_base)
     return records
+
+
+def show_plan(workload: str, specs: Sequence[Any]) -> None:
+    """Under LMSCOPE_PLAN_ONLY: how many points, then each point's spec as one JSON line."""
+    console.say(f"{PLAN_ONLY}: {len(specs)} {workload} point(s) planned, none run")
+    for spec in specs:
+        line = json.dumps(spec_dict(spec), default=str, sort_keys=True)
+        console.console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def adjusted_sources(specs: Sequence[Any]) -> list[str]:

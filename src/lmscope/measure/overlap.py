@@ -34,10 +34,6 @@ from lmscope.measure.kernels import Activity, Span, Trace
 WRAPPER_RANGES = ("fsdp/", "FSDP::")
 """Prefixes of the profiler ranges of data-parallel wrappers' hooks (lmscope's FSDP, FSDP2)."""
 
-HOST_BOUND_BELOW_PCT = 90.0
-"""A step whose GPU is busy (compute or exposed communication, from a profile) for less than this
-share of its unprofiled time waited on the host: it is host-bound."""
-
 Interval = tuple[int, int]
 
 

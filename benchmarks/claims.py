@@ -1038,16 +1038,18 @@ def _overlap_rows(rows: Rows) -> tuple[dict[tuple[int, str], dict], dict[tuple[i
 
 
 def _bound(profiled: dict) -> str:
-    """'host' or 'GPU', by the GPU's busy share of the timed step (`lmscope.measure.overlap`)."""
-    from lmscope.measure.overlap import HOST_BOUND_BELOW_PCT
+    """'host' or 'GPU', by the GPU's busy share of the timed step (`lmscope.measure.host_bound`)."""
+    from lmscope.measure.host_bound import is_host_bound
 
     busy = profiled["profile_gpu_busy_pct"]
-    return f"{'host' if busy < HOST_BOUND_BELOW_PCT else 'GPU'} (GPU busy {fmt(busy, 2)} %)"
+    return f"{'host' if is_host_bound(busy / 100) else 'GPU'} (GPU busy {fmt(busy, 2)} %)"
 
 
 @claim("fsdp-overlap")
 def fsdp_overlap(rows: Rows) -> str:
     """Our FSDP, FSDP2 and the best DDP against the single-GPU step at xl, per batch, rounds pooled."""
+    from lmscope.measure.host_bound import HOST_BOUND_BELOW
+
     timed, profiled = _overlap_rows(rows)
     body = []
     for batch in sorted({b for b, _ in timed}):
@@ -1060,8 +1062,8 @@ def fsdp_overlap(rows: Rows) -> str:
         f"step ({ours.get('rounds', 1)} round(s) of interleaved points); "
         "`step/single` = the step over the single-GPU step, `FSDP2/ours` = PyTorch's FSDP2 step over "
         "ours, each with its 95 % bootstrap interval over the steps; the single step is host-bound "
-        "where the GPU was busy for less of it than `lmscope.measure.overlap.HOST_BOUND_BELOW_PCT` "
-        "(from its profile).",
+        f"where the GPU was busy for less than {100 * HOST_BOUND_BELOW:.0f} % of it "
+        "(`lmscope.measure.host_bound.HOST_BOUND_BELOW`, from its profile).",
         table(["batch", "strategy", "step ms", "step/single", "FSDP2/ours", "bound by"], body),
         f"Rows: `{FSDP_OVERLAP}/{OVERLAP_TIMED}`; {provenance(list(timed.values()))}.",
     )

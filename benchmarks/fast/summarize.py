@@ -15,6 +15,7 @@ from typing import Any
 
 from lmscope.accounting.flops import mfu, step_flops
 from lmscope.config import preset
+from lmscope.measure.host_bound import HOST_BOUND_BELOW
 from lmscope.records.provenance import stamp
 from lmscope.records.results import append_record, read_records
 from lmscope.records.stats import RatioInterval
@@ -218,7 +219,8 @@ def strongest_peers(rows: dict[tuple, dict[str, Any]]) -> list[str]:
              "compiled (`--compile-scope blocks`), else the whole model. compile s: the first compiled "
              "steps, outside the timed ones. vs best fast: this row's median over the best fast "
              "row's, with its 95 % interval. GPU busy: kernel time over the step; host-bound: below "
-             "80 % of the step (lmscope.measure.host_bound). n: rounds x timed steps per round.\n",
+             f"{100 * HOST_BOUND_BELOW:.0f} % of the step (lmscope.measure.host_bound). n: rounds x timed "
+             "steps per round.\n",
              "| size | variant | median ms | compile s | vs best fast | MFU (whole step) | GPU busy "
              "| host-bound | n |",
              "|---|---|---|---|---|---|---|---|---|"]

@@ -32,13 +32,13 @@ def _peak(policy: str) -> int:
 
 @pytest.mark.parametrize(("text", "expected"), [
     ("40GiB", 40 * 2**30), ("40 GB", 40 * 10**9), ("512MiB", 512 * 2**20), ("1.5gib", 3 * 2**29),
-    ("2048B", 2048), ("3 kb", 3000),
+    ("2048B", 2048), ("3 kb", 3000), ("8.2MB", 8_200_000), (".5 KiB", 512),
 ])
 def test_budgets_parse_in_binary_and_decimal_units(text, expected):
     assert parse_bytes(text) == expected
 
 
-@pytest.mark.parametrize("text", ["40 GiBs", "GiB", "-3GiB", "0MiB", "forty", "40"])
+@pytest.mark.parametrize("text", ["40 GiBs", "GiB", "-3GiB", "0MiB", "forty", "40", "0.0000001B", "0.5 B"])
 def test_bad_budgets_say_how_to_write_one(text):
     with pytest.raises(ValueError, match="memory size"):
         parse_bytes(text)

@@ -95,6 +95,7 @@ def test_a_trace_without_kernels_leaves_the_fields_empty_with_why(monkeypatch: p
 def test_a_cpu_bench_row_has_no_busy_fields_and_no_flag() -> None:
     from lmscope.workloads.step import run_point
 
-    row = run_point({"size": "tiny", "device": "cpu", "warmup": 0, "steps": 1, "context_length": 16})
+    row = run_point({"size": "tiny", "device": "cpu", "warmup": 0, "steps": 1, "context_length": 16,
+                     "target_ci": 0.0})
     assert row["median_ms"] > 0
     assert not {"gpu_busy_ms", "gpu_busy_share", "host_bound"} & set(row)

@@ -63,18 +63,33 @@ def test_a_step_is_compute_plus_exposed_communication_plus_idle():
     assert row["profile_host_fsdp_all_gather_ms"] == pytest.approx(2 * ns)
 
 
-def test_medians_over_steps():
-    first, second = random.randrange(10**6), random.randrange(10**7, 10**8)
-    acts, spans = _step(first)
-    more_acts, more_spans = _step(second)
-    third = second + 1000  # a step without communication: exposed 0
-    quiet = [_act(GEMM, third, third + 50, third + 1)]
-    spans += [*more_spans, Span(STEP, third, third + 100)]
-    trace = Trace(acts + more_acts + quiet, spans, on_gpu=True)
+def test_several_steps_give_the_median_step_whose_parts_add_up():
+    """Steps of compute, exposed communication and idle (8, 1, 1), (1, 8, 1), (1, 1, 8): the
+    medians part by part (1, 1, 1) would not add up to the wall time."""
+    acts, spans, shares = [], [], [(8, 1, 1), (1, 8, 1), (1, 1, 8)]
+    for index, (compute, exposed, idle) in enumerate(shares):
+        o, unit = random.randrange(10**6) + index * 10**7, 10
+        acts += [_act(GEMM, o, o + compute * unit, o),
+                 _act(GATHER, o + compute * unit, o + (compute + exposed) * unit, o + 1, "stream 20")]
+        spans.append(Span(STEP, o, o + (compute + exposed + idle) * unit))
+    trace = Trace(acts, spans, on_gpu=True)
     result = step_breakdown(trace, trace.spans_named(STEP), ("forward",))
-    assert result.steps == 3
-    assert result.exposed_comm_ms == pytest.approx(30e-6)  # median of 30, 30, 0
-    assert result.wrapper_calls == 2  # median of 2, 2, 0
+    parts = (result.compute_ms, result.exposed_comm_ms, result.idle_ms)
+    assert result.steps == 3 and result.wall_ms == pytest.approx(100e-6)
+    assert sum(parts) == pytest.approx(result.wall_ms)
+    assert tuple(round(ms / 10e-6) for ms in parts) in shares
+
+
+def test_the_median_step_is_the_one_of_median_wall_time():
+    first, second = random.randrange(10**6), random.randrange(10**7, 10**8)
+    acts, spans = _step(first)  # 100 ns, exposed 30, two wrapper calls
+    third = second + 1000  # a longer step without communication: exposed 0
+    spans += [Span(STEP, second, second + 90), Span(STEP, third, third + 120)]
+    quiet = [_act(GEMM, third, third + 50, third + 1)]
+    trace = Trace(acts + quiet, spans, on_gpu=True)
+    result = step_breakdown(trace, trace.spans_named(STEP), ("forward",))
+    assert result.steps == 3 and result.wall_ms == pytest.approx(100e-6)
+    assert result.exposed_comm_ms == pytest.approx(30e-6) and result.wrapper_calls == 2
 
 
 def test_no_steps_is_an_error():

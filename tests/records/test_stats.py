@@ -142,7 +142,7 @@ def test_the_median_interval_narrows_with_more_steps():
 
 
 def test_block_length_grows_with_the_correlation():
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(1)  # seeded: a shuffled series gets a block of 3 in about 6 % of draws
     assert block_length(ar1_times(rng, 200, 0.0) * 0 + np.arange(1.0, 201.0)[rng.permutation(200)]) <= 2
     assert block_length(ar1_times(rng, 200, 0.9)) >= 5
     assert block_length(ar1_times(rng, 6, 0.9)) <= 2  # at least three blocks

@@ -193,6 +193,18 @@ def test_a_relative_link_must_resolve(tmp_path: Path, target: str, broken: bool)
     assert [p.line for p in problems] == ([3] if broken else []), problems
 
 
+@pytest.mark.parametrize("heading, anchor", [
+    ("## The `gpu_busy_share` field", "the-gpu_busy_share-field"),  # GitHub keeps `_` of a code span
+    ("## *Emphasis*, _more_ and **bold**", "emphasis-more-and-bold"),
+    ("## snake_case, [a link](x.md) and `<name>`", "snake_case-a-link-and-name"),
+])
+def test_an_anchor_is_github_s_slug_of_its_heading(tmp_path: Path, heading: str, anchor: str) -> None:
+    from lmscope.report.doc_refs import slugs
+
+    (tmp_path / "b.md").write_text(f"# Title\n\n{heading}\n\n{heading}\n")
+    assert slugs(tmp_path / "b.md") == {"title", anchor, f"{anchor}-1"}
+
+
 def test_a_link_whose_text_wraps_is_checked_on_the_line_of_its_target(tmp_path: Path) -> None:
     doc = _doc(tmp_path, "# T\n\nSee [the two\nfiles](missing.md) and `[x](also-missing.md)` (code).\n")
     problems = check_files([doc], _registry(tmp_path))

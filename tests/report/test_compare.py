@@ -138,3 +138,14 @@ def test_a_pooled_row_keeps_its_rounds_apart_for_the_interval_and_its_precision(
     # a row of one process against pooled rounds: one round on that side, too few for an interval
     assert ratio_between(pooled, plain).as_text().endswith("(no interval: 1 round on one side, need 3)")
     assert ratio_between(pooled, {**plain, "times_ms": None}) is None
+
+
+def test_a_point_with_one_ok_round_of_one_step_pools_to_a_zero_spread():
+    from lmscope.report.rounds import pool_rounds
+
+    one_step = {"std_ms": 0.0, "step_ms": 7.0, "step_median_ms": 7.0, "step_std_ms": 0.0}
+    rows = [step_row("a", [7.0], round=0, rounds=2, **one_step),
+            step_row("a", [], status="error", round=1, rounds=2)]
+    (pooled,) = pool_rounds(rows, KEYS)
+    assert pooled["rounds"] == 1 and pooled["times_ms"] == [7.0]
+    assert pooled["std_ms"] == pooled["step_std_ms"] == 0.0

@@ -1,4 +1,4 @@
-"""Terminal tables wider than the terminal: no number or header broken across lines."""
+"""Terminal tables wider than the terminal: no number or header broken across lines; messages as is."""
 
 from __future__ import annotations
 
@@ -49,3 +49,21 @@ def test_markup_in_cells_is_printed_as_is(narrow):
     buffer = narrow(100)
     console.show_table((["name", "status"], [["[red]x[/red] [bold]", "ok"]]))
     assert "[red]x[/red] [bold]" in buffer.getvalue()
+
+
+@pytest.mark.parametrize("show", [console.fail, console.warn])
+def test_an_error_or_warning_line_is_printed_as_is(monkeypatch, show):
+    buffer = io.StringIO()
+    monkeypatch.setattr(console, "errors", Console(file=buffer, width=200, color_system=None))
+    message = "bad --size :tiny: or :smile: [bold]x[/bold]"
+    show(message)
+    assert buffer.getvalue().rstrip("\n").endswith(f": {message}")
+
+
+def test_a_failed_point_s_error_is_printed_as_is(monkeypatch):
+    buffer = io.StringIO()
+    monkeypatch.setattr(console, "console", Console(file=buffer, width=200, color_system=None))
+    with console.sweep_progress(1, "bench", [{"size": "tiny"}]) as (on_start, on_done):
+        on_start(0, {"size": "tiny"})
+        on_done({"size": "tiny", "status": "error", "error": "ValueError: :smile: [red]"})
+    assert "(ValueError: :smile: [red])" in buffer.getvalue()

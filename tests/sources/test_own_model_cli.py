@@ -159,7 +159,7 @@ def test_a_factory_that_exits_while_checked_is_one_line_naming_it(capsys, suppor
 def test_a_factory_that_exits_in_the_worker_is_an_error_row_naming_it(capsys, support_on_path, tmp_path):
     out = tmp_path / "r.jsonl"
     models = "own_models:exits_on_the_device,own_models:regression"
-    code, stdout, _ = run_cli(capsys, "bench", "--model", models, *QUICK, "--out", out)
+    code, stdout, _ = run_cli(capsys, "bench", "--model", models, *QUICK, *FIXED, "--out", out)
     exited, fine = rows(out)
     assert code == 1 and exited["status"] == "error" and fine["status"] == "ok"
     assert "own_models:exits_on_the_device called sys.exit(3)" in exited["error"]

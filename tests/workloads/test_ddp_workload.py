@@ -21,7 +21,7 @@ from lmscope.cli.distributed_sweeps import (
     results_path,
 )
 from lmscope.cli.sweep import exit_status
-from lmscope.measure.overlap import HOST_BOUND_BELOW_PCT
+from lmscope.measure.host_bound import HOST_BOUND_BELOW, busy_fields
 from lmscope.parallel.launch import launch
 from lmscope.records.stats import ratio_interval
 from lmscope.report.rounds import pool_rounds
@@ -264,14 +264,15 @@ def test_a_profiled_fsdp_point_breaks_each_rank_s_step_down(tmp_path):
     assert len(rows) == 1 and rows[0][header.index("bound")] is None
 
 
-def test_profile_summary_says_what_bounds_the_step():
-    rng = random.Random()
-    busy = rng.uniform(0, HOST_BOUND_BELOW_PCT - 1e-6), rng.uniform(HOST_BOUND_BELOW_PCT, 100)
+def test_profile_summary_says_what_bounds_the_step_by_bench_s_rule():
+    edge = 100 * HOST_BOUND_BELOW  # a busy share just below it is host-bound, at it not, as in bench
+    busy = edge - 1e-6, edge
     records = [{"status": "ok", "strategy": s, "world_size": 2, "batch_size": b, "profile_wall_ms": 9.0,
                 "profile_gpu_busy_pct": pct} for s, b, pct in (("fsdp", 4, busy[0]), ("fsdp", 16, busy[1]))]
     header, rows = profile_summary(records)
     assert header[0] == "batch_size"
     assert [r[header.index("bound")] for r in rows] == ["host", "GPU"]
+    assert [busy_fields(pct, 100.0)["host_bound"] for pct in busy] == [True, False]
 
 
 def test_the_summaries_pool_a_point_s_rounds():

@@ -34,6 +34,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 
 from lmscope.accounting.fast_memory import fast_block_bytes, fast_dims, predict_fast_memory, saved_by_block
 from lmscope.accounting.flops import forward_flops_by_component, step_flops
@@ -58,17 +59,19 @@ MARGIN_PCT = 5.0
 def parse_bytes(text: str) -> int:
     """'40GiB', '40 GB', '512MiB', '1.5TiB', '4096B' -> bytes (GiB/MiB binary, GB/MB decimal).
 
-    A unit is required: a bare number is refused rather than read as bytes.
+    A unit is required: a bare number is refused rather than read as bytes. The number is read
+    exactly (no float: '8.2MB' is 8200000 bytes, not one less); a fraction of a byte left by a
+    decimal of a large unit is dropped, and a size that comes to less than one byte is refused.
     """
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
     unit = match.group(2).lower() if match else None
     if not match or unit not in _UNITS:
         raise ValueError(f"cannot read the memory size {text!r}: write a number and a unit, "
                          "e.g. 40GiB, 40GB or 512MiB")
-    value = float(match.group(1)) * _UNITS[unit]
-    if value <= 0:
-        raise ValueError(f"memory size {text!r} must be positive")
-    return int(value)
+    size = math.floor(Fraction(match.group(1)) * _UNITS[unit])
+    if size < 1:
+        raise ValueError(f"memory size {text!r} must be at least one byte, e.g. 40GiB or 512MiB")
+    return size
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -17,7 +17,7 @@ from typing import Any
 
 from lmscope.accounting.comms import ddp_overhead_s, optimal_bucket_bytes, optimal_bucket_count
 from lmscope.cli.sweep import default_out, exit_status, run_and_report
-from lmscope.measure.overlap import HOST_BOUND_BELOW_PCT
+from lmscope.measure.host_bound import is_host_bound
 from lmscope.parallel.launch import torchrun_env
 from lmscope.records.results import Record
 from lmscope.records.stats import ratio_interval
@@ -178,7 +178,7 @@ def profile_summary(records: Sequence[Record]) -> Table:
     rows = []
     for record in ok:
         busy = record.get("profile_gpu_busy_pct")
-        bound = None if busy is None else "host" if busy < HOST_BOUND_BELOW_PCT else "GPU"
+        bound = None if busy is None else "host" if is_host_bound(busy / 100) else "GPU"
         rows.append([{**record, "bound": bound}.get(key) for key in header])
     return header, rows
 

@@ -12,6 +12,10 @@ timeline of the activities that the step launched:
   compute). It includes the time a collective waits for the other ranks to reach it.
 * **idle**: the step's wall time when nothing runs, so wall = compute + exposed + idle.
 
+Of several steps, the breakdown is that of the step whose wall time is the median (the lower
+middle one of an even count): one step's parts, so that they add up, as medians taken part by
+part would not.
+
 Exposed communication is also split by the phase range (forward, backward, ...) whose host time
 launched the collective. Host time: the ranges whose names start with one of `WRAPPER_RANGES`
 (ours: `fsdp/pre_forward`, ...; FSDP2's: `FSDP::pre_forward (layers.0)`, ...), summed per name
@@ -21,7 +25,6 @@ launched the collective. Host time: the ranges whose names start with one of `WR
 from __future__ import annotations
 
 import re
-import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -30,10 +33,6 @@ from lmscope.measure.kernels import Activity, Span, Trace
 
 WRAPPER_RANGES = ("fsdp/", "FSDP::")
 """Prefixes of the profiler ranges of data-parallel wrappers' hooks (lmscope's FSDP, FSDP2)."""
-
-HOST_BOUND_BELOW_PCT = 90.0
-"""A step whose GPU is busy (compute or exposed communication, from a profile) for less than this
-share of its unprofiled time waited on the host: it is host-bound."""
 
 Interval = tuple[int, int]
 
@@ -58,7 +57,7 @@ def covered_ns(intervals: Iterable[Interval]) -> int:
 
 @dataclass(frozen=True)
 class StepBreakdown:
-    """One rank's measured steps, in ms per step (medians over the steps)."""
+    """One rank's step whose wall time is the median of its measured steps, in ms."""
 
     steps: int
     wall_ms: float
@@ -102,9 +101,8 @@ def step_breakdown(trace: Trace, steps: Sequence[Span], phases: Sequence[str],
     step that split its exposed communication."""
     if not steps:
         raise ValueError("no measured steps in the trace: profile at least one step")
-    parts = [_one_step(trace, step, phases, prefixes) for step in steps]
-    keys = {key for part in parts for key in part}
-    median = {key: statistics.median(part.get(key, 0) for part in parts) for key in keys}
+    parts = sorted((_one_step(trace, step, phases, prefixes) for step in steps), key=lambda p: p["wall"])
+    median = parts[(len(parts) - 1) // 2]
     ms = {key: value / 1e6 for key, value in median.items() if key != "calls"}
     return StepBreakdown(
         steps=len(steps),

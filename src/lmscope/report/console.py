@@ -89,15 +89,16 @@ def say(message: str) -> None:
 
 
 def fail(message: str) -> None:
-    """One line on stderr saying what is wrong and how to fix it."""
+    """One line on stderr saying what is wrong and how to fix it, printed as is (no markup, and no
+    emoji: rich would turn `:abc:` of a value into one)."""
     line = " ".join(message.splitlines())  # a value may hold line breaks (\n, \x1e, \u2028)
-    errors.print(f"lmscope: error: {line}", highlight=False, markup=False, soft_wrap=True)
+    errors.print(f"lmscope: error: {line}", highlight=False, markup=False, emoji=False, soft_wrap=True)
 
 
 def warn(message: str) -> None:
     """One line on stderr about something the command went on without (e.g. skipped lines)."""
     line = " ".join(message.splitlines())
-    errors.print(f"lmscope: warning: {line}", highlight=False, markup=False, soft_wrap=True)
+    errors.print(f"lmscope: warning: {line}", highlight=False, markup=False, emoji=False, soft_wrap=True)
 
 
 @contextmanager
@@ -122,7 +123,7 @@ def sweep_progress(total: int, label: str, points: Sequence[dict[str, Any]] = ()
             status = record.get("status")
             if status != "ok":
                 progress.console.print(f"  {describe(record, keys)}: {status} ({record.get('error')})",
-                                       highlight=False, markup=False)
+                                       highlight=False, markup=False, emoji=False)
             progress.advance(task)
 
         yield on_start, on_done

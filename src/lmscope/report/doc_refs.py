@@ -64,13 +64,25 @@ def slugs(path: Path) -> frozenset[str]:
             fence = not fence
         if fence or not re.match(r"^#{1,6}\s", line):
             continue
-        text = re.sub(r"[`*_]|<[^>]+>", "", line.lstrip("#").strip())
-        text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)
+        text = _heading_text(line.lstrip("#").strip())
         slug = re.sub(r"[^\w\- ]", "", text.lower()).replace(" ", "-")
         count = seen.get(slug, 0)
         seen[slug] = count + 1
         out.add(slug if count == 0 else f"{slug}-{count}")
     return frozenset(out)
+
+
+def _heading_text(heading: str) -> str:
+    """A heading's text as GitHub renders it: code spans verbatim (`_` and all); outside them no
+    emphasis marks (an underscore inside a word is none), HTML tags or link targets."""
+    out = []
+    for part in re.split(r"(`[^`]*`)", heading):
+        if len(part) >= 2 and part[0] == part[-1] == "`":
+            out.append(part[1:-1])
+        else:
+            part = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", part)
+            out.append(re.sub(r"\*|<[^>]+>|(?<!\w)_+|_+(?!\w)", "", part))
+    return "".join(out)
 
 
 def references(text: str) -> list[str]:

@@ -89,11 +89,12 @@ def _statistics(record: Record, key: str, times: list[float]) -> dict[str, Any]:
     if key == "local_times_ms":  # lmscope ddp's paired unwrapped step, by its mean
         return {"local_step_ms": mean} if "local_step_ms" in record else {}
     if not prefix:  # a step's timer statistics (bench, memory, profile; ddp's step_* names)
+        std = statistics.stdev(times) if len(times) > 1 else 0.0
         out: dict[str, Any] = {
-            "mean_ms": mean, "std_ms": statistics.stdev(times) if len(times) > 1 else 0.0,
+            "mean_ms": mean, "std_ms": std,
             "median_ms": median, "min_ms": min(times), "max_ms": max(times),
             "p20_ms": p20, "p80_ms": p80, "n": len(times),
-            "step_ms": mean, "step_median_ms": median, "step_std_ms": statistics.stdev(times),
+            "step_ms": mean, "step_median_ms": median, "step_std_ms": std,
         }
         old, new = ((record.get("median_ms"), median) if "median_ms" in record
                     else (record.get("step_ms"), mean))  # ddp's tokens_per_s follows its mean step

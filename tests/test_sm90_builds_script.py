@@ -1,4 +1,4 @@
-"""tests/support/sm90_builds.py: an sm_90 build of a FlashAttention kernel without a GPU."""
+"""benchmarks/attention/sm90_builds.py: an sm_90 build of a FlashAttention kernel without a GPU."""
 
 import pytest
 from scripts import load_script
@@ -8,7 +8,7 @@ pytest.importorskip("triton")
 
 @pytest.fixture(scope="module")
 def builds():
-    return load_script("tests/support/sm90_builds.py", "sm90_builds")
+    return load_script("benchmarks/attention/sm90_builds.py", "sm90_builds")
 
 
 def test_a_small_forward_config_builds_with_pipelined_loads(builds) -> None:

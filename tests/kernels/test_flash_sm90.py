@@ -414,13 +414,13 @@ def test_gpu_flash_attention_takes_the_gluon_kernels_and_keeps_the_gradients(tok
 def test_compiles_for_sm90_without_a_gpu(kernel, head_dim):
     """Each kernel builds for sm_90 with the installed Triton (its Gluon API moves between
     releases) into warp-specialised wgmma code fed by TMA; on the CPU, from host-side
-    descriptors (``tests/support/sm90_builds.py``), with (B, H, n, d) inputs and an output
+    descriptors (``benchmarks/attention/sm90_builds.py``), with (B, H, n, d) inputs and an output
     or dO of (B, n, H, d) memory."""
     if not flash_sm90.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
     from scripts import load_script
 
-    builds = load_script("tests/support/sm90_builds.py", "sm90_builds")
+    builds = load_script("benchmarks/attention/sm90_builds.py", "sm90_builds")
     ptx, shared = builds.gluon_build(kernel, head_dim)
     assert "wgmma.mma_async" in ptx and "setmaxnreg" in ptx and "cp.async.bulk.tensor" in ptx
     assert ("cp.reduce.async.bulk.tensor" in ptx) == (kernel == "dkdv-atomic")  # dQ's TMA reduce-adds

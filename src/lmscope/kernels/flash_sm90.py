@@ -378,7 +378,7 @@ def forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
                    causal: bool, qk_scale: float,
                    pingpong: bool = PINGPONG) -> tuple[tuple[int, int], dict]:  # fmt: skip
     """(grid, every argument by name) of the forward's launch for these (Z, H, n, d) tensors;
-    ``forward`` launches it, ``tests/support/sm90_builds.py`` builds it offline."""
+    ``forward`` launches it, ``benchmarks/attention/sm90_builds.py`` builds it offline."""
     z, h, n_q, d = q.shape
     rows = BLOCK_M // 2
     args = dict(q_desc=describe(q, rows), k_desc=describe(k, BLOCK_N), v_desc=describe(v, BLOCK_N),

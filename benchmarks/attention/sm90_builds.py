@@ -6,8 +6,8 @@ pointer arguments and strides get the 16-byte divisibility the real launches spe
 (without it Triton does not pipeline the loads and the report is of another kernel). Run from
 the repository root (any machine; the Triton installed decides what is built):
 
-    PYTHONPATH=src python3 tests/support/sm90_builds.py [--kernel fwd|dkdv|dq] [--head-dim 128]
-    PYTHONPATH=src python3 tests/support/sm90_builds.py --kernel sm90 [--head-dim 128]
+    PYTHONPATH=src python3 benchmarks/attention/sm90_builds.py [--kernel fwd|dkdv|dq] [--head-dim 128]
+    PYTHONPATH=src python3 benchmarks/attention/sm90_builds.py --kernel sm90 [--head-dim 128]
 
 Prints one line per bf16 config the kernel's autotuner would try at that head dim (its "small"
 list up to 64, its "large" list above): tile sizes, warps, stages, registers, spill stores and

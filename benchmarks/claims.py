@@ -115,8 +115,8 @@ def runs_of(found: list[dict]) -> list[list[dict]]:
 @claim("attention-headline")
 def attention_headline(rows: Rows) -> str:
     """The reference workload, from the newest run that measured flash-triton with both SDPA peers."""
-    candidates = [r for pattern in (f"{ATTENTION}/*.jsonl", f"{ATTENTION}/*/*.jsonl")
-                  for r in rows.select(pattern, **LEADERBOARD) if "fwd_bwd_ms" in r and "fwd_ms" in r]
+    candidates = [r for r in rows.select(f"{ATTENTION}/*/*.jsonl", **LEADERBOARD)
+                  if "fwd_bwd_ms" in r and "fwd_ms" in r]
     needed = {"flash-triton", "sdpa-flash", "sdpa-cudnn"}
     runs = [r for r in runs_of(candidates) if needed <= {x["impl"] for x in r}]
     if not runs:
@@ -160,7 +160,7 @@ def attention_host_breakdown(rows: Rows) -> str:
     body = [[r["part"], fmt(r["host_us"]), ratio_text(r["host_us"], sdpa)] for r in run]
     return claim_block(
         f"Shape (B, H, S, d) = {tuple(newest['shape'])}, bf16, causal; host microseconds per call "
-        "(median of rounds of unsynchronized calls, `benchmarks/attention/host_timing.py`); "
+        "(median of rounds of unsynchronized calls, `e124d15:benchmarks/attention/host_timing.py`); "
         "x SDPA = the part over SDPA's whole forward+backward in the same run.",
         table(["part", "host us/call", "x SDPA fwd+bwd"], body),
         f"Measured on {provenance(run)}.",
@@ -210,7 +210,7 @@ def attention_issue19_shapes(rows: Rows) -> str:
 ROUND_27 = f"{ATTENTION}/27-round-h200"
 ROUND_28 = f"{ATTENTION}/28-round-h100"
 DQ_SHAPES = ((1, 16, 16384, 64), (1, 16, 8192, 128), (8, 16, 1024, 64), (1, 16, 32768, 128))
-"""The shapes of h100_round.sh's dq-modes stage (B, H, S, d)."""
+"""The shapes of e124d15:benchmarks/h100_round.sh's dq-modes stage (B, H, S, d)."""
 
 
 def _at(shape: tuple[int, ...]) -> dict:
@@ -343,7 +343,8 @@ def attention_dq_elementwise(rows: Rows) -> str:
 
 def _dq_modes(rows: Rows, folder: str, shapes: tuple, key: str) -> str:
     """``key`` of ours with the separate dQ kernel (LMSCOPE_FLASH_DQ=separate) and in the default
-    auto mode (the five-matmul Gluon dK/dV kernel), one H100 call of ``h100_round.sh``'s dq-modes
+    auto mode (the five-matmul Gluon dK/dV kernel), one H100 call of
+    ``e124d15:benchmarks/h100_round.sh``'s dq-modes
     stage in ``folder``, at ``shapes``."""
     return _variant_against_default(rows, folder, ("dq_separate", "dq_auto"), shapes,
                                     ("separate dQ", "five matmuls"), key)  # fmt: skip
@@ -365,7 +366,8 @@ def attention_dq_auto_bwd(rows: Rows) -> str:
     return _dq_modes(rows, ROUND_31, DQ_AUTO_D64, "bwd_ms")
 
 
-SM90_STEPS = (  # (development call's file, its commit): benchmarks/attention/sm90_kernels.py --variants
+# (development call's file, its commit): e124d15:benchmarks/attention/sm90_kernels.py --variants
+SM90_STEPS = (
     ("sm90_v10_variants", "7461028"),
     ("sm90_v11_variants", "90b9ed2"),
     ("sm90_v13_variants", "67ab2d5"),
@@ -399,7 +401,7 @@ def _development_steps(rows: Rows, folder: str, steps: tuple, shapes: tuple) -> 
             body.append(cells)
     columns = [c for b, h, n, d in shapes for c in (f"{n // 1024}k d {d} ms", "x default")]
     return claim_block(
-        "Development calls (`benchmarks/attention/sm90_kernels.py --variants`: every variant checked "
+        "Development calls (`e124d15:benchmarks/attention/sm90_kernels.py --variants`: every variant checked "
         "against float64 first, then timed fwd+bwd in one process, `do_bench` medians in ms, bf16, "
         "causal; rows without provenance fields, the commit of each call beside it). "
         "x default = over the same call's default, single medians.",
@@ -478,7 +480,7 @@ def attention_sm90_threshold(rows: Rows) -> str:
 
 
 BEFORE_AFTER = ("after", "before", "after2")
-"""The passes of benchmarks/attention/before_after.sh, in the order they ran in one session."""
+"""The passes of e124d15:benchmarks/attention/before_after.sh, in the order they ran in one session."""
 
 
 @claim("attention-host-before-after")
@@ -496,7 +498,8 @@ def attention_native_before_after(rows: Rows) -> str:
 
 
 def _host_before_after(rows: Rows, folder: str) -> str:
-    """The before_after.sh host and short-shape passes of ``folder`` as two tables."""
+    """The e124d15:benchmarks/attention/before_after.sh host and short-shape passes of ``folder``
+    as two tables."""
     host_body, used_by_pass = [], {}
     for v in BEFORE_AFTER:
         found = {r["part"]: r for r in rows.select(f"{folder}/host_{v}.jsonl", status=None)}
@@ -515,7 +518,7 @@ def _host_before_after(rows: Rows, folder: str) -> str:
             used_by_pass[v] += found
     return claim_block(
         "Shape (4, 25, 512, 64), bf16, causal; host microseconds per eager forward+backward through "
-        "the public API (`benchmarks/attention/host_public.py`: median of rounds of unsynchronized "
+        "the public API (`e124d15:benchmarks/attention/host_public.py`: median of rounds of unsynchronized "
         "calls while a sleep kernel holds the GPU); flash / SDPA within the pass.",
         table(["pass", "flash us", "SDPA us", "flash / SDPA"], host_body),
         claim_block(
@@ -532,7 +535,7 @@ def _host_before_after(rows: Rows, folder: str) -> str:
 @claim("fast-step-before-after")
 def fast_step_before_after(rows: Rows) -> str:
     """The fast training step (xl, 2.7B) with the session's first source tree and the one with the
-    new launch path, one GPU session (benchmarks/attention/before_after.sh)."""
+    new launch path, one GPU session (e124d15:benchmarks/attention/before_after.sh)."""
     return _fast_before_after(rows, f"{ATTENTION}/27-round-h100")
 
 
@@ -549,7 +552,8 @@ def fast_step_issue19_final(rows: Rows) -> str:
 
 
 def _fast_before_after(rows: Rows, folder: str, sizes: tuple[str, ...] = ("xl", "2.7B")) -> str:
-    """The before_after.sh fast-step passes of ``folder`` at ``sizes`` as a table."""
+    """The e124d15:benchmarks/attention/before_after.sh fast-step passes of ``folder`` at ``sizes``
+    as a table."""
     body, used = [], {}
     for size in sizes:
         found = {v: rows.one(f"{folder}/fast_{v}.jsonl", size=size) for v in BEFORE_AFTER}
@@ -601,7 +605,7 @@ def _passes_against_fastest(rows: Rows, folder: str, files: tuple[str, str], sha
 @claim("attention-host-native")
 def attention_host_native(rows: Rows) -> str:
     """Host us per eager fwd+bwd: the C++ host path, the Python Function and SDPA in interleaved
-    repeats of one process (benchmarks/attention/host_native.py), per shape."""
+    repeats of one process (e124d15:benchmarks/attention/host_native.py), per shape."""
     body, footers = [], []
     for name in ("host_native_xl", "host_native_27B"):
         found = rows.select(f"{ROUND_28}/first/{name}.jsonl", status=None)
@@ -637,7 +641,8 @@ def attention_split_head_dim(rows: Rows) -> str:
 @claim("attention-engine-thread")
 def attention_engine_thread(rows: Rows) -> str:
     """Host microseconds of eager forward+backward with and without the autograd device thread,
-    and the backward split by stamping hooks, from the newest engine_thread.py run."""
+    and the backward split by stamping hooks, from the newest
+    e124d15:benchmarks/attention/engine_thread.py run."""
     found = rows.select(f"{ATTENTION}/*/engine_thread.jsonl", status=None)  # its rows carry no status
     newest = max(found, key=lambda r: r["time"])
     run = newest_run(found, newest)
@@ -655,8 +660,9 @@ def attention_engine_thread(rows: Rows) -> str:
                          fmt(us.get(f"skeleton: {label}"))])
     return claim_block(
         f"Shape (B, H, S, d) = {tuple(newest['shape'])}, bf16, causal; host microseconds per call "
-        "(forward+backward: median of rounds of unsynchronized calls, `host_timing.py`; hand-off, "
-        "work and hand-back: medians of stamped backwards, `STAMPED_CALLS` in engine_thread.py, "
+        "(forward+backward: median of rounds of unsynchronized calls, "
+        "`e124d15:benchmarks/attention/host_timing.py`; hand-off, work and hand-back: medians of "
+        "stamped backwards, `STAMPED_CALLS` in e124d15:benchmarks/attention/engine_thread.py, "
         "the stamping hooks included); skeleton = a Function that saves and allocates what flash "
         "does and nothing else.",
         table(["part", "SDPA us", "flash us", "flash / SDPA", "skeleton us"], body),
@@ -1196,6 +1202,36 @@ def fast_strongest_peers(rows: Rows) -> str:
     return claim_block(caption, body,
                        f"Rows: `{STRONGEST_PEERS}/bench.jsonl` (`benchmarks/fast/run_strongest_peers.sh`); "
                        f"{provenance(found)}.")
+
+
+CURRENT_ROWS = {
+    "attention": ("attention/33-rounds-h100/rounds.jsonl", "attention/32-round-h100/leaderboard.jsonl",
+                  "attention/32-round-h100/attention_shapes.jsonl", "attention/32-round-h100/tflops.jsonl",
+                  "attention/32-round-h100/classic.jsonl", "attention/29-round-h100/classic.jsonl"),
+}
+"""Per results area, the files of its current canonical rows (under benchmarks/results), which
+the area's README names with the command that made them."""
+
+
+def current_rows(area: str) -> Callable[[Rows], str]:
+    """The claim that lists `area`'s current rows files: rows, device, dates, newest code."""
+    def render(rows: Rows) -> str:
+        body = []
+        for relative in CURRENT_ROWS[area]:
+            found = rows.load(f"benchmarks/results/{relative}")
+            devices = sorted({str(r["device_name"]) for r in found if r.get("device_name")})
+            days = sorted({str(r["time"])[:10] for r in found if r.get("time")})
+            newest = max(found, key=lambda r: str(r.get("time", "")))
+            body.append([f"`{relative.removeprefix(area + '/')}`", str(len(found)), ", ".join(devices) or "-",
+                         days[0] if len(set(days)) == 1 else f"{days[0]} to {days[-1]}",
+                         str(code_identity(newest))])
+        return claim_block("The current rows, from their provenance fields.",
+                           table(["rows file", "rows", "device", "measured", "code of the newest row"], body))
+    return render
+
+
+for _area in CURRENT_ROWS:
+    claim(f"current-{_area}")(current_rows(_area))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,12 +16,9 @@ back it (`lmscope.report.claims` says what backs a number). Usage, from the repo
 from __future__ import annotations
 
 import argparse
-import contextlib
 import fnmatch
 import functools
 import importlib.util
-import io
-import os
 import statistics
 import sys
 from collections.abc import Callable
@@ -860,51 +857,6 @@ def fast_attention_kernels_xl(rows: Rows) -> str:
     )
 
 
-@claim("fast-attention-backend-sizes")
-def fast_attention_backend_sizes(rows: Rows) -> str:
-    """Run 17: the fast step (optimizer in the backward) on our FlashAttention against PyTorch's SDPA."""
-    pattern = f"{FAST}/17-attention-at-512/bench.jsonl"
-    point = dict(context_length=512, precision="bf16", mode="train-step", fast=True,
-                 optimizer_in_backward=True)
-    body = []
-    for size in ("small", "medium", "large", "xl", "2.7B"):
-        ours = rows.one(pattern, size=size, attention="flash", **point)
-        sdpa = rows.one(pattern, size=size, attention="sdpa", **point)
-        body.append([size, fmt(ours["median_ms"], 4), fmt(sdpa["median_ms"], 4), ratio(sdpa, ours)])
-    return claim_block(
-        "Fast step, bf16, batch 4, context 512, optimizer in the backward; median ms; SDPA / ours "
-        "with its 95 % bootstrap interval over the steps (`~`: inside the noise).",
-        table(["size", "our FlashAttention", "PyTorch SDPA", "SDPA / ours"], body),
-        f"Rows: `{pattern}`.",
-    )
-
-
-@claim("fast-progression")
-def fast_progression(rows: Rows) -> str:
-    """The fast step per size and run: `benchmarks/fast/progression.py` over each run's bench.jsonl."""
-    rows.load(f"{FAST}/*/bench.jsonl")  # no rows: a ClaimError before the script runs
-    loaded = set(sys.modules)
-    sys.path.insert(0, str(ROOT / "benchmarks" / "fast"))
-    try:
-        import progression
-
-        out = io.StringIO()
-        cwd = Path.cwd()
-        os.chdir(ROOT)
-        try:
-            with contextlib.redirect_stdout(out):
-                progression.main()
-        finally:
-            os.chdir(cwd)
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks" / "fast"))
-        scripts = ROOT / "benchmarks" / "fast"
-        for name in set(sys.modules) - loaded:  # the script's `summarize` is not the only one
-            if Path(getattr(sys.modules[name], "__file__", None) or "/").parent == scripts:
-                del sys.modules[name]
-    return out.getvalue()
-
-
 DISTRIBUTED = "benchmarks/results/distributed"
 DDP_RUNS = ("ddp-x2-batch16", "ddp-x2-paired")
 """The 2-GPU xl DDP sweeps whose rows carry the overhead model's prediction: batch 16 per rank
@@ -934,94 +886,6 @@ def ddp_exposed_comm(rows: Rows) -> str:
                "predicted ms"], body),
         *footers,
     )
-
-
-@claim("fast-adamw-epilogue")
-def fast_adamw_epilogue(rows: Rows) -> str:
-    """Run 9: AdamW in the weight-gradient GEMM's epilogue against cuBLAS + FusedAdamW, per xl
-    matmul and summed over one block's four."""
-    found = rows.select(f"{FAST}/9-adamw-gemm-epilogue/adamw_gemm_xl.jsonl", status=None)  # no status
-    body = [[r["matmul"], f"{len(r['rows'])} x ({r['rows'][0]}, {r['n']})", f"{r['params']:,}",
-             fmt(r["gemm_ms"]), fmt(r["gemm_plus_adamw_ms"]), fmt(r["fused_ms"]),
-             ratio_text(r["gemm_plus_adamw_ms"], r["fused_ms"]),
-             r["fused_best_config"].split(", num_ctas")[0], f"{r['max_rel_param_diff']:.1e}"] for r in found]
-    separate, fused = (sum(r[key] for r in found) for key in ("gemm_plus_adamw_ms", "fused_ms"))
-    body.append(["one block", "", f"{sum(r['params'] for r in found):,}", "", fmt(separate), fmt(fused),
-                 ratio_text(separate, fused), "", ""])
-    return claim_block(
-        "xl, 2048 tokens; `triton.testing.do_bench` ms, each time with the update of the parameters, "
-        "both moments and the bf16 copy; separate / fused = cuBLAS GEMM + FusedAdamW over the fused "
-        "kernel (below 1: fused slower); one block = the sums over its four matmuls.",
-        table(["matmul", "weights", "params", "cuBLAS GEMM (fp32 out) ms", "GEMM + FusedAdamW ms",
-               "fused ms", "separate / fused", "best config", "max rel. param diff"], body),
-        f"Rows: `{FAST}/9-adamw-gemm-epilogue/adamw_gemm_xl.jsonl` ({found[0]['device']}, commit 52041e3).",
-    )
-
-
-FAST_SUMMARY_PARTS = {
-    "3-fused-optimizer": ("main", "targets", "long"),
-    "5-all-sizes": ("main", "targets", "long"),
-    "7-in-backward-peers": ("main",),
-    "10-handed-over-gradients": ("main",),
-    "11-peers": ("main", "long"),
-    "12-compile-sizes": ("main",),
-    "13-long-compile": ("long",),
-    "14-xl-targets": ("main", "targets"),
-    "16-long-sdpa-inbwd-profile": ("long",),
-    "21-xl-targets-final": ("main", "targets"),
-    "22-sizes-final": ("main", "targets"),
-}
-"""The tables of fast runs' summary.md files that benchmarks/results/fast/README.md shows, by run."""
-
-
-def fast_summary_part(rows: Rows, run: str, part: str) -> str:
-    """One table of a fast run's summary.md, as `benchmarks/fast/summarize.py` writes it from the
-    run's rows, its heading as the caption (the notes under the heading: in the README once)."""
-    summarize = _script("benchmarks/fast/summarize.py")
-    folder = ROOT / FAST / run
-    rows.load(f"{FAST}/{run}/*.jsonl")  # no rows: a ClaimError
-    bench, long = summarize.latest(folder / "bench.jsonl"), summarize.latest(folder / "long.jsonl")
-    lines = {"main": lambda: summarize.main_table(bench),
-             "targets": lambda: summarize.targets(bench, summarize.recorded_bandwidth(folder)),
-             "long": lambda: summarize.long_table(long)}[part]()
-    heading = next(line for line in lines if line.strip().startswith("## "))
-    table_lines = [line for line in lines if line.startswith("|")]
-    return f"`{run}/summary.md`: {heading.strip().removeprefix('## ')}\n\n" + "\n".join(table_lines)
-
-
-for _run, _parts in FAST_SUMMARY_PARTS.items():
-    for _part in _parts:
-        _name = f"fast-{_run.split('-')[0]}-{_part}"
-        claim(_name)(functools.partial(fast_summary_part, run=_run, part=_part))
-
-
-PROFILE_CATEGORIES = ("matmul", "attention", "elementwise", "reduction", "optimizer", "memcpy", "other")
-FAST_PROFILES = ("2-graphs", "3-fused-optimizer", "5-all-sizes", "10-handed-over-gradients",
-                 "16-long-sdpa-inbwd-profile")
-"""The fast runs whose xl profile benchmarks/results/fast/README.md reads, by category."""
-
-
-def fast_profile_categories(rows: Rows, run: str) -> str:
-    """The kernel time per step of a run's xl fast-step profile, by category: each category's
-    share of the kernels' time times the kernel time per step."""
-    row = rows.one(f"{FAST}/{run}/profile.jsonl", size="xl", fast=True)
-    kernels = row["kernel_ms_per_step"]
-    body = [[category, fmt(row[f"{category}_frac"] * kernels), f"{row[f'{category}_frac']:.1%}"]
-            for category in PROFILE_CATEGORIES]
-    body += [["all kernels", fmt(kernels), ""], ["busy (their union)", fmt(row["gpu_busy_ms"]), ""],
-             ["profiled step (wall)", fmt(row["profiled_step_ms"]), ""]]
-    optimizer = "optimizer in the backward" if row.get("optimizer_in_backward") else "separate optimizer"
-    return claim_block(
-        f"xl fast step ({optimizer}), bf16, batch 4, context 512, launched eagerly under the "
-        "profiler; GPU ms per step by kernel category (`lmscope profile`; its report: "
-        f"`{run}/profile_report.md`).",
-        table(["category", "ms per step", "share of kernel time"], body),
-        f"Measured on {provenance([row])}.",
-    )
-
-
-for _run in FAST_PROFILES:
-    claim(f"fast-profile-{_run.split('-')[0]}")(functools.partial(fast_profile_categories, run=_run))
 
 
 FSDP_OVERLAP = f"{DISTRIBUTED}/fsdp-overlap-x2"
@@ -1208,6 +1072,8 @@ CURRENT_ROWS = {
     "attention": ("attention/33-rounds-h100/rounds.jsonl", "attention/32-round-h100/leaderboard.jsonl",
                   "attention/32-round-h100/attention_shapes.jsonl", "attention/32-round-h100/tflops.jsonl",
                   "attention/32-round-h100/classic.jsonl", "attention/29-round-h100/classic.jsonl"),
+    "fast": ("fast/25-strongest-peers/bench.jsonl", "fast/21-xl-targets-final/bench.jsonl",
+             "fast/22-sizes-final/bench.jsonl"),
 }
 """Per results area, the files of its current canonical rows (under benchmarks/results), which
 the area's README names with the command that made them."""

@@ -1074,6 +1074,12 @@ CURRENT_ROWS = {
                   "attention/32-round-h100/classic.jsonl", "attention/29-round-h100/classic.jsonl"),
     "fast": ("fast/25-strongest-peers/bench.jsonl", "fast/21-xl-targets-final/bench.jsonl",
              "fast/22-sizes-final/bench.jsonl"),
+    "distributed": ("distributed/comm.jsonl", "distributed/ddp-x2-batch16/ddp.jsonl",
+                    "distributed/ddp-x2-paired/ddp.jsonl", "distributed/fsdp-x2-h200/fsdp-xl-x2.jsonl",
+                    "distributed/fsdp-x2-h200/fsdp-2.7B-x2.jsonl", "distributed/fsdp-x2-h200/fsdp-8b-flash.jsonl",
+                    "distributed/fsdp-overlap-x2/overlap-xl-x2-b8.jsonl",
+                    "distributed/fsdp-overlap-x2/overlap-xl-x2-b4.jsonl",
+                    "distributed/fsdp-single-h100/fsdp-single.jsonl"),
 }
 """Per results area, the files of its current canonical rows (under benchmarks/results), which
 the area's README names with the command that made them."""

@@ -1069,17 +1069,17 @@ def fast_strongest_peers(rows: Rows) -> str:
 
 
 CURRENT_ROWS = {
-    "attention": ("attention/33-rounds-h100/rounds.jsonl", "attention/32-round-h100/leaderboard.jsonl",
-                  "attention/32-round-h100/attention_shapes.jsonl", "attention/32-round-h100/tflops.jsonl",
-                  "attention/32-round-h100/classic.jsonl", "attention/29-round-h100/classic.jsonl"),
-    "fast": ("fast/25-strongest-peers/bench.jsonl", "fast/21-xl-targets-final/bench.jsonl",
-             "fast/22-sizes-final/bench.jsonl"),
-    "distributed": ("distributed/comm.jsonl", "distributed/ddp-x2-batch16/ddp.jsonl",
-                    "distributed/ddp-x2-paired/ddp.jsonl", "distributed/fsdp-x2-h200/fsdp-xl-x2.jsonl",
-                    "distributed/fsdp-x2-h200/fsdp-2.7B-x2.jsonl", "distributed/fsdp-x2-h200/fsdp-8b-flash.jsonl",
-                    "distributed/fsdp-overlap-x2/overlap-xl-x2-b8.jsonl",
-                    "distributed/fsdp-overlap-x2/overlap-xl-x2-b4.jsonl",
-                    "distributed/fsdp-single-h100/fsdp-single.jsonl"),
+    "attention": ("33-rounds-h100/rounds.jsonl", "32-round-h100/leaderboard.jsonl",
+                  "32-round-h100/attention_shapes.jsonl", "32-round-h100/tflops.jsonl",
+                  "32-round-h100/classic.jsonl", "29-round-h100/classic.jsonl"),
+    "fast": ("25-strongest-peers/bench.jsonl", "21-xl-targets-final/bench.jsonl",
+             "22-sizes-final/bench.jsonl"),
+    "distributed": ("comm.jsonl", "ddp-x2-batch16/ddp.jsonl",
+                    "ddp-x2-paired/ddp.jsonl", "fsdp-x2-h200/fsdp-xl-x2.jsonl",
+                    "fsdp-x2-h200/fsdp-2.7B-x2.jsonl", "fsdp-x2-h200/fsdp-8b-flash.jsonl",
+                    "fsdp-overlap-x2/overlap-xl-x2-b8.jsonl",
+                    "fsdp-overlap-x2/overlap-xl-x2-b4.jsonl",
+                    "fsdp-single-h100/fsdp-single.jsonl"),
 }
 """Per results area, the files of its current canonical rows (under benchmarks/results), which
 the area's README names with the command that made them."""
@@ -1090,11 +1090,11 @@ def current_rows(area: str) -> Callable[[Rows], str]:
     def render(rows: Rows) -> str:
         body = []
         for relative in CURRENT_ROWS[area]:
-            found = rows.load(f"benchmarks/results/{relative}")
+            found = rows.load(f"benchmarks/results/{area}/{relative}")
             devices = sorted({str(r["device_name"]) for r in found if r.get("device_name")})
             days = sorted({str(r["time"])[:10] for r in found if r.get("time")})
             newest = max(found, key=lambda r: str(r.get("time", "")))
-            body.append([f"`{relative.removeprefix(area + '/')}`", str(len(found)), ", ".join(devices) or "-",
+            body.append([f"`{relative}`", str(len(found)), ", ".join(devices) or "-",
                          days[0] if len(set(days)) == 1 else f"{days[0]} to {days[-1]}",
                          str(code_identity(newest))])
         return claim_block("The current rows, from their provenance fields.",

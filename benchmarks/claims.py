@@ -1080,6 +1080,14 @@ CURRENT_ROWS = {
                     "fsdp-overlap-x2/overlap-xl-x2-b8.jsonl",
                     "fsdp-overlap-x2/overlap-xl-x2-b4.jsonl",
                     "fsdp-single-h100/fsdp-single.jsonl"),
+    "bench": ("bench.jsonl", "bench_warmup.jsonl"),
+    "memory": ("results.jsonl", "activations-h100/results.jsonl"),
+    "own_model": ("bench.jsonl", "profile.jsonl", "memory.jsonl", "fidelity.jsonl"),
+    "plan": ("bench.jsonl",),
+    "profile": ("results.jsonl",),
+    "stats": ("coverage.jsonl", "bench-runs/*.jsonl"),
+    "study-cpu": ("*.jsonl",),
+    "study-h100": ("*.jsonl",),
 }
 """Per results area, the files of its current canonical rows (under benchmarks/results), which
 the area's README names with the command that made them."""

@@ -28,6 +28,7 @@ STUBBED = ("python3", "nvidia-smi", "torchrun")
 COVERED_BY = {
     "benchmarks/own_model/fidelity.py": "tests/test_own_model_fidelity_script.py",
     "benchmarks/attention/sm90_builds.py": "tests/kernels/test_flash_sm90.py",
+    "benchmarks/own_model/train_curves.py": "tests/test_own_model_train_curves_script.py",
 }
 """Scripts whose README command a test of their own runs at CPU sizes (the same code path: here
 it would only repeat that test's seconds)."""

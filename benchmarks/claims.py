@@ -16,12 +16,9 @@ back it (`lmscope.report.claims` says what backs a number). Usage, from the repo
 from __future__ import annotations
 
 import argparse
-import contextlib
 import fnmatch
 import functools
 import importlib.util
-import io
-import os
 import statistics
 import sys
 from collections.abc import Callable
@@ -115,8 +112,8 @@ def runs_of(found: list[dict]) -> list[list[dict]]:
 @claim("attention-headline")
 def attention_headline(rows: Rows) -> str:
     """The reference workload, from the newest run that measured flash-triton with both SDPA peers."""
-    candidates = [r for pattern in (f"{ATTENTION}/*.jsonl", f"{ATTENTION}/*/*.jsonl")
-                  for r in rows.select(pattern, **LEADERBOARD) if "fwd_bwd_ms" in r and "fwd_ms" in r]
+    candidates = [r for r in rows.select(f"{ATTENTION}/*/*.jsonl", **LEADERBOARD)
+                  if "fwd_bwd_ms" in r and "fwd_ms" in r]
     needed = {"flash-triton", "sdpa-flash", "sdpa-cudnn"}
     runs = [r for r in runs_of(candidates) if needed <= {x["impl"] for x in r}]
     if not runs:
@@ -160,7 +157,7 @@ def attention_host_breakdown(rows: Rows) -> str:
     body = [[r["part"], fmt(r["host_us"]), ratio_text(r["host_us"], sdpa)] for r in run]
     return claim_block(
         f"Shape (B, H, S, d) = {tuple(newest['shape'])}, bf16, causal; host microseconds per call "
-        "(median of rounds of unsynchronized calls, `benchmarks/attention/host_timing.py`); "
+        "(median of rounds of unsynchronized calls, `e124d15:benchmarks/attention/host_timing.py`); "
         "x SDPA = the part over SDPA's whole forward+backward in the same run.",
         table(["part", "host us/call", "x SDPA fwd+bwd"], body),
         f"Measured on {provenance(run)}.",
@@ -210,7 +207,7 @@ def attention_issue19_shapes(rows: Rows) -> str:
 ROUND_27 = f"{ATTENTION}/27-round-h200"
 ROUND_28 = f"{ATTENTION}/28-round-h100"
 DQ_SHAPES = ((1, 16, 16384, 64), (1, 16, 8192, 128), (8, 16, 1024, 64), (1, 16, 32768, 128))
-"""The shapes of h100_round.sh's dq-modes stage (B, H, S, d)."""
+"""The shapes of e124d15:benchmarks/h100_round.sh's dq-modes stage (B, H, S, d)."""
 
 
 def _at(shape: tuple[int, ...]) -> dict:
@@ -343,7 +340,8 @@ def attention_dq_elementwise(rows: Rows) -> str:
 
 def _dq_modes(rows: Rows, folder: str, shapes: tuple, key: str) -> str:
     """``key`` of ours with the separate dQ kernel (LMSCOPE_FLASH_DQ=separate) and in the default
-    auto mode (the five-matmul Gluon dK/dV kernel), one H100 call of ``h100_round.sh``'s dq-modes
+    auto mode (the five-matmul Gluon dK/dV kernel), one H100 call of
+    ``e124d15:benchmarks/h100_round.sh``'s dq-modes
     stage in ``folder``, at ``shapes``."""
     return _variant_against_default(rows, folder, ("dq_separate", "dq_auto"), shapes,
                                     ("separate dQ", "five matmuls"), key)  # fmt: skip
@@ -365,7 +363,8 @@ def attention_dq_auto_bwd(rows: Rows) -> str:
     return _dq_modes(rows, ROUND_31, DQ_AUTO_D64, "bwd_ms")
 
 
-SM90_STEPS = (  # (development call's file, its commit): benchmarks/attention/sm90_kernels.py --variants
+# (development call's file, its commit): e124d15:benchmarks/attention/sm90_kernels.py --variants
+SM90_STEPS = (
     ("sm90_v10_variants", "7461028"),
     ("sm90_v11_variants", "90b9ed2"),
     ("sm90_v13_variants", "67ab2d5"),
@@ -399,7 +398,7 @@ def _development_steps(rows: Rows, folder: str, steps: tuple, shapes: tuple) -> 
             body.append(cells)
     columns = [c for b, h, n, d in shapes for c in (f"{n // 1024}k d {d} ms", "x default")]
     return claim_block(
-        "Development calls (`benchmarks/attention/sm90_kernels.py --variants`: every variant checked "
+        "Development calls (`e124d15:benchmarks/attention/sm90_kernels.py --variants`: every variant checked "
         "against float64 first, then timed fwd+bwd in one process, `do_bench` medians in ms, bf16, "
         "causal; rows without provenance fields, the commit of each call beside it). "
         "x default = over the same call's default, single medians.",
@@ -478,7 +477,7 @@ def attention_sm90_threshold(rows: Rows) -> str:
 
 
 BEFORE_AFTER = ("after", "before", "after2")
-"""The passes of benchmarks/attention/before_after.sh, in the order they ran in one session."""
+"""The passes of e124d15:benchmarks/attention/before_after.sh, in the order they ran in one session."""
 
 
 @claim("attention-host-before-after")
@@ -496,7 +495,8 @@ def attention_native_before_after(rows: Rows) -> str:
 
 
 def _host_before_after(rows: Rows, folder: str) -> str:
-    """The before_after.sh host and short-shape passes of ``folder`` as two tables."""
+    """The e124d15:benchmarks/attention/before_after.sh host and short-shape passes of ``folder``
+    as two tables."""
     host_body, used_by_pass = [], {}
     for v in BEFORE_AFTER:
         found = {r["part"]: r for r in rows.select(f"{folder}/host_{v}.jsonl", status=None)}
@@ -515,7 +515,7 @@ def _host_before_after(rows: Rows, folder: str) -> str:
             used_by_pass[v] += found
     return claim_block(
         "Shape (4, 25, 512, 64), bf16, causal; host microseconds per eager forward+backward through "
-        "the public API (`benchmarks/attention/host_public.py`: median of rounds of unsynchronized "
+        "the public API (`e124d15:benchmarks/attention/host_public.py`: median of rounds of unsynchronized "
         "calls while a sleep kernel holds the GPU); flash / SDPA within the pass.",
         table(["pass", "flash us", "SDPA us", "flash / SDPA"], host_body),
         claim_block(
@@ -532,7 +532,7 @@ def _host_before_after(rows: Rows, folder: str) -> str:
 @claim("fast-step-before-after")
 def fast_step_before_after(rows: Rows) -> str:
     """The fast training step (xl, 2.7B) with the session's first source tree and the one with the
-    new launch path, one GPU session (benchmarks/attention/before_after.sh)."""
+    new launch path, one GPU session (e124d15:benchmarks/attention/before_after.sh)."""
     return _fast_before_after(rows, f"{ATTENTION}/27-round-h100")
 
 
@@ -549,7 +549,8 @@ def fast_step_issue19_final(rows: Rows) -> str:
 
 
 def _fast_before_after(rows: Rows, folder: str, sizes: tuple[str, ...] = ("xl", "2.7B")) -> str:
-    """The before_after.sh fast-step passes of ``folder`` at ``sizes`` as a table."""
+    """The e124d15:benchmarks/attention/before_after.sh fast-step passes of ``folder`` at ``sizes``
+    as a table."""
     body, used = [], {}
     for size in sizes:
         found = {v: rows.one(f"{folder}/fast_{v}.jsonl", size=size) for v in BEFORE_AFTER}
@@ -601,7 +602,7 @@ def _passes_against_fastest(rows: Rows, folder: str, files: tuple[str, str], sha
 @claim("attention-host-native")
 def attention_host_native(rows: Rows) -> str:
     """Host us per eager fwd+bwd: the C++ host path, the Python Function and SDPA in interleaved
-    repeats of one process (benchmarks/attention/host_native.py), per shape."""
+    repeats of one process (e124d15:benchmarks/attention/host_native.py), per shape."""
     body, footers = [], []
     for name in ("host_native_xl", "host_native_27B"):
         found = rows.select(f"{ROUND_28}/first/{name}.jsonl", status=None)
@@ -637,7 +638,8 @@ def attention_split_head_dim(rows: Rows) -> str:
 @claim("attention-engine-thread")
 def attention_engine_thread(rows: Rows) -> str:
     """Host microseconds of eager forward+backward with and without the autograd device thread,
-    and the backward split by stamping hooks, from the newest engine_thread.py run."""
+    and the backward split by stamping hooks, from the newest
+    e124d15:benchmarks/attention/engine_thread.py run."""
     found = rows.select(f"{ATTENTION}/*/engine_thread.jsonl", status=None)  # its rows carry no status
     newest = max(found, key=lambda r: r["time"])
     run = newest_run(found, newest)
@@ -655,8 +657,9 @@ def attention_engine_thread(rows: Rows) -> str:
                          fmt(us.get(f"skeleton: {label}"))])
     return claim_block(
         f"Shape (B, H, S, d) = {tuple(newest['shape'])}, bf16, causal; host microseconds per call "
-        "(forward+backward: median of rounds of unsynchronized calls, `host_timing.py`; hand-off, "
-        "work and hand-back: medians of stamped backwards, `STAMPED_CALLS` in engine_thread.py, "
+        "(forward+backward: median of rounds of unsynchronized calls, "
+        "`e124d15:benchmarks/attention/host_timing.py`; hand-off, work and hand-back: medians of "
+        "stamped backwards, `STAMPED_CALLS` in e124d15:benchmarks/attention/engine_thread.py, "
         "the stamping hooks included); skeleton = a Function that saves and allocates what flash "
         "does and nothing else.",
         table(["part", "SDPA us", "flash us", "flash / SDPA", "skeleton us"], body),
@@ -854,51 +857,6 @@ def fast_attention_kernels_xl(rows: Rows) -> str:
     )
 
 
-@claim("fast-attention-backend-sizes")
-def fast_attention_backend_sizes(rows: Rows) -> str:
-    """Run 17: the fast step (optimizer in the backward) on our FlashAttention against PyTorch's SDPA."""
-    pattern = f"{FAST}/17-attention-at-512/bench.jsonl"
-    point = dict(context_length=512, precision="bf16", mode="train-step", fast=True,
-                 optimizer_in_backward=True)
-    body = []
-    for size in ("small", "medium", "large", "xl", "2.7B"):
-        ours = rows.one(pattern, size=size, attention="flash", **point)
-        sdpa = rows.one(pattern, size=size, attention="sdpa", **point)
-        body.append([size, fmt(ours["median_ms"], 4), fmt(sdpa["median_ms"], 4), ratio(sdpa, ours)])
-    return claim_block(
-        "Fast step, bf16, batch 4, context 512, optimizer in the backward; median ms; SDPA / ours "
-        "with its 95 % bootstrap interval over the steps (`~`: inside the noise).",
-        table(["size", "our FlashAttention", "PyTorch SDPA", "SDPA / ours"], body),
-        f"Rows: `{pattern}`.",
-    )
-
-
-@claim("fast-progression")
-def fast_progression(rows: Rows) -> str:
-    """The fast step per size and run: `benchmarks/fast/progression.py` over each run's bench.jsonl."""
-    rows.load(f"{FAST}/*/bench.jsonl")  # no rows: a ClaimError before the script runs
-    loaded = set(sys.modules)
-    sys.path.insert(0, str(ROOT / "benchmarks" / "fast"))
-    try:
-        import progression
-
-        out = io.StringIO()
-        cwd = Path.cwd()
-        os.chdir(ROOT)
-        try:
-            with contextlib.redirect_stdout(out):
-                progression.main()
-        finally:
-            os.chdir(cwd)
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks" / "fast"))
-        scripts = ROOT / "benchmarks" / "fast"
-        for name in set(sys.modules) - loaded:  # the script's `summarize` is not the only one
-            if Path(getattr(sys.modules[name], "__file__", None) or "/").parent == scripts:
-                del sys.modules[name]
-    return out.getvalue()
-
-
 DISTRIBUTED = "benchmarks/results/distributed"
 DDP_RUNS = ("ddp-x2-batch16", "ddp-x2-paired")
 """The 2-GPU xl DDP sweeps whose rows carry the overhead model's prediction: batch 16 per rank
@@ -928,94 +886,6 @@ def ddp_exposed_comm(rows: Rows) -> str:
                "predicted ms"], body),
         *footers,
     )
-
-
-@claim("fast-adamw-epilogue")
-def fast_adamw_epilogue(rows: Rows) -> str:
-    """Run 9: AdamW in the weight-gradient GEMM's epilogue against cuBLAS + FusedAdamW, per xl
-    matmul and summed over one block's four."""
-    found = rows.select(f"{FAST}/9-adamw-gemm-epilogue/adamw_gemm_xl.jsonl", status=None)  # no status
-    body = [[r["matmul"], f"{len(r['rows'])} x ({r['rows'][0]}, {r['n']})", f"{r['params']:,}",
-             fmt(r["gemm_ms"]), fmt(r["gemm_plus_adamw_ms"]), fmt(r["fused_ms"]),
-             ratio_text(r["gemm_plus_adamw_ms"], r["fused_ms"]),
-             r["fused_best_config"].split(", num_ctas")[0], f"{r['max_rel_param_diff']:.1e}"] for r in found]
-    separate, fused = (sum(r[key] for r in found) for key in ("gemm_plus_adamw_ms", "fused_ms"))
-    body.append(["one block", "", f"{sum(r['params'] for r in found):,}", "", fmt(separate), fmt(fused),
-                 ratio_text(separate, fused), "", ""])
-    return claim_block(
-        "xl, 2048 tokens; `triton.testing.do_bench` ms, each time with the update of the parameters, "
-        "both moments and the bf16 copy; separate / fused = cuBLAS GEMM + FusedAdamW over the fused "
-        "kernel (below 1: fused slower); one block = the sums over its four matmuls.",
-        table(["matmul", "weights", "params", "cuBLAS GEMM (fp32 out) ms", "GEMM + FusedAdamW ms",
-               "fused ms", "separate / fused", "best config", "max rel. param diff"], body),
-        f"Rows: `{FAST}/9-adamw-gemm-epilogue/adamw_gemm_xl.jsonl` ({found[0]['device']}, commit 52041e3).",
-    )
-
-
-FAST_SUMMARY_PARTS = {
-    "3-fused-optimizer": ("main", "targets", "long"),
-    "5-all-sizes": ("main", "targets", "long"),
-    "7-in-backward-peers": ("main",),
-    "10-handed-over-gradients": ("main",),
-    "11-peers": ("main", "long"),
-    "12-compile-sizes": ("main",),
-    "13-long-compile": ("long",),
-    "14-xl-targets": ("main", "targets"),
-    "16-long-sdpa-inbwd-profile": ("long",),
-    "21-xl-targets-final": ("main", "targets"),
-    "22-sizes-final": ("main", "targets"),
-}
-"""The tables of fast runs' summary.md files that benchmarks/results/fast/README.md shows, by run."""
-
-
-def fast_summary_part(rows: Rows, run: str, part: str) -> str:
-    """One table of a fast run's summary.md, as `benchmarks/fast/summarize.py` writes it from the
-    run's rows, its heading as the caption (the notes under the heading: in the README once)."""
-    summarize = _script("benchmarks/fast/summarize.py")
-    folder = ROOT / FAST / run
-    rows.load(f"{FAST}/{run}/*.jsonl")  # no rows: a ClaimError
-    bench, long = summarize.latest(folder / "bench.jsonl"), summarize.latest(folder / "long.jsonl")
-    lines = {"main": lambda: summarize.main_table(bench),
-             "targets": lambda: summarize.targets(bench, summarize.recorded_bandwidth(folder)),
-             "long": lambda: summarize.long_table(long)}[part]()
-    heading = next(line for line in lines if line.strip().startswith("## "))
-    table_lines = [line for line in lines if line.startswith("|")]
-    return f"`{run}/summary.md`: {heading.strip().removeprefix('## ')}\n\n" + "\n".join(table_lines)
-
-
-for _run, _parts in FAST_SUMMARY_PARTS.items():
-    for _part in _parts:
-        _name = f"fast-{_run.split('-')[0]}-{_part}"
-        claim(_name)(functools.partial(fast_summary_part, run=_run, part=_part))
-
-
-PROFILE_CATEGORIES = ("matmul", "attention", "elementwise", "reduction", "optimizer", "memcpy", "other")
-FAST_PROFILES = ("2-graphs", "3-fused-optimizer", "5-all-sizes", "10-handed-over-gradients",
-                 "16-long-sdpa-inbwd-profile")
-"""The fast runs whose xl profile benchmarks/results/fast/README.md reads, by category."""
-
-
-def fast_profile_categories(rows: Rows, run: str) -> str:
-    """The kernel time per step of a run's xl fast-step profile, by category: each category's
-    share of the kernels' time times the kernel time per step."""
-    row = rows.one(f"{FAST}/{run}/profile.jsonl", size="xl", fast=True)
-    kernels = row["kernel_ms_per_step"]
-    body = [[category, fmt(row[f"{category}_frac"] * kernels), f"{row[f'{category}_frac']:.1%}"]
-            for category in PROFILE_CATEGORIES]
-    body += [["all kernels", fmt(kernels), ""], ["busy (their union)", fmt(row["gpu_busy_ms"]), ""],
-             ["profiled step (wall)", fmt(row["profiled_step_ms"]), ""]]
-    optimizer = "optimizer in the backward" if row.get("optimizer_in_backward") else "separate optimizer"
-    return claim_block(
-        f"xl fast step ({optimizer}), bf16, batch 4, context 512, launched eagerly under the "
-        "profiler; GPU ms per step by kernel category (`lmscope profile`; its report: "
-        f"`{run}/profile_report.md`).",
-        table(["category", "ms per step", "share of kernel time"], body),
-        f"Measured on {provenance([row])}.",
-    )
-
-
-for _run in FAST_PROFILES:
-    claim(f"fast-profile-{_run.split('-')[0]}")(functools.partial(fast_profile_categories, run=_run))
 
 
 FSDP_OVERLAP = f"{DISTRIBUTED}/fsdp-overlap-x2"
@@ -1198,6 +1068,52 @@ def fast_strongest_peers(rows: Rows) -> str:
     return claim_block(caption, body,
                        f"Rows: `{STRONGEST_PEERS}/bench.jsonl` (`benchmarks/fast/run_strongest_peers.sh`); "
                        f"{provenance(found)}.")
+
+
+CURRENT_ROWS = {
+    "attention": ("33-rounds-h100/rounds.jsonl", "32-round-h100/leaderboard.jsonl",
+                  "32-round-h100/attention_shapes.jsonl", "32-round-h100/tflops.jsonl",
+                  "32-round-h100/classic.jsonl", "29-round-h100/classic.jsonl"),
+    "fast": ("25-strongest-peers/bench.jsonl", "21-xl-targets-final/bench.jsonl",
+             "22-sizes-final/bench.jsonl"),
+    "distributed": ("comm.jsonl", "ddp-x2-batch16/ddp.jsonl",
+                    "ddp-x2-paired/ddp.jsonl", "fsdp-x2-h200/fsdp-xl-x2.jsonl",
+                    "fsdp-x2-h200/fsdp-2.7B-x2.jsonl", "fsdp-x2-h200/fsdp-8b-flash.jsonl",
+                    "fsdp-overlap-x2/overlap-xl-x2-b8.jsonl",
+                    "fsdp-overlap-x2/overlap-xl-x2-b4.jsonl",
+                    "fsdp-single-h100/fsdp-single.jsonl"),
+    "bench": ("bench.jsonl", "bench_warmup.jsonl"),
+    "memory": ("results.jsonl", "activations-h100/results.jsonl"),
+    "own_model": ("bench.jsonl", "profile.jsonl", "memory.jsonl", "fidelity.jsonl"),
+    "plan": ("bench.jsonl",),
+    "profile": ("results.jsonl",),
+    "stats": ("coverage.jsonl", "bench-runs/*.jsonl"),
+    "study-cpu": ("*.jsonl",),
+    "study-h100": ("*.jsonl",),
+}
+"""Per results area, the files of its current canonical rows (under benchmarks/results), which
+the area's README names with the command that made them."""
+
+
+def current_rows(area: str) -> Callable[[Rows], str]:
+    """The claim that lists `area`'s current rows files: rows, device, dates, newest code."""
+    def render(rows: Rows) -> str:
+        body = []
+        for relative in CURRENT_ROWS[area]:
+            found = rows.load(f"benchmarks/results/{area}/{relative}")
+            devices = sorted({str(r["device_name"]) for r in found if r.get("device_name")})
+            days = sorted({str(r["time"])[:10] for r in found if r.get("time")})
+            newest = max(found, key=lambda r: str(r.get("time", "")))
+            body.append([f"`{relative}`", str(len(found)), ", ".join(devices) or "-",
+                         days[0] if len(set(days)) == 1 else f"{days[0]} to {days[-1]}",
+                         str(code_identity(newest))])
+        return claim_block("The current rows, from their provenance fields.",
+                           table(["rows file", "rows", "device", "measured", "code of the newest row"], body))
+    return render
+
+
+for _area in CURRENT_ROWS:
+    claim(f"current-{_area}")(current_rows(_area))
 
 
 def main(argv: list[str] | None = None) -> int:

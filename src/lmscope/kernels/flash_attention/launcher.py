@@ -39,7 +39,7 @@ class _Launcher:
     the constexpr arguments (HEAD_DIM, D_MAIN, D_TAIL, D_PAD, DOT_PREC, CAUSAL, ATOMIC_DQ, ACC64)
     follow from it.
     The kept choices are dropped whenever the autotuner's cache changed size behind our back
-    (benchmarks/flash_tune.py clears it to re-tune), and ``kernel.best_config`` is set on every
+    (re-tuning clears it), and ``kernel.best_config`` is set on every
     launch as the autotuner does. Where this Triton lacks what the direct launch needs (the
     autotuner's ``fn``, ``cache`` and ``best_config``, ``fn.run(*args, grid, warmup, **kw)``),
     or a config has a pre_hook, every call goes through the autotuner.

@@ -9,7 +9,6 @@ dtype. Under ``TRITON_INTERPRET=1`` every kernel has one small config.
 from __future__ import annotations
 
 import inspect
-import os
 
 import torch
 import triton
@@ -17,11 +16,6 @@ import triton
 from lmscope.envflags import env_flag
 
 _INTERPRET = env_flag("TRITON_INTERPRET")
-# Benchmark hook (benchmarks/flash_tune.py warms Triton's disk cache in parallel processes):
-# pin every autotuned kernel to the config with this index in its list.
-_ONLY_CONFIG = (
-    int(os.environ["LMSCOPE_FLASH_ONLY_CONFIG"]) if os.environ.get("LMSCOPE_FLASH_ONLY_CONFIG") else None
-)
 
 
 # --------------------------------------------------------------------------------------------
@@ -69,7 +63,8 @@ _DQ = {  # (BLOCK_M2 resident queries, BLOCK_N2 keys per step)
     "interp": [(32, 16, 1, 1, True)],
 }
 # LMSCOPE_FLASH_WIDE=1: the longer head-dim <= 64 lists the lists above were chosen from
-# (benchmarks/flash_tune.py run with it; numbers in docs/kernels/flash_attention.md), and longer
+# (the tuning script at e124d15:benchmarks/flash_tune.py ran with it; numbers in
+# docs/kernels/flash_attention.md), and longer
 # head-dim > 64 backward lists with larger query and key tiles, measured at d 128 where the
 # backward trails cuDNN (docs/kernels/flash_attention_backward_notes.md).
 if env_flag("LMSCOPE_FLASH_WIDE"):
@@ -117,8 +112,6 @@ def _pruner(table: dict, names: tuple[str, str]):
                 _cfg(names, (*_key(kept[0] if kept else configs[0], names)[:4], True))
             ]
         kept = kept or configs[:1]
-        if _ONLY_CONFIG is not None:  # benchmark warm-up: compile exactly one config
-            return [kept[_ONLY_CONFIG % len(kept)]]
         return kept
 
     return prune

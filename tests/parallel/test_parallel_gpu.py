@@ -10,6 +10,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from lmscope.accounting.comms import COLLECTIVES
 from lmscope.parallel.ddp import data_parallel
 from lmscope.parallel.launch import RankContext, launch
 from lmscope.parallel.sharded_optimizer import ShardedOptimizer
@@ -89,7 +90,7 @@ def test_wrappers_and_sharded_optimizer_match_single_gpu_training(launch_seed):
             assert diff < 1e-10, (name, diff, launch_seed)
 
 
-@pytest.mark.parametrize("op", collectives.COLLECTIVES)
+@pytest.mark.parametrize("op", COLLECTIVES)
 def test_nccl_collective_rows(op):
     row = collectives.run_point(dict(op=op, size_mb=3.3, world_size=2, backend="nccl", warmup=2, iters=5))
     assert row["wrong"] == 0 and row["backend_used"] == "nccl"

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from lmscope.measure.intervals import merged
 from lmscope.measure.kernel_categories import classify
 
 
@@ -85,18 +86,8 @@ def _thread_self_times(thread: Any, nodes: list[tuple[int, int, str]]) -> list[O
     for index, (start, _, name) in enumerate(nodes):
         if owner[index] != index:
             continue
-        merged = _merge(segments[index])
-        if merged or not children[index]:
-            out.append(OpTime(name, thread, start, tuple(merged) or ((start, start),)))
+        pieces = merged(segments[index])  # a child folded into its owner leaves no seam
+        if pieces or not children[index]:
+            out.append(OpTime(name, thread, start, tuple(pieces) or ((start, start),)))
     return out
 
-
-def _merge(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Sorted, touching intervals joined (a child folded into its owner leaves no seam)."""
-    merged: list[tuple[int, int]] = []
-    for start, end in sorted(intervals):
-        if merged and start <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
-        else:
-            merged.append((start, end))
-    return merged

@@ -13,9 +13,10 @@ setup code: `lmscope.workloads.ddp`), on --nproc local ranks; rank 0 records --s
   backward), the `rebuild` ranges (selective recompute's rebuilt tensors) and the step's phases,
   each also as a share of compute (`<name>_share_pct`).
 
-Appends one JSON row (these fields per step, medians; the policy, provenance; a failed or
-out-of-memory run is a row too) to --out and writes the trace beside it (`<out>.trace.json.gz`,
-Perfetto opens it). For example, the 8B long-context step:
+Appends one row (these fields per step, medians; the policy, provenance; a failed or
+out-of-memory run is a row too) to the JSONL file --out with `lmscope.results.append_record` (a
+row never merges into a line a killed writer left cut off) and writes the trace beside it
+(`<out>.trace.json.gz`, Perfetto opens it). For example, the 8B long-context step:
 
     PYTHONPATH=src python3 benchmarks/distributed/profile_fsdp_step.py --nproc 2 --d-model 4096 \
         --d-ff 11008 --num-layers 34 --num-heads 32 --vocab-size 151936 --context-length 32768 \
@@ -31,12 +32,12 @@ from pathlib import Path
 from typing import Any
 
 from lmscope.measure.kernel_categories import classify
-from lmscope.measure.kernels import STEP, Activity, Trace, _union_ns, load_trace, record_trace
+from lmscope.measure.kernels import STEP, Activity, Trace, load_trace, record_trace, union_ns
 from lmscope.measure.timer import PhaseClock, synchronize
 from lmscope.model.checkpointing import RECOMPUTE_RANGE
 from lmscope.model.saved_tensors import REBUILD_RANGE
 from lmscope.parallel.launch import RankContext, launch
-from lmscope.records.results import provenance
+from lmscope.records.results import append_record, provenance
 from lmscope.workloads.ddp import Spec, _Setup
 
 RANGES = {"recompute": RECOMPUTE_RANGE, "rebuild": REBUILD_RANGE, "optimizer": "optimizer",
@@ -75,12 +76,12 @@ def breakdown(trace: Trace) -> dict[str, float]:
         compute = [a for a in acts if classify(a.name) not in ("communication", "memcpy")]
         comm = [a for a in acts if classify(a.name) == "communication"]
         copies = [a for a in acts if classify(a.name) == "memcpy"]
-        busy = _union_ns(compute)
+        busy = union_ns(compute)
         row = {"step_wall_ms": step.dur_ns / 1e6, "compute_ms": busy / 1e6,
-               "exposed_comm_ms": (_union_ns(compute + comm) - busy) / 1e6,
-               "exposed_copy_ms": (_union_ns(compute + copies) - busy) / 1e6,
+               "exposed_comm_ms": (union_ns(compute + comm) - busy) / 1e6,
+               "exposed_copy_ms": (union_ns(compute + copies) - busy) / 1e6,
                "comm_kernel_ms": sum(a.dur_ns for a in comm) / 1e6,
-               "idle_ms": (step.dur_ns - _union_ns(acts)) / 1e6}
+               "idle_ms": (step.dur_ns - union_ns(acts)) / 1e6}
         for name, range_name in RANGES.items():
             row[f"{name}_gpu_ms"] = _launched_in_ranges(trace, range_name, step, compute) / 1e6
             row[f"{name}_share_pct"] = 100 * row[f"{name}_gpu_ms"] / row["compute_ms"] if busy else 0.0
@@ -114,8 +115,7 @@ def main() -> None:
     except Exception as error:  # a failed rank or an OOM is a row too
         row.update(status="oom" if "out of memory" in str(error).lower() else "error",
                    error=str(error).splitlines()[0][:300])
-    with open(args["out"], "a") as stream:
-        stream.write(json.dumps(row) + "\n")
+    append_record(Path(args["out"]), row)
     print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()
                       if k.endswith(("_ms", "_pct")) or k in ("policy", "status", "error")}, indent=1))
 

@@ -9,6 +9,11 @@ rounds (`lmscope.report.rounds.ratio_between`, as `--compare` shows it), and the
 over all the other runs' rounds; the run's interval covers it or not. Writes DIR/coverage.jsonl
 (one row per run, then a summary row) and DIR/summary.md (the table, the count, the command,
 the device and the date).
+
+The true ratio is unknown, so the reference is itself measured: the other runs' pooled ratio
+(leave one out), which carries their noise too, less than one run's since it pools several. A
+run is thus checked against a noisy target, and the count tends to come out a little lower than
+coverage of the true ratio would (for runs that share one true ratio), not higher.
 """
 
 from __future__ import annotations

@@ -71,3 +71,18 @@ def test_convolution_and_biased_linear_keep_their_time_in_a_real_profile(tmp_pat
     shares = whole.as_dict()["categories"]
     assert shares["matmul"] > 0.2, shares  # convolutions and GEMMs are most of this step's work
     assert whole.kernel_ns <= whole.wall_ns and not whole.violations
+
+
+def test_no_work_ops_fold_into_the_nearest_working_op_around_them_or_the_top_level_one() -> None:
+    o = random.randrange(10**6)
+    ops = [(1, "aten::linear", o, o + 100), (1, "aten::addmm", o + 10, o + 90),
+           (1, "aten::expand", o + 20, o + 30), (1, "aten::view", o + 22, o + 24),  # folds twice
+           (1, "aten::empty", o + 40, o + 60), (1, "aten::copy_", o + 45, o + 50),  # the copy keeps its own
+           (1, "aten::empty", o + 200, o + 230), (1, "aten::view", o + 205, o + 215),  # top level
+           (1, "aten::add", o + 300, o + 300)]  # took no time
+    credited = {(op.name, op.start_ns): op for op in op_self_times(ops)}
+    assert {key: op.self_ns for key, op in credited.items()} == {
+        ("aten::linear", o): 20, ("aten::addmm", o + 10): 75, ("aten::copy_", o + 45): 5,
+        ("aten::empty", o + 200): 30, ("aten::add", o + 300): 0}
+    assert credited["aten::addmm", o + 10].segments == ((o + 10, o + 45), (o + 50, o + 90))
+    assert credited["aten::add", o + 300].segments == ((o + 300, o + 300),)

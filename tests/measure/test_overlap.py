@@ -7,7 +7,7 @@ import random
 import pytest
 
 from lmscope.measure.kernels import STEP, Activity, Span, Trace
-from lmscope.measure.overlap import covered_ns, merged, range_name, step_breakdown
+from lmscope.measure.overlap import range_name, step_breakdown
 
 GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64"
 GATHER = "ncclDevKernel_AllGather_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
@@ -32,11 +32,6 @@ def _step(offset: int) -> tuple[list[Activity], list[Span]]:
              Span("fsdp/pre_forward", o + 1, o + 5), Span("fsdp/all_gather", o + 2, o + 4),
              Span("FSDP::pre_backward (layers.3)", o + 41, o + 44)]
     return acts, spans
-
-
-def test_merged_and_covered():
-    assert merged([(5, 9), (0, 3), (2, 4), (9, 10), (12, 12)]) == [(0, 4), (5, 10)]
-    assert covered_ns([(0, 10), (5, 15), (20, 21)]) == 16
 
 
 def test_a_step_is_compute_plus_exposed_communication_plus_idle():

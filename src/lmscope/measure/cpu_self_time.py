@@ -1,16 +1,21 @@
 """On a CPU, which aten op each moment of a thread's time belongs to: self time, no time lost.
 
-torch.profiler records CPU ops as nested intervals per thread (`aten::linear` > `aten::addmm` >
-`aten::copy_`). Each moment inside a top-level op belongs to the innermost op running then: an
-op's *self time* is its interval less those of the ops nested in it. So `aten::addmm` keeps its
-GEMM although it calls `aten::expand` and `aten::copy_` (which keep theirs), and
-`aten::mkldnn_convolution` keeps its convolution although it allocates its output inside.
+Why: on a CPU there are no device kernels, so `lmscope profile`'s kernel tables list aten ops
+instead (`kernels.load_trace`). Taking each op's whole interval would count a nested op's time
+again in every op around it; taking only innermost ops would drop the work an op does around
+its nested calls (the GEMM of an `aten::addmm`, which copies its bias in with an `aten::copy_`).
 
-Ops that do no work of their own (views, allocations, flag checks: category `other`) fold into
-the nearest op around them that does: the `aten::empty` inside a convolution is part of the
-convolution, the `aten::resolve_conj` inside `aten::mm` part of the matmul. Only a top-level op,
-or one under nothing but such ops, is credited under its own name. Summed over a thread, the
-credited time is the union of its top-level ops: nothing counted twice, nothing dropped.
+What: torch.profiler records CPU ops as nested intervals per thread (`aten::linear` >
+`aten::addmm` > `aten::copy_`). An op's *self time* is its interval less those of the ops nested
+in it, so each moment goes to the innermost op running then: `aten::addmm` keeps its GEMM, its
+nested `aten::copy_` keeps the copy. An op that does no work of its own (views, allocations,
+flag checks: category `other` of `kernel_categories`) is credited under its own name only at
+top level; nested, its self time goes to the nearest op around it that does work, or to the
+top-level op when none does: the `aten::expand` inside `aten::addmm` and the `aten::resolve_conj`
+inside `aten::mm` are part of the matmul, the `aten::empty` that `aten::mkldnn_convolution`
+allocates its output with is part of the convolution. An op that does work is credited under
+its own name at any depth. Ops on one thread nest, so summed over a thread the credited time is
+the union of its top-level ops: nothing counted twice, nothing dropped.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from lmscope.measure.intervals import merged
 from lmscope.measure.kernel_categories import classify
 
 
@@ -32,18 +38,21 @@ class OpTime:
     start_ns: int
     """When the op was called (its 'launch')."""
     segments: tuple[tuple[int, int], ...]
-    """Disjoint [start, end) intervals in time order, with no op that has its own credit inside."""
+    """Disjoint [start, end) intervals in time order, with no op that has its own credit inside;
+    one empty interval at its start for an op that took no time."""
 
     @property
     def self_ns(self) -> int:
+        """Its self time: the length of its segments."""
         return sum(end - start for start, end in self.segments)
 
 
 def op_self_times(ops: Iterable[tuple[Any, str, int, int]]) -> list[OpTime]:
     """Self time of each op call from (thread, name, start_ns, end_ns), per the module's rule.
 
-    An op whose whole interval is credited to ops nested in it (an `aten::matmul` around an
-    `aten::mm`) is left out; an op without nested ops is kept even when it took no time.
+    Left out: a nested op that does no work (its time is its owner's), and an op whose whole
+    interval is credited to ops nested in it (an `aten::matmul` around an `aten::mm`). An op
+    without nested ops is kept even when it took no time.
     """
     by_thread: dict[Any, list[tuple[int, int, str]]] = defaultdict(list)
     for thread, name, start, end in ops:
@@ -85,18 +94,8 @@ def _thread_self_times(thread: Any, nodes: list[tuple[int, int, str]]) -> list[O
     for index, (start, _, name) in enumerate(nodes):
         if owner[index] != index:
             continue
-        merged = _merge(segments[index])
-        if merged or not children[index]:
-            out.append(OpTime(name, thread, start, tuple(merged) or ((start, start),)))
+        pieces = merged(segments[index])  # a child folded into its owner leaves no seam
+        if pieces or not children[index]:
+            out.append(OpTime(name, thread, start, tuple(pieces) or ((start, start),)))
     return out
 
-
-def _merge(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Sorted, touching intervals joined (a child folded into its owner leaves no seam)."""
-    merged: list[tuple[int, int]] = []
-    for start, end in sorted(intervals):
-        if merged and start <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
-        else:
-            merged.append((start, end))
-    return merged

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from lmscope.measure.cpu_self_time import op_self_times
+from lmscope.measure.intervals import covered_ns
 from lmscope.measure.kernel_categories import CATEGORIES, classify
 from lmscope.measure.ranges import phase
 from lmscope.measure.timer import synchronize
@@ -359,17 +360,7 @@ def _window(trace: Trace, step: Span, span: Span, acts: list[Activity]) -> tuple
 
 def union_ns(acts: Iterable[Activity]) -> int:
     """Time covered by at least one of the activities (overlapping ones, e.g. on two streams, once)."""
-    total, cur_start, cur_end = 0, None, None
-    for start, end in sorted(interval for act in acts for interval in act.intervals()):
-        if cur_end is None or start > cur_end:
-            if cur_end is not None:
-                total += cur_end - cur_start
-            cur_start, cur_end = start, end
-        else:
-            cur_end = max(cur_end, end)
-    if cur_end is not None:
-        total += cur_end - cur_start
-    return total
+    return covered_ns(interval for act in acts for interval in act.intervals())
 
 
 def _gaps(acts: list[Activity], begin: int, end: int, step: int, step_start: int) -> list[Gap]:

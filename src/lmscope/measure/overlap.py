@@ -25,35 +25,15 @@ launched the collective. Host time: the ranges whose names start with one of `WR
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from lmscope.measure.intervals import Interval, covered_ns, merged
 from lmscope.measure.kernel_categories import classify
 from lmscope.measure.kernels import Activity, Span, Trace
 
 WRAPPER_RANGES = ("fsdp/", "FSDP::")
 """Prefixes of the profiler ranges of data-parallel wrappers' hooks (lmscope's FSDP, FSDP2)."""
-
-Interval = tuple[int, int]
-
-
-def merged(intervals: Iterable[Interval]) -> list[Interval]:
-    """The union of half-open intervals [start, end) as disjoint intervals in order."""
-    out: list[Interval] = []
-    for start, end in sorted(intervals):
-        if end <= start:
-            continue
-        if out and start <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], end))
-        else:
-            out.append((start, end))
-    return out
-
-
-def covered_ns(intervals: Iterable[Interval]) -> int:
-    """Length of the union of the intervals."""
-    return sum(end - start for start, end in merged(intervals))
-
 
 @dataclass(frozen=True)
 class StepBreakdown:

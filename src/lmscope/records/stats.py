@@ -33,7 +33,8 @@ import numpy as np
 from lmscope.records.bootstrap import block_bias, independent_units, resampled_medians, widening
 
 RESAMPLES = 4000
-"""Bootstrap resamples per interval (the interval's own Monte Carlo error is well under 1 %)."""
+"""Bootstrap resamples per interval: the more, the less its bounds depend on the draw (their own
+Monte Carlo error), at a cost linear in the count."""
 SEED = 20261123
 """Fixed seed of the resampling: an interval is a function of the times alone."""
 MIN_STEPS = 5
@@ -74,8 +75,8 @@ class RatioInterval:
         return self.holds(1.0)
 
     def as_text(self, digits: int = 2) -> str:
-        """'1.48x [1.45, 1.51]', '~' in front when the difference is inside the noise, or
-        '21.40x (no interval: 1 time on one side, need 5)'."""
+        """'R.RRx [L.LL, H.HH]' (ratio and interval at `digits` decimals), '~' in front when the
+        difference is inside the noise, or 'R.RRx (no interval: REASON)' (REASON as in `reason`)."""
         if not self.bounded:
             return f"{self.ratio:.{digits}f}x (no interval: {self.reason})"
         mark = "~" if self.within_noise else ""

@@ -1,17 +1,17 @@
 """Whether a number printed in prose lies within rounding of the rows its text refers to.
 
-A number N printed with d decimals (``68.1 ms``: d = 1) stands for any value within half a unit
-of its last digit (0.05 here); values are compared by magnitude (a sign is often a word: "5.8 %
-below"). N with a unit is *backed* by the rows when
+A number N printed with d decimals (``a.b ms``: d = 1) stands for any value within half a unit
+of its last digit (0.05 ms there); values are compared by magnitude (a sign is often a word:
+"``a.b %`` below"). N with a unit is *backed* by the rows when
 
 - **a field of a row** rounds to it, converted into N's unit from the unit the field's name
-  carries (snake_case keys carry their unit: `fwd_ms` backs ``0.9 s``, `saved_mib` backs GiB,
+  carries (snake_case keys carry their unit: `fwd_ms` backs seconds, `saved_mib` backs GiB,
   `_pct` backs %, `_frac` and `mfu` back % as a fraction times 100, a field named as a ratio,
   `speedup` or `vs_floor`, backs x). A field of another kind, or whose name carries no unit (a
   count, a size, an error), backs nothing;
-- or, for a ratio (``2.99x``), it is the quotient a / b of two numbers printed in the same table
-  row or sentence, each of which a field of the rows rounds to (``HF 203.3 ms, fast 68.1 ms:
-  2.99x``), within the rounding that a and b carry into the quotient. A ratio whose operands
+- or, for a ratio (``r.rrx``), it is the quotient a / b of two numbers printed in the same table
+  row or sentence, each of which a field of the rows rounds to (``HF a ms, fast b ms: r.rrx``),
+  within the rounding that a and b carry into the quotient. A ratio whose operands
   are not shown comes from a generated block: searched over every pair of rows, almost any
   ratio is some pair's.
 
@@ -86,7 +86,7 @@ class Printed:
 
 
 def parse(text: str) -> Printed:
-    """The Printed of a hit like '68.1 ms', '2.99x', '1,024 MiB' or '49.4 %'."""
+    """The Printed of a hit like 'a.b ms', 'r.rrx', 'n,nnn MiB' (thousands separated) or 'p.p %'."""
     match = re.match(r"(\d{1,3}(?:,\d{3})+|\d+)(?:\.(\d+))?", text)
     if match is None:
         raise ValueError(f"no number at the start of {text!r}")

@@ -394,3 +394,22 @@ def test_llama_default_units_train_like_the_unsharded_model(launch_seed):
     assert units == CONFIG.num_layers + 2  # embed_tokens, each decoder layer, lm_head
     assert ours == pytest.approx(reference, rel=1e-6)
     assert ours[-1] < ours[0]
+
+
+def test_default_units_see_through_a_wrapped_transformers_model():
+    """The hf: source wraps its model to be called as model(token_ids): the default units are still
+    the wrapped model's embeddings, each decoder layer and its head (the wrapper once found none)."""
+    pytest.importorskip("transformers")
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from lmscope.parallel.fsdp_units import default_units
+    from lmscope.sources.hf import _Logits
+
+    layers = 3
+    config = Qwen2Config(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2)
+    lm = Qwen2ForCausalLM(config)
+    units = default_units(_Logits(lm))
+    assert units == [lm.model.embed_tokens, *lm.model.layers, lm.lm_head]
+    with pytest.raises(ValueError, match="no default units for Sequential"):
+        default_units(nn.Sequential(nn.Linear(3, 3)))

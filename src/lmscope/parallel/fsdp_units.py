@@ -54,7 +54,8 @@ def default_units(model: nn.Module) -> list[nn.Module]:
     TransformerLM: the embedding, each block, the LM head (the final norm stays in the root).
     FastTransformerLM reads the head's weight directly (fused with the loss), so the head stays
     in the root. A transformers model (a `_no_split_modules` list): its input embeddings, each
-    module of a class named there (the decoder layers), its output embeddings.
+    module of a class named there (the decoder layers), its output embeddings; the same for a
+    module that wraps one (the `hf:` source calls it as model(token_ids) through a wrapper).
     """
     from lmscope.model.fast_transformer import FastTransformerLM
     from lmscope.model.transformer import TransformerLM
@@ -63,13 +64,19 @@ def default_units(model: nn.Module) -> list[nn.Module]:
         return [model.token_embeddings, *model.layers]
     if isinstance(model, TransformerLM):
         return [model.token_embeddings, *model.layers, model.lm_head]
-    layer_classes = set(getattr(model, "_no_split_modules", None) or ())
-    layers = outermost(model, lambda module: type(module).__name__ in layer_classes)
+    hf = transformers_model(model)
+    layer_classes = set(getattr(hf, "_no_split_modules", None) or ())
+    layers = outermost(hf, lambda module: type(module).__name__ in layer_classes) if hf else []
     if not layers:
         raise ValueError(f"no default units for {type(model).__name__}: pass units=[...] in forward "
                          "order, or a class policy such as units=(nn.Linear, nn.Embedding)")
-    ends = [_embeddings(model, "get_input_embeddings"), _embeddings(model, "get_output_embeddings")]
+    ends = [_embeddings(hf, "get_input_embeddings"), _embeddings(hf, "get_output_embeddings")]
     return [m for m in ends[:1] if m is not None] + layers + [m for m in ends[1:] if m is not None]
+
+
+def transformers_model(model: nn.Module) -> nn.Module | None:
+    """`model` or its outermost submodule that lists `_no_split_modules` (None where none does)."""
+    return next((m for m in model.modules() if getattr(m, "_no_split_modules", None)), None)
 
 
 def _embeddings(model: nn.Module, getter: str) -> nn.Module | None:

@@ -20,9 +20,9 @@ KINDS = {
     "bench": ("bench/bench.jsonl", 10, "step time vs size"),
     "profile": ("profile/results.jsonl", 4, "kernel categories per phase"),
     "memory": ("memory/results.jsonl", 6, "memory peak per context"),
-    "attention": ("attention/tflops.jsonl", 8, "attention latency vs sequence length"),
+    "attention": ("attention/32-round-h100/tflops.jsonl", 8, "attention latency vs sequence length"),
     "comm": ("distributed/comm.jsonl", 8, "busbw vs size"),
-    "ddp": ("distributed/ddp.jsonl", 6, None),
+    "ddp": ("distributed/ddp-x2-paired/ddp.jsonl", 6, None),
 }
 
 

@@ -82,7 +82,7 @@ NOT_RUN = {
     "nsys profile": "the nsys capture of a profile point: needs nsys and CUDA (docs/profile.md's "
                     "GPU step); `profile --nsys`, which prints it, runs here",
 }
-"""Doc lines run at neither level, by a fragment of their text, and why."""
+"""Doc lines not run here, by a fragment of their text, and why."""
 
 SYNOPSES = {
     "lmscope bench ... --format md | csv | latex | json":
@@ -90,9 +90,6 @@ SYNOPSES = {
     "lmscope study [--budget 20m] [--out runs/study-<time>/] [--resume] [--device auto|cpu|cuda] "
     "[--plan-only]":
         ["study --budget 20m --out runs/study-<time>/ --device cpu --plan-only"],
-    "lmscope report RUN_DIR_OR_RESULTS_JSONL [-o report.html]":
-        ["report runs/study-<time>/ -o report.html"],
-    "lmscope report A B [-o compare.html]": ["report before/ after/ -o compare.html"],
 }
 """Usage lines (`...`, `[optional]`, `a | b` alternatives) and the commands that stand for them:
 each alternative once, optional parts given, the CPU of the devices (the others are refused or
@@ -102,7 +99,7 @@ STAND_INS = {
     "my_package.models:make_model": ("own_models:regression", "a factory in a module on the Python "
                                      "path (tests/support/own_models.py)"),
 }
-"""Names in the docs that are the user's own, what stands for them at both levels, and why."""
+"""Names in the docs that are the user's own, what stands for them, and why."""
 
 REFUSED_ON_CPU = {
     "--attention naive,sdpa,flash": FLASH_ON_CPU,
@@ -112,7 +109,8 @@ REFUSED_ON_CPU = {
 """Literal commands that need a GPU and say so in one line without one (fragment -> message)."""
 
 READS_EARLIER_OUTPUT = ("table", "report")
-"""Commands whose literal form names files an earlier command writes: run in the real chain only."""
+"""Commands that read files an earlier run wrote (`runs/<time>/...`): left to their own tests,
+tests/cli (table) and tests/report (report)."""
 
 
 def expanded(commands: list[DocCommand]) -> list[DocCommand]:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from lmscope.envflags import env_flag
-from lmscope.workloads.attention_grid import IMPL_NAMES, SDPA_BACKENDS
+from lmscope.workloads.attention_grid import IMPL_NAMES, SDPA_BACKENDS, check_impl
 
 AttentionCall = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 Calls = Iterator[AttentionCall]
@@ -163,6 +163,5 @@ def prepare(
     name: str, device: torch.device, dtype: torch.dtype, head_dim: int, causal: bool
 ) -> contextlib.AbstractContextManager[AttentionCall]:
     """Context yielding the attention function of `name`; raises Unavailable when it cannot run."""
-    if name not in IMPLS:
-        raise ValueError(f"unknown attention impl {name!r}: choose from {', '.join(IMPLS)} (or all)")
+    check_impl(name)
     return IMPLS[name](device, dtype, head_dim, causal)

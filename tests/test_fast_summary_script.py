@@ -131,6 +131,8 @@ def test_compile_modes_and_scopes_are_rows_of_their_own(summarize) -> None:
                                     compile_scope="blocks")) == "compile-max-autotune-no-cudagraphs-blocks"
     assert summarize.variant(record(512, 1.0, compile=True, attention="sdpa", compile_scope="blocks")) \
         == "compile-blocks"
+    assert summarize.variant(record(512, 1.0, peer="hf", compile="reduce-overhead", attention="sdpa",
+                                    compile_scope="blocks")) == "hf-compile-reduce-overhead-blocks"
 
 
 def test_one_mfu_convention_whole_step_headline_and_fwd_bwd_labelled(summarize) -> None:
@@ -167,11 +169,14 @@ def test_strongest_peers_table_lists_every_compile_mode_against_the_best_fast_ro
                           sorted(times)[6], times_ms=times, compile_s=rng.uniform(5, 60), gpu_busy_share=0.93,
                           host_bound=False))
     records.append(xl({"attention": "sdpa"}, 180.0, gpu_busy_share=0.7, host_bound=True))
+    records.append(xl({"peer": "hf", "attention": "sdpa"}, 170.0))
+    hf_compiled = {"peer": "hf", "attention": "sdpa", "compile": "reduce-overhead", "compile_scope": "blocks"}
+    records.append(xl(hf_compiled, 95.0, compile_s=20.0))
     rows = {summarize.row_key(r): r for r in records}
     table = summarize.strongest_peers(rows)
     names = [line.split("|")[2].strip() for line in table if line.startswith("| xl |")]
     assert names == ["sdpa", "compile-blocks", "compile-max-autotune-no-cudagraphs-blocks",
-                     "compile-reduce-overhead-blocks", "fast"]
+                     "compile-reduce-overhead-blocks", "hf", "hf-compile-reduce-overhead-blocks", "fast"]
     reduce = next(line for line in table if "| compile-reduce-overhead-blocks |" in line)
     assert ratio_interval(records[3]["times_ms"], fast_times).as_text() in reduce
     assert f"{records[3]['compile_s']:.1f}" in reduce

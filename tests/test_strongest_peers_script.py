@@ -29,12 +29,14 @@ def run(tmp_path: Path, budget_s: int) -> str:
 
 def test_each_round_runs_fast_eager_every_compile_mode_and_hf(tmp_path: Path) -> None:
     benches = [line for line in run(tmp_path, 470).splitlines() if line.startswith("-m lmscope bench")]
-    assert len(benches) == 8
+    assert len(benches) == 10
     for index, line in enumerate(benches):
-        assert f"--round {index // 4}" in line and "--rounds 2" in line and "--size xl" in line
+        assert f"--round {index // 5}" in line and "--rounds 2" in line and "--size xl" in line
         assert "--timeout 240" in line and "--resume" in line
-    assert "--fast on" in benches[0] and "--peer hf" in benches[3]
-    assert "--compile on,reduce-overhead,max-autotune-no-cudagraphs --compile-scope blocks" in benches[2]
+    assert "--fast on" in benches[0] and "--peer hf" in benches[3] and "--compile" not in benches[3]
+    every_mode = "--compile on,reduce-overhead,max-autotune-no-cudagraphs --compile-scope blocks"
+    assert every_mode in benches[2]
+    assert "--peer hf" in benches[4] and every_mode in benches[4]
 
 
 def test_a_spent_budget_skips_the_points_and_still_summarizes(tmp_path: Path) -> None:

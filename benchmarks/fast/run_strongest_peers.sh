@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Peers at their strongest (issue 34): lmscope's fast xl train step (bf16, batch 4, context 512)
 # against eager SDPA, torch.compile of the eager model in its three modes (default,
-# reduce-overhead with CUDA graphs, max-autotune-no-cudagraphs) and HF's Llama, in ROUNDS
+# reduce-overhead with CUDA graphs, max-autotune-no-cudagraphs) and HF's Llama, eager and (HF_COMPILE=on,
+# the default) under torch.compile in the same modes, each decoder layer compiled, in ROUNDS
 # interleaved rounds: each model is its own `lmscope bench --rounds R --round r` call into one
 # results file, every point a fresh process each round, so drift hits all alike. torch.compile
 # compiles each block (`--compile-scope blocks`): a cold whole-model compile of xl takes minutes per
@@ -13,7 +14,7 @@
 # points are kept and a rerun with the same OUT resumes the rest); POINT_S is each point's
 # --timeout, so a compile that runs past it is a timeout row and the rounds go on.
 # Usage (repo root, GPU machine, no uv): OUT=/some/dir [ROUNDS=2] [STEPS=15] [BUDGET_S=470]
-#   [POINT_S=240] [WHOLE_MODEL=on] bash benchmarks/fast/run_strongest_peers.sh
+#   [POINT_S=240] [WHOLE_MODEL=on] [HF_COMPILE=off] bash benchmarks/fast/run_strongest_peers.sh
 # (SIZE, DEVICE and COMPILE_MODES change the point for a dry run elsewhere, e.g. SIZE=tiny
 # DEVICE=cpu COMPILE_MODES=on: the fast point is then an error row, it needs a GPU.)
 set -u
@@ -25,6 +26,7 @@ POINT_S=${POINT_S:-240}
 SIZE=${SIZE:-xl}
 DEVICE=${DEVICE:-cuda}
 COMPILE_MODES=${COMPILE_MODES:-on,reduce-overhead,max-autotune-no-cudagraphs}
+HF_COMPILE=${HF_COMPILE:-on}  # off: HF's Llama eager only
 WHOLE_MODEL=${WHOLE_MODEL:-off}  # on: also torch.compile of the whole model, default mode, each round
 SUMMARY_S=20  # kept for summarize.py at the end
 mkdir -p "$OUT"
@@ -52,6 +54,9 @@ for ((r = 0; r < ROUNDS; r++)); do
   bench "$r" --attention sdpa
   bench "$r" --attention sdpa --compile "$COMPILE_MODES" --compile-scope blocks
   bench "$r" --attention sdpa --peer hf
+  if [ "$HF_COMPILE" = on ]; then
+    bench "$r" --attention sdpa --peer hf --compile "$COMPILE_MODES" --compile-scope blocks
+  fi
   if [ "$WHOLE_MODEL" = on ]; then  # the committed compile rows' scope: minutes of cold compile at xl
     bench "$r" --attention sdpa --compile on
   fi

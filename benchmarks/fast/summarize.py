@@ -26,9 +26,9 @@ VARIANTS = ("naive", "sdpa", "compile", "hf", "fast-eager", "fast", "fast-inbwd"
 COMPILE_MODES = ("", "-max-autotune-no-cudagraphs", "-reduce-overhead")
 """torch.compile's default mode, then the two others (`--compile <mode>`), as variant suffixes."""
 STRONGEST = ("sdpa", *(f"compile{mode}{scope}" for scope in ("", "-blocks") for mode in COMPILE_MODES),
-             "hf", "fast", "fast-inbwd")
-"""The rows of the peers-at-their-strongest table: eager, torch.compile in each mode and scope, HF,
-the fast step."""
+             "hf", *(f"hf-compile{mode}-blocks" for mode in COMPILE_MODES), "fast", "fast-inbwd")
+"""The rows of the peers-at-their-strongest table: eager, torch.compile in each mode and scope, HF
+eager and compiled (each decoder layer, every mode), the fast step."""
 PEERS = ("naive", "sdpa", "compile", "hf")
 """Other models: compared with the faster fast row."""
 SIZES = ("small", "medium", "large", "xl", "2.7B")
@@ -39,7 +39,7 @@ H100_BF16_PEAK = 989.0
 def variant(record: dict[str, Any]) -> str:
     """Which row of the comparison a bench record is."""
     if record.get("peer") == "hf":
-        return "hf"
+        return "hf" + (f"-{compiled(record)}" if record.get("compile") else "")
     if record.get("fast"):
         if record.get("compile"):  # refused since; rows of the first run hold one (an error)
             return "fast+compile"
@@ -50,10 +50,15 @@ def variant(record: dict[str, Any]) -> str:
         in_backward = "-inbwd" if record.get("optimizer_in_backward") else ""
         return ("fast" if graphed else "fast-eager") + attention + in_backward
     if record.get("compile"):
-        mode = record["compile"]
-        scope = "-blocks" if record.get("compile_scope") == "blocks" else ""
-        return ("compile" if mode is True else f"compile-{mode}") + scope
+        return compiled(record)
     return str(record.get("attention"))
+
+
+def compiled(record: dict[str, Any]) -> str:
+    """'compile[-<mode>][-blocks]': a compiled record's mode (none for the default) and scope."""
+    mode = record["compile"]
+    scope = "-blocks" if record.get("compile_scope") == "blocks" else ""
+    return ("compile" if mode is True else f"compile-{mode}") + scope
 
 
 def row_key(record: dict[str, Any]) -> tuple:
@@ -215,7 +220,8 @@ def strongest_peers(rows: dict[tuple, dict[str, Any]]) -> list[str]:
     with compile time, the ratio to the best fast row, whole-step MFU and the host-bound flag."""
     lines = ["\n## Peers at their strongest (train step, bf16, batch 4, context 512)\n",
              "compile: torch.compile of the eager model (sdpa) in its default mode, "
-             "`max-autotune-no-cudagraphs` or `reduce-overhead` (CUDA graphs); `-blocks`: each block "
+             "`max-autotune-no-cudagraphs` or `reduce-overhead` (CUDA graphs); hf-compile: the same of "
+             "HF's Llama; `-blocks`: each block "
              "compiled (`--compile-scope blocks`), else the whole model. compile s: the first compiled "
              "steps, outside the timed ones. vs best fast: this row's median over the best fast "
              "row's, with its 95 % interval. GPU busy: kernel time over the step; host-bound: below "

@@ -13,7 +13,7 @@ SCRIPT = ROOT / "benchmarks" / "fast" / "run_strongest_peers.sh"
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 
 
-def run(tmp_path: Path, budget_s: int) -> str:
+def run(tmp_path: Path, budget_s: int, **extra: str) -> str:
     """The script with python3 standing in as a stub that logs its arguments (and summarize.py)."""
     stub = tmp_path / "bin"
     stub.mkdir()
@@ -21,7 +21,7 @@ def run(tmp_path: Path, budget_s: int) -> str:
     (stub / "python3").write_text(f'#!/usr/bin/env bash\necho "$*" >> {calls}\n')
     (stub / "python3").chmod(0o755)
     env = {**os.environ, "PATH": f"{stub}:{os.environ['PATH']}", "OUT": str(tmp_path / "out"),
-           "BUDGET_S": str(budget_s), "ROUNDS": "2"}
+           "BUDGET_S": str(budget_s), "ROUNDS": "2", **extra}
     subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, env=env, capture_output=True, text=True, check=True,
                    timeout=60)
     return calls.read_text()
@@ -44,3 +44,10 @@ def test_a_spent_budget_skips_the_points_and_still_summarizes(tmp_path: Path) ->
     assert not [line for line in calls if "lmscope bench" in line]
     assert any("benchmarks/fast/summarize.py" in line for line in calls)
     assert "skipped, the budget is spent" in (tmp_path / "out" / "log.txt").read_text()
+
+
+def test_first_round_adds_the_later_rounds_only(tmp_path: Path) -> None:
+    benches = [line for line in run(tmp_path, 470, ROUNDS="3", FIRST_ROUND="2").splitlines()
+               if line.startswith("-m lmscope bench")]
+    assert len(benches) == 5
+    assert all("--round 2" in line and "--rounds 3" in line for line in benches)

@@ -1052,29 +1052,37 @@ def attention_rounds(rows: Rows) -> str:
     )
 
 
-STRONGEST_PEERS = f"{FAST}/25-strongest-peers"
-"""Issue 34's run: the fast xl step against eager SDPA, torch.compile in each mode and HF."""
+STRONGEST_PEERS = {"fast-strongest-peers": f"{FAST}/26-strongest-peers-h200",
+                   "fast-strongest-peers-h100": f"{FAST}/25-strongest-peers"}
+"""Issue 34's runs, claim name -> folder: the fast xl step against eager SDPA, torch.compile in each
+mode and HF (eager and compiled); three rounds on H200s, and the first run, one round on an H100."""
 
 
-@claim("fast-strongest-peers")
-def fast_strongest_peers(rows: Rows) -> str:
-    """The 'Peers at their strongest' table of benchmarks/fast/summarize.py over issue 34's run."""
-    summary = _benchmark_script("fast/summarize.py")
-    found = rows.load(f"{STRONGEST_PEERS}/bench.jsonl")
-    lines = summary.strongest_peers(summary.latest(ROOT / STRONGEST_PEERS / "bench.jsonl"))
-    if not lines:
-        raise ClaimError(f"{STRONGEST_PEERS}/bench.jsonl has no compile-mode rows beside the fast step")
-    caption, body = lines[1].strip(), "\n".join(lines[2:])
-    return claim_block(caption, body,
-                       f"Rows: `{STRONGEST_PEERS}/bench.jsonl` (`benchmarks/fast/run_strongest_peers.sh`); "
-                       f"{provenance(found)}.")
+def strongest_peers(folder: str) -> Callable[[Rows], str]:
+    """The 'Peers at their strongest' table of benchmarks/fast/summarize.py over one of issue 34's runs."""
+    def render(rows: Rows) -> str:
+        summary = _benchmark_script("fast/summarize.py")
+        found = rows.load(f"{folder}/bench.jsonl")
+        lines = summary.strongest_peers(summary.latest(ROOT / folder / "bench.jsonl"))
+        if not lines:
+            raise ClaimError(f"{folder}/bench.jsonl has no compile-mode rows beside the fast step")
+        caption, body = lines[1].strip(), "\n".join(lines[2:])
+        return claim_block(caption, body,
+                           f"Rows: `{folder}/bench.jsonl` (`benchmarks/fast/run_strongest_peers.sh`); "
+                           f"{provenance(found)}.")
+    return render
+
+
+for _name, _folder in STRONGEST_PEERS.items():
+    claim(_name)(strongest_peers(_folder))
 
 
 CURRENT_ROWS = {
     "attention": ("33-rounds-h100/rounds.jsonl", "32-round-h100/leaderboard.jsonl",
                   "32-round-h100/attention_shapes.jsonl", "32-round-h100/tflops.jsonl",
                   "32-round-h100/classic.jsonl", "29-round-h100/classic.jsonl"),
-    "fast": ("25-strongest-peers/bench.jsonl", "21-xl-targets-final/bench.jsonl",
+    "fast": ("26-strongest-peers-h200/bench.jsonl", "25-strongest-peers/bench.jsonl",
+             "21-xl-targets-final/bench.jsonl",
              "22-sizes-final/bench.jsonl"),
     "distributed": ("comm.jsonl", "ddp-x2-batch16/ddp.jsonl",
                     "ddp-x2-paired/ddp.jsonl", "fsdp-x2-h200/fsdp-xl-x2.jsonl",

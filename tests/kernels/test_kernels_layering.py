@@ -8,64 +8,21 @@ calls, all without running the kernels.
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
 import torch
+from import_graph import imported_modules, lmscope_imports_under
 
 import lmscope.kernels
 
 KERNELS = Path(lmscope.kernels.__file__).parent
-SRC = KERNELS.parent.parent  # the directory that holds the lmscope package
-
-
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(SRC).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def imported_modules(source: str, module: str, is_package: bool = False) -> set[str]:
-    """Every module ``source`` (the text of ``module``) imports, by absolute name, wherever the
-    import is: ``import a.b`` gives a.b; ``from a import b`` gives a and a.b (b may be a module);
-    relative imports are resolved against ``module``."""
-    package = module if is_package else module.rpartition(".")[0]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - node.level + 1]
-                origin = ".".join(base + ([node.module] if node.module else []))
-            else:
-                origin = node.module or ""
-            found.add(origin)
-            found.update(f"{origin}.{alias.name}" for alias in node.names)
-        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
-            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
-            if name in ("import_module", "__import__") and isinstance(node.args[0].value, str):
-                found.add(node.args[0].value)
-    return found
-
-
 def _is_model(name: str) -> bool:
     return name == "lmscope.model" or name.startswith("lmscope.model.")
 
 
-def kernel_imports() -> dict[str, set[str]]:
-    """module name -> the lmscope modules it imports, for every module under lmscope/kernels."""
-    out = {}
-    for path in sorted(KERNELS.rglob("*.py")):
-        module = _module_name(path)
-        names = imported_modules(path.read_text(), module, path.name == "__init__.py")
-        out[module] = {n for n in names if n == "lmscope" or n.startswith("lmscope.")}
-    return out
-
-
 def test_no_kernel_module_imports_the_model():
-    imports = kernel_imports()
+    imports = lmscope_imports_under(KERNELS)
     # the walk saw the kernels and their lmscope imports: it cannot pass by reading nothing
     assert {"lmscope.kernels.adamw", "lmscope.kernels.flash_attention",
             "lmscope.kernels.flash_attention.triton_kernels"} <= imports.keys()  # fmt: skip

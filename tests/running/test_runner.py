@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from lmscope.inputs.grid import expand_grid
 from lmscope.records.results import append_record, read_records
-from lmscope.running.runner import classify_failure, expand_grid, failure_record, pending_count, run_sweep
+from lmscope.running.runner import classify_failure, failure_record, pending_count, run_sweep
 
 SUPPORT = Path(__file__).parent.parent / "support"
 FAULTS = "lmscope_test_faults"

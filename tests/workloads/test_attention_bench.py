@@ -9,7 +9,8 @@ import warnings
 import pytest
 import torch
 
-from lmscope.running.runner import expand_grid, run_in_process
+from lmscope.inputs.grid import expand_grid
+from lmscope.running.runner import run_in_process
 from lmscope.workloads import attention_impls
 from lmscope.workloads.attention import (
     KEPT_TIMES,

@@ -13,7 +13,6 @@ import torch
 from lmscope.accounting.flops import parameter_counts
 from lmscope.cli import main
 from lmscope.cli.distributed_sweeps import (
-    ddp_points,
     ddp_summary,
     fsdp_summary,
     overhead_model_line,
@@ -21,6 +20,7 @@ from lmscope.cli.distributed_sweeps import (
     results_path,
 )
 from lmscope.cli.sweep import exit_status
+from lmscope.inputs.grid import ddp_points
 from lmscope.measure.host_bound import HOST_BOUND_BELOW, busy_fields
 from lmscope.parallel.launch import launch
 from lmscope.records.stats import ratio_interval

@@ -23,8 +23,9 @@ import typer
 from lmscope.cli.flags import model_axes, model_flag, model_grid, split_list
 from lmscope.cli.plan_commands import plan_app, precision_app
 from lmscope.cli.sweep import check_format, exit_status, run_and_report, show
+from lmscope.inputs.grid import expand_grid
 from lmscope.report import console
-from lmscope.running.runner import expand_grid, spec_fields
+from lmscope.running.runner import spec_fields
 
 app = typer.Typer(
     name="lmscope",
@@ -378,7 +379,8 @@ def ddp(
     axes = model_grid(model_axes(size=model_flag(model, size), context_length=context_length,
                                  batch_size=batch_size, device=device, precision=precision),
                       {**fixed, "strategy": strategies})
-    from lmscope.cli.distributed_sweeps import ddp_points, run_ddp
+    from lmscope.cli.distributed_sweeps import run_ddp
+    from lmscope.inputs.grid import ddp_points
     from lmscope.parallel.launch import default_world_sizes
     from lmscope.workloads.ddp import Spec
 

@@ -25,7 +25,7 @@ from lmscope.report import console
 from lmscope.report.comm_plots import plot_busbw
 from lmscope.report.rounds import pool_rounds
 from lmscope.report.tables import Table, format_value, render
-from lmscope.running.runner import expand_grid, spec_fields
+from lmscope.running.runner import spec_fields
 
 STARTUP_MARGIN_S = 120.0
 """Seconds the runner allows a point beyond the ranks' own timeout (imports, process start)."""
@@ -55,21 +55,6 @@ def run_comm(specs: Sequence[Any], *, out: Path | None, resume: bool, timeout_s:
     if png is not None:
         console.say(f"wrote {png}")
     return exit_status(records)
-
-
-def ddp_points(fixed: dict[str, Any], swept: dict[str, list[Any]]) -> list[dict[str, Any]]:
-    """The grid of strategies x sharding x world sizes, with one single baseline per model point.
-
-    `single` takes world size 1 and no sharding whatever the flags say; the baselines come first.
-    """
-    points, baselines = [], []
-    for point in expand_grid(fixed, swept):
-        if point["strategy"] == "single":
-            point = {**point, "world_size": 1, "shard_optimizer": False}
-        points.append(point)
-        baselines.append({**point, "strategy": "single", "world_size": 1, "shard_optimizer": False})
-    unique = {repr(sorted(p.items())): p for p in baselines + points}
-    return list(unique.values())
 
 
 def run_ddp(specs: Sequence[Any], *, out: Path | None, resume: bool, timeout_s: float,

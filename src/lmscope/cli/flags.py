@@ -9,7 +9,7 @@ from typing import Any
 
 from lmscope.inputs.choices import check_choices
 from lmscope.inputs.comma_list import list_items
-from lmscope.running.runner import expand_grid
+from lmscope.inputs.grid import expand_grid
 from lmscope.workloads.cpu_points import refuse_triton_attention_on_cpu
 
 TRUE_WORDS = {"on": True, "true": True, "yes": True, "1": True,

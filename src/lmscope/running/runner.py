@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import importlib
-import itertools
 import re
 import sys
 import timeit
@@ -45,15 +44,6 @@ WORKLOADS: dict[str, str] = {
 
 FINISHED = ("ok", "oom")
 """Statuses that `resume` treats as done."""
-
-
-def expand_grid(fixed: dict[str, Any], swept: dict[str, Iterable[Any]]) -> list[dict[str, Any]]:
-    """Cartesian product of the swept fields, each merged over the fixed fields, in order."""
-    names = list(swept)
-    return [
-        {**fixed, **dict(zip(names, values, strict=True))}
-        for values in itertools.product(*(list(swept[name]) for name in names))
-    ]
 
 
 def resolve_workload(workload: str) -> ModuleType:

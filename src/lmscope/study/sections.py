@@ -365,7 +365,7 @@ def _distributed(target: Target) -> list[Section]:
             Section(name="comm", question=DISTRIBUTED_Q, workload="comm", skip_reason=reason),
             Section(name="ddp", question=DDP_Q, workload="ddp", skip_reason=reason),
         ]
-    from lmscope.cli.distributed_sweeps import ddp_points
+    from lmscope.inputs.grid import ddp_points
     from lmscope.workloads.collectives import Spec as CommSpec
     from lmscope.workloads.ddp import Spec
 

@@ -86,7 +86,7 @@ def passes_in_order(passes: Any) -> str:
 def attention_grid(
     preset: str | None, overrides: dict[str, Any]
 ) -> tuple[dict[str, Any], dict[str, list[Any]]]:
-    """(fixed, swept) fields for `runner.expand_grid`: the preset (or the default grid) with
+    """(fixed, swept) fields for `inputs.grid.expand_grid`: the preset (or the default grid) with
     `overrides` (field -> list for an axis, value otherwise; None keeps the preset's) on top;
     'all' in impl stands for every implementation. Implementations, dtypes, passes and the
     device are checked here; the sizes and the rest by each point's Spec."""

@@ -2,7 +2,8 @@
 # Issue 38 on one H100: transformers' Llama-family models (random weights, bf16 autocast, train
 # step, fused AdamW) in four setups of the same model, interleaved round by round:
 #   eager    transformers' SDPA attention, the logits' fp32 cross-entropy, torch's fused AdamW
-#   compile  the same under torch.compile (--compile $COMPILE; compile_s is its compile time)
+#   compile  the same under torch.compile (--compile $COMPILE, each decoder layer compiled once
+#            with COMPILE_SCOPE=blocks; compile_s is its compile time)
 #   liger    Liger-Kernel's apply_liger_kernel_to_<model_type>(model=...) (RMSNorm, SwiGLU, RoPE,
 #            fused linear cross-entropy), SDPA attention (--peer liger)
 #   fast     lmscope's fused path (--fast on: lmscope.model.hf_fast, FusedAdamW, CUDA graphs) with
@@ -19,27 +20,32 @@
 # whole script stays within BUDGET_S, models in the order of MODELS. Each point is a fresh
 # process; on an H100 a compiled point takes 30-90 s (the first of a model the longest: compile
 # time), a Liger or lmscope point 20-40 s the first time (Triton compiles), the others 15-25 s.
-# All four models do not fit one 9-minute call: run MODELS="llama-1b qwen2" (about 7.5 min) and
-# MODELS="mistral llama-8b" (about 6.5 min) as two calls into one OUT (or two, then concatenate
-# their bench.jsonl and rerun speedup_summary.py).
+# All four models do not fit one 9-minute call: run MODELS="llama-1b qwen2" and
+# MODELS="mistral llama-8b" as two calls into one OUT (or two, then concatenate their bench.jsonl
+# and rerun speedup_summary.py); what a budget cut is resumed by the same call again.
 # Liger-Kernel must be importable: carry liger_kernel-0.8.5-py3-none-any.whl (pure Python + Triton)
 # in gpu_deps/ (or point LIGER_WHEEL at it); it is installed into $OUT/deps, never into the
 # system's Python. Without it the liger rows are one-line errors and the rest still runs.
 # Usage (repo root, GPU machine, no uv):
-#   OUT=/some/dir MODELS="llama-1b qwen2" [BUDGET_S=510] [COMPILE=on] [ROUNDS_1B=2] [STEPS=8]
+#   OUT=/some/dir MODELS="llama-1b qwen2" [BUDGET_S=510] [COMPILE=reduce-overhead] [COMPILE_SCOPE=blocks]
+#   [ROUNDS_1B=3] [STEPS=8]
 #   [FAST_ATTENTION=flash] [FAST_ATTENTION_LONG=flash,sdpa-cudnn] bash benchmarks/own_model/speedup_gpu.sh
-# COMPILE=max-autotune-no-cudagraphs (torch.compile's best mode, where `--compile` takes modes)
-# compiles for several minutes per model: give it a budget of its own; COMPILE_SCOPE=blocks (where
-# bench has --compile-scope) compiles one decoder layer for all of them, a fraction of the time.
+# COMPILE defaults to reduce-overhead (CUDA graphs), the strongest torch.compile mode measured at
+# xl (benchmarks/results/fast/26-strongest-peers-h200); COMPILE=on,reduce-overhead measures both.
+# COMPILE=max-autotune-no-cudagraphs compiles for minutes per model: give it a budget of its own.
+# COMPILE_SCOPE=blocks (the default; empty for the whole model) compiles one decoder layer for all
+# of them, a fraction of the whole model's compile time. ROUNDS_1B=3: a ratio's interval
+# resamples rounds and needs three per side (lmscope.records.stats), so the 1B shape, where the
+# targets are, gets three; the other models one (their intervals resample one process's steps).
 # Writes to $OUT: bench.jsonl, summary.md and speedup.png (benchmarks/own_model/speedup_summary.py),
 # log.txt.
 set -u
 OUT=${OUT:-runs/own-model-speedup}
 BUDGET_S=${BUDGET_S:-510}
 MODELS=${MODELS:-"llama-1b qwen2 mistral llama-8b"}
-COMPILE=${COMPILE:-on}
-COMPILE_SCOPE=${COMPILE_SCOPE:-}
-ROUNDS_1B=${ROUNDS_1B:-2}
+COMPILE=${COMPILE:-reduce-overhead}
+COMPILE_SCOPE=${COMPILE_SCOPE-blocks}
+ROUNDS_1B=${ROUNDS_1B:-3}
 STEPS=${STEPS:-8}
 FAST_ATTENTION=${FAST_ATTENTION:-flash}
 FAST_ATTENTION_LONG=${FAST_ATTENTION_LONG:-flash,sdpa-cudnn}

@@ -102,7 +102,7 @@ echo "== summary ($SECONDS s)"
 python3 - "$OUT" <<'PY'
 import sys
 from pathlib import Path
-from lmscope.cli.distributed_sweeps import ddp_summary, overhead_model_line
+from lmscope.report.ddp_tables import ddp_summary, overhead_model_line
 from lmscope.report.tables import build_table, render
 from lmscope.records.results import read_records
 from lmscope.running.runner import spec_fields

@@ -12,18 +12,13 @@ import torch
 
 from lmscope.accounting.flops import parameter_counts
 from lmscope.cli import main
-from lmscope.cli.distributed_sweeps import (
-    ddp_summary,
-    fsdp_summary,
-    overhead_model_line,
-    profile_summary,
-    results_path,
-)
+from lmscope.cli.distributed_sweeps import results_path
 from lmscope.cli.sweep import exit_status
 from lmscope.inputs.grid import ddp_points
 from lmscope.measure.host_bound import HOST_BOUND_BELOW, busy_fields
 from lmscope.parallel.launch import launch
-from lmscope.records.stats import ratio_interval
+from lmscope.records.stats import ratio_interval, ratio_interval_rounds
+from lmscope.report.ddp_tables import ddp_summary, fsdp_summary, overhead_model_line, profile_summary
 from lmscope.report.rounds import pool_rounds
 from lmscope.report.tables import format_value
 from lmscope.running.runner import spec_fields
@@ -275,19 +270,20 @@ def test_profile_summary_says_what_bounds_the_step_by_bench_s_rule():
     assert [busy_fields(pct, 100.0)["host_bound"] for pct in busy] == [True, False]
 
 
-def test_the_summaries_pool_a_point_s_rounds():
-    """Two rounds of each point: one row per point, step statistics and ratios over both rounds."""
+@pytest.mark.parametrize("rounds", [2, 3])
+def test_the_summaries_pool_a_point_s_rounds(rounds: int):
+    """Each point's rounds: one row per point, step statistics over all of them, and ratios whose
+    interval resamples the rounds (none below three rounds a side, as everywhere in lmscope)."""
     base = {"workload": "ddp", "status": "ok", "size": "tiny", "context_length": 16, "batch_size": 2,
-            "precision": "fp32", "rounds": 2}
+            "precision": "fp32", "rounds": rounds}
     rng = random.Random()
-    records, joined = [], {}
-    for index in range(2):
+    records, by_round = [], {"single": ([], []), "fsdp": ([], [])}
+    for index in range(rounds):
         for strategy, world in (("single", 1), ("fsdp", 2)):
             times = [rng.uniform(5, 15) for _ in range(5)]
             local = [rng.uniform(5, 15) for _ in range(5)] if world > 1 else None
-            joined.setdefault(strategy, ([], []))
-            joined[strategy][0].extend(times)
-            joined[strategy][1].extend(local or [])
+            by_round[strategy][0].append(times)
+            by_round[strategy][1].append(local or [])
             records.append({**base, "round": index, "strategy": strategy, "world_size": world,
                             "step_ms": 99.0, "step_median_ms": 99.0, "local_step_ms": 99.0 if local else None,
                             "times_ms": times, "local_times_ms": local})
@@ -295,8 +291,11 @@ def test_the_summaries_pool_a_point_s_rounds():
     assert len(pooled) == 2
     header, rows = ddp_summary(pooled)
     fsdp = dict(zip(header, rows[1], strict=True))
-    times, local = joined["fsdp"]
+    fsdp_rounds, local_rounds = by_round["fsdp"]
+    times, local = sum(fsdp_rounds, []), sum(local_rounds, [])
     assert fsdp["step_ms"] == pytest.approx(sum(times) / len(times))
     assert fsdp["local_step_ms"] == pytest.approx(sum(local) / len(local))
     assert fsdp["overhead_vs_local_pct"] == pytest.approx(100 * (sum(times) / sum(local) - 1))
-    assert fsdp["step/single"] == ratio_interval(times, joined["single"][0]).as_text(3)
+    assert fsdp["step/single"] == ratio_interval_rounds(fsdp_rounds, by_round["single"][0]).as_text(3)
+    assert fsdp["step/local"] == ratio_interval_rounds(fsdp_rounds, local_rounds).as_text(3)
+    assert ("[" in fsdp["step/single"]) == (rounds >= 3)

@@ -10,10 +10,13 @@ With CUDA the offloaded tensors really go to pinned host memory and back on a si
 from __future__ import annotations
 
 import contextlib
+import gc
+import sys
 
 import pytest
 import torch
 from host_copies import alive, record_host_copies, without_cyclic_gc
+from torch.multiprocessing.reductions import StorageWeakRef
 from triton_child import module_under_test, rerun_in_interpreter
 
 from lmscope.accounting.fast_memory import fast_dims, saved_by_block, stays_on_device
@@ -116,3 +119,29 @@ def test_offloaded_copies_come_back_once_and_are_freed_by_the_backward(fast_cls,
         assert [c for c in copies if c.on_device is not None] == []
         del copies
         assert alive(made) == []  # `loss` still holds the graph
+
+
+@pytest.mark.parametrize("policy", ["selective", "blocks:0+selective:1-2", "none"])
+def test_a_forward_whose_backward_never_runs_leaves_nothing_alive(fast_cls, monkeypatch, policy) -> None:
+    """An error between a forward and its backward (the paired unwrapped step running out of
+    memory, say) drops the graph, and what the blocks saved dies once the cyclic GC has run. A
+    saved tensor that held its own node (an output) made a cycle through autograd's C++ graph that
+    the collector cannot see: the selective blocks' activations stayed on the device for good."""
+    module = sys.modules[fast_cls.__module__]
+    inputs: list[StorageWeakRef] = []  # the storage: a saved handle may hold another tensor of it
+    swiglu = module.swiglu
+
+    def recorded(gate_up: torch.Tensor) -> torch.Tensor:
+        inputs.append(StorageWeakRef(gate_up.untyped_storage()))
+        return swiglu(gate_up)
+
+    monkeypatch.setattr(module, "swiglu", recorded)
+    with torch.device(DEVICE):
+        model = fast_cls(CONFIG)
+    apply_checkpointing(model, policy)
+    tokens = torch.randint(0, CONFIG.vocab_size, (BATCH, SEQ), device=DEVICE)
+    loss = model(tokens, tokens)
+    assert not all(ref.expired() for ref in inputs)  # saved for the backward
+    del loss
+    gc.collect()
+    assert [ref for ref in inputs if not ref.expired()] == []

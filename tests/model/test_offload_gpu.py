@@ -18,9 +18,10 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 CONFIG = ModelConfig(vocab_size=1000, context_length=512, d_model=256, d_ff=704, num_layers=4, num_heads=4)
 
 
-def _eager(policy: str) -> tuple[int, torch.Tensor, dict[str, torch.Tensor]]:
+def _eager(policy: str, made: list | None = None) -> tuple[int, torch.Tensor, dict[str, torch.Tensor]]:
     """What the second forward keeps, its loss and gradients: the first step makes the buffers that
-    live on (cuBLAS's workspaces come from the caching allocator), so that only activations differ."""
+    live on (cuBLAS's workspaces come from the caching allocator), so that only activations differ.
+    `made` (from record_host_copies) is emptied after the first step: it gets the second's copies."""
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = TransformerLM(CONFIG, attention="naive")  # deterministic kernels: bitwise comparable
@@ -29,6 +30,8 @@ def _eager(policy: str) -> tuple[int, torch.Tensor, dict[str, torch.Tensor]]:
     with torch.autocast("cuda", dtype=torch.bfloat16):
         model(tokens).float().sum().backward()
     model.zero_grad(set_to_none=True)
+    if made is not None:
+        made.clear()
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -41,14 +44,20 @@ def _eager(policy: str) -> tuple[int, torch.Tensor, dict[str, torch.Tensor]]:
     return kept, loss.detach(), {n: p.grad for n, p in model.named_parameters()}
 
 
-def test_offload_frees_what_it_moves_and_keeps_the_gradients():
+def test_offload_frees_what_it_moves_and_keeps_the_gradients(monkeypatch):
+    """The memory model's moved bytes are the host copies' bytes, exactly, and the device gets at
+    least that back. It gets a little more (about 7 % here, measured on an H200): device memory
+    that the offloaded blocks' forward lets go beyond the storages they save, not modelled; the
+    upper bound keeps that small."""
     kept, loss, grads = _eager("none")
-    kept_off, loss_off, grads_off = _eager("offload")
+    made = record_host_copies(monkeypatch, weak=False)
+    kept_off, loss_off, grads_off = _eager("offload", made)
     assert torch.equal(loss, loss_off)
     assert all(torch.equal(grads[n], grads_off[n]) for n in grads)
     per_block = saved_by_treatment(CONFIG, batch_size=4, seq_len=256, precision="bf16", attention="naive")
     moved = CONFIG.num_layers * (per_block["none"] - per_block["none+offload"])
-    assert kept - kept_off == pytest.approx(moved, rel=0.05)
+    assert sum(copy.host.nbytes for copy in made) == moved
+    assert moved <= kept - kept_off <= 1.1 * moved
 
 
 def test_a_steps_copies_die_with_its_backward_and_device_memory_stays_level(monkeypatch):

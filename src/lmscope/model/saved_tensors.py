@@ -173,8 +173,10 @@ class BlockFrame:
             handle: Any = self.offload.pack(tensor)
         elif self._outer is not None:
             handle = _Kept(self._outer[0](tensor), self._outer[1])
-        else:
-            handle = _Kept(tensor, None)
+        else:  # detached: a tensor its own node saves (an output) would otherwise hold that node,
+            # a cycle through autograd's C++ graph that Python's collector cannot see, and a
+            # forward that never runs its backward (an exception, say) would keep it all
+            handle = _Kept(tensor.detach(), None)
         if self.recipes:
             self._saved[_identity(tensor)] = (weakref.ref(tensor), handle)
         return handle

@@ -2,6 +2,7 @@
 # The 8B long-context step, one row per change (issue 37), on 2x H200, from the repo root:
 #   OUT=/some/dir STAGES=a bash benchmarks/distributed/run_8b_ablation.sh   # call 1
 #   OUT=/some/dir STAGES=b bash benchmarks/distributed/run_8b_ablation.sh   # call 2
+#   OUT=/some/dir STAGES=c ROWS="selective best" bash benchmarks/distributed/run_8b_ablation.sh  # rows again
 # The shape and run are the long stage's of run_fsdp_gpu.sh: d 4096, d_ff 11008, 34 layers, 32 heads,
 # vocab 151936, context 32768, batch 1 per rank, 2 ranks, bf16, lmscope FSDP, --fast on, our flash
 # attention, --warmup 1 --steps 3. The rows (each one `lmscope ddp` run under `timeout ROW_S`,
@@ -14,6 +15,8 @@
 #   best       the planner's fastest with all three
 # Stage a: the peer (benchmarks/distributed/llama_fsdp2_peer.py, PEER_S=130), full, planned, selective.
 # Stage b: the peer, offload, best, and a profile of best (profile_fsdp_step.py, PROFILE_S=150).
+# Stage c: the peer and the rows named in ROWS again (after a fix, say), each row then compared
+# with this call's peer (plans.json records the stage that ran each row).
 # BUDGET (default 139GiB: an H200 as torch sees it) with the planner's default 5 % margin; DEVICE
 # (default H200) prices the treatments. Writes into $OUT: plans.json (the planner's choices),
 # ablation-<row>.jsonl (lmscope ddp rows), llama-peer-<stage>.jsonl, profile-best.jsonl (and its
@@ -44,10 +47,10 @@ policy() {
     best) plan full,selective,offload ;;
   esac
 }
-row() {  # one lmscope ddp run: the row's label and its policy
+row() {  # one lmscope ddp run: the row's label and the stage that runs it
   local label=$1 checkpoint
   checkpoint=$(policy "$label")
-  echo "{\"row\": \"$label\", \"checkpoint\": \"$checkpoint\"}" >> "$OUT/plans.json"
+  echo "{\"row\": \"$label\", \"checkpoint\": \"$checkpoint\", \"stage\": \"$2\"}" >> "$OUT/plans.json"
   run timeout "${ROW_S:-130}" env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 -m lmscope ddp \
     --size small "${B8[@]}" --fast on --attention flash --checkpoint "$checkpoint" --nproc 2 \
     --strategy fsdp --warmup 1 --steps 3 --timeout 120 --out "$OUT/ablation-$label.jsonl" --format md
@@ -60,15 +63,20 @@ summary() { run python3 benchmarks/distributed/summarize_8b_ablation.py "$OUT"; 
 
 if stage a; then
   peer a
-  for label in full planned selective; do row "$label"; done
+  for label in full planned selective; do row "$label" a; done
   summary
 fi
 if stage b; then
   peer b
-  for label in offload best; do row "$label"; done
+  for label in offload best; do row "$label" b; done
   run timeout "${PROFILE_S:-150}" env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
     python3 benchmarks/distributed/profile_fsdp_step.py --nproc 2 "${DIMS[@]}" --context-length 32768 \
     --batch-size 1 --attention flash --checkpoint "$(policy best)" --warmup 1 --steps 1 --timeout 140 \
     --out "$OUT/profile-best.jsonl"
+  summary
+fi
+if stage c; then
+  peer c
+  for label in ${ROWS:?stage c runs the rows named in ROWS, e.g. ROWS=\"selective best\"}; do row "$label" c; done
   summary
 fi

@@ -3,7 +3,7 @@
     python3 benchmarks/distributed/summarize_8b_ablation.py OUT
 
 Reads OUT/plans.json (row -> policy), OUT/ablation-<row>.jsonl (the `lmscope ddp` rows),
-OUT/llama-peer-<stage>.jsonl (the peer of each call) and OUT/profile-best.jsonl, and writes
+OUT/llama-peer-<stage>.jsonl (the peer of each call: a, b, c) and OUT/profile-best.jsonl, and writes
 OUT/ablation.md: per row the policy, the median step (rank 0's), the peak memory per rank (the
 largest over ranks) beside the fast model's prediction (`lmscope.accounting.fast_memory`), the
 model-FLOPs MFU (causal attention at half the square, against the device's dense bf16 peak) and
@@ -24,7 +24,8 @@ from lmscope.accounting.treatment_cost import model_step_flops
 from lmscope.config import preset
 
 ROWS = {"full": "a", "planned": "a", "selective": "a", "offload": "b", "best": "b"}
-"""Each row and the call (stage) it runs in, with that call's peer."""
+"""Each row and the call (stage) it runs in by default, with that call's peer; a row run again
+(stage c) names its stage in plans.json, and its latest run counts."""
 GIB = 2**30
 
 
@@ -95,12 +96,12 @@ def _profile_lines(profile: dict[str, Any]) -> list[str]:
 
 
 def table(out: Path) -> str:
-    plans = {p["row"]: p["checkpoint"] for p in _rows(out / "plans.json")}
-    peers = {stage: _last_ok(out / f"llama-peer-{stage}.jsonl") for stage in set(ROWS.values())}
+    plans = {p["row"]: p for p in _rows(out / "plans.json")}  # the latest run of each row
     lines = [_line(HEADER), _line(["---"] * len(HEADER))]
     for label, stage in ROWS.items():
-        peer = peers[stage]
-        lines.append(_ablation_line(label, _fsdp_row(out, label), plans.get(label, "-"),
+        plan = plans.get(label, {})
+        peer = _last_ok(out / f"llama-peer-{plan.get('stage', stage)}.jsonl")
+        lines.append(_ablation_line(label, _fsdp_row(out, label), plan.get("checkpoint", "-"),
                                     peer.get("step_median_ms") if peer else None))
     profile = _last_ok(out / "profile-best.jsonl")
     return "\n".join(lines + (_profile_lines(profile) if profile else [])) + "\n"

@@ -857,6 +857,28 @@ def fast_attention_kernels_xl(rows: Rows) -> str:
     )
 
 
+ABLATION_8B = "benchmarks/results/distributed/8b-ablation-x2-h200"
+"""Issue 37's 8B long-context ablation on 2x H200 (`benchmarks/distributed/run_8b_ablation.sh`)."""
+
+
+@claim("fsdp-8b-ablation")
+def fsdp_8b_ablation(rows: Rows) -> str:
+    """The ablation's table (`summarize_8b_ablation.py`): one row per policy with its call's peer."""
+    summary = _benchmark_script("distributed/summarize_8b_ablation.py")
+    found = [r for name in ("full", "planned", "selective", "offload", "best")  # the rows with numbers
+             for r in rows.load(f"{ABLATION_8B}/ablation-{name}.jsonl") if r.get("status") == "ok"]
+    return claim_block(
+        "d 4096, d_ff 11008, 34 layers, 32 heads, vocab 151,936; context 32,768, batch 1 per rank, "
+        "2x H200, bf16, lmscope FSDP with `--fast on` and our flash attention, AdamW; median ms per "
+        "step (warm-up 1, 3 steps, rank 0); peak GiB per rank measured (largest over ranks) beside "
+        "`lmscope.accounting.fast_memory`'s prediction; model-FLOPs MFU (causal attention at half "
+        "the square) over both GPUs' dense bf16 peak; the HF Llama FSDP2 peer from the same call.",
+        summary.table(ROOT / ABLATION_8B).strip(),
+        f"Rows: `{ABLATION_8B}/ablation-<row>.jsonl`, `llama-peer-<call>.jsonl`, `plans.json`, "
+        f"`profile-best.jsonl`; {provenance(found)}.",
+    )
+
+
 DISTRIBUTED = "benchmarks/results/distributed"
 DDP_RUNS = ("ddp-x2-batch16", "ddp-x2-paired")
 """The 2-GPU xl DDP sweeps whose rows carry the overhead model's prediction: batch 16 per rank
@@ -1013,18 +1035,23 @@ def _benchmark_script(relative: str):
     return module
 
 
-ATTENTION_ROUNDS = f"{ATTENTION}/33-rounds-h100/rounds.jsonl"
-"""Issue 34's attention headlines in interleaved rounds (`benchmarks/attention/run_rounds.sh`)."""
+ATTENTION_ROUNDS = {"attention-rounds": f"{ATTENTION}/33-rounds-h100/rounds.jsonl",
+                    "attention-rounds-h200": f"{ATTENTION}/34-rounds-h200/rounds.jsonl"}
+"""Issue 34's attention headlines in interleaved rounds (`benchmarks/attention/run_rounds.sh`),
+claim name -> rows: five shapes on an H100, then all six on an H200."""
 
 
-@claim("attention-rounds")
-def attention_rounds(rows: Rows) -> str:
+def attention_rounds(path: str) -> Callable[[Rows], str]:
     """Ours against SDPA's flash and cuDNN kernels at issue 19's shapes, every round a fresh
     process: medians pooled over the rounds, ratios with the interval that resamples rounds."""
+    return lambda rows: _attention_rounds(rows, path)
+
+
+def _attention_rounds(rows: Rows, path: str) -> str:
     from lmscope.report.rounds import pool_rounds, ratio_between
     from lmscope.running.runner import spec_fields
 
-    found = rows.select(ATTENTION_ROUNDS)
+    found = rows.select(path)
     pooled = pool_rounds(found, spec_fields("attention"))
     by = {(r["batch"], r["heads"], r["seq_len"], r["head_dim"], r["impl"]): r for r in pooled
           if r.get("status") == "ok"}
@@ -1048,8 +1075,12 @@ def attention_rounds(rows: Rows) -> str:
         "Target: at most 1.1x at every shape.",
         table(["B, H, S, d", "ours ms", "SDPA flash ms", "SDPA cuDNN ms", "fastest SDPA", "ours / fastest",
                "n"], body),
-        f"Rows: `{ATTENTION_ROUNDS}` (`benchmarks/attention/run_rounds.sh`); {provenance(found)}.",
+        f"Rows: `{path}` (`benchmarks/attention/run_rounds.sh`); {provenance(found)}.",
     )
+
+
+for _name, _path in ATTENTION_ROUNDS.items():
+    claim(_name)(attention_rounds(_path))
 
 
 STRONGEST_PEERS = {"fast-strongest-peers": f"{FAST}/26-strongest-peers-h200",
@@ -1078,7 +1109,8 @@ for _name, _folder in STRONGEST_PEERS.items():
 
 
 CURRENT_ROWS = {
-    "attention": ("33-rounds-h100/rounds.jsonl", "32-round-h100/leaderboard.jsonl",
+    "attention": ("34-rounds-h200/rounds.jsonl", "33-rounds-h100/rounds.jsonl",
+                  "32-round-h100/leaderboard.jsonl",
                   "32-round-h100/attention_shapes.jsonl", "32-round-h100/tflops.jsonl",
                   "32-round-h100/classic.jsonl", "29-round-h100/classic.jsonl"),
     "fast": ("26-strongest-peers-h200/bench.jsonl", "25-strongest-peers/bench.jsonl",
@@ -1089,6 +1121,8 @@ CURRENT_ROWS = {
                     "fsdp-x2-h200/fsdp-2.7B-x2.jsonl", "fsdp-x2-h200/fsdp-8b-flash.jsonl",
                     "fsdp-overlap-x2/overlap-xl-x2-b8.jsonl",
                     "fsdp-overlap-x2/overlap-xl-x2-b4.jsonl",
+                    "8b-ablation-x2-h200/ablation-planned.jsonl",
+                    "8b-ablation-x2-h200/ablation-offload.jsonl",
                     "fsdp-single-h100/fsdp-single.jsonl"),
     "bench": ("bench.jsonl", "bench_warmup.jsonl"),
     "memory": ("results.jsonl", "activations-h100/results.jsonl"),

@@ -111,6 +111,7 @@ def _check_common(row: dict, world: int) -> None:
         assert row["local_step_ms"] > 0 and row["local_step_rank_min_ms"] <= row["local_step_rank_max_ms"]
         paired = 100 * (row["step_ms"] / row["local_step_ms"] - 1)
         assert row["overhead_vs_local_pct"] == pytest.approx(paired)
+        assert row["local_step_skipped"] is None  # no prediction on the CPU: it runs
     else:
         assert row["local_step_ms"] is None and "overhead_vs_local_pct" not in row
 

@@ -13,10 +13,12 @@ means over ranks with their min and max. `single` (nproc 1) is the baseline: the
 batch on one device, no communication.
 
 Each multi-rank point first times the same step unwrapped on every rank at once (`local_step_ms`:
-no wrapper, no communication, torch's AdamW), then wraps the model and times the data-parallel
-step: a paired baseline in the same processes, on the same GPUs and host load, minutes apart at
-most. The `single` point runs in another process before or after the others; on hosts where the
-eager step is bound by the CPU it drifts by more than the few percent a strategy costs.
+no wrapper, no communication, torch's AdamW; skipped when the memory model predicts it cannot fit,
+`local_step_skipped` says why: `lmscope.workloads.unwrapped_fit`), then wraps the model and times
+the data-parallel step: a paired baseline in the same processes, on the same GPUs and host load,
+minutes apart at most. The `single` point runs in another process before or after the others; on
+hosts where the eager step is bound by the CPU it drifts by more than the few percent a strategy
+costs.
 
 Each multi-rank point also times all-reduces of two sizes, fits t = o + S / w and predicts
 its exposed communication with the overhead model of `lmscope.accounting.comms`.
@@ -69,6 +71,7 @@ from lmscope.workloads.collectives import time_calls
 from lmscope.workloads.ddp_profile import point_folder, profile_steps
 from lmscope.workloads.model_spec import ModelPointSpec
 from lmscope.workloads.train_step import autocast_context, device_facts
+from lmscope.workloads.unwrapped_fit import why_unwrapped_cannot_fit
 
 GIB = 2**30
 CALIBRATION_BYTES = {"cuda": (1e6, 64e6), "cpu": (1e6, 32e6)}
@@ -258,9 +261,11 @@ def train(ctx: RankContext, point: dict[str, Any]) -> dict[str, Any]:
     """On every rank: set up, calibrate, warm up, time the steps, aggregate over ranks."""
     spec = Spec(**{**point, "backend": ctx.backend})
     run = _Setup(spec, ctx)
-    local_times = None
+    local_times, local_skipped = None, None
     if spec.strategy != "single":
-        local_times = _time_unwrapped(run, spec, ctx)
+        local_skipped = why_unwrapped_cannot_fit(spec, ctx.device)
+        if local_skipped is None:
+            local_times = _time_unwrapped(run, spec, ctx)
         run.wrap()
     synchronize(ctx.device)
     init_gib = torch.cuda.memory_allocated(ctx.device) / GIB if ctx.device.type == "cuda" else None
@@ -300,6 +305,7 @@ def train(ctx: RankContext, point: dict[str, Any]) -> dict[str, Any]:
     first = [{k: local[k] for k in MEMORY_KEYS}]
     dist.broadcast_object_list(first, src=0)
     metrics = across_ranks(local)
+    metrics["local_step_skipped"] = local_skipped
     if trace_path is not None:
         metrics["profile_trace_path"] = trace_path  # rank 0's; the others' lie beside it
     metrics.update({k.replace("_gib", "_rank0_gib"): v for k, v in first[0].items()})

@@ -1,0 +1,44 @@
+"""benchmarks/distributed/summarize_8b_ablation.py: each row beside the peer of the call that ran
+it (a row run again in stage c takes stage c's peer), on the committed rows and on a copy whose
+plans say otherwise."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from scripts import load_script
+
+ROWS = Path(__file__).resolve().parent.parent / "benchmarks/results/distributed/8b-ablation-x2-h200"
+
+
+@pytest.fixture(scope="module")
+def script():
+    return load_script("benchmarks/distributed/summarize_8b_ablation.py", "summarize_8b_ablation")
+
+
+def _peer_ms(folder: Path, stage: str) -> str:
+    rows = [json.loads(line) for line in (folder / f"llama-peer-{stage}.jsonl").read_text().splitlines()]
+    return f"{[r for r in rows if r['status'] == 'ok'][-1]['step_median_ms']:,.0f}"
+
+
+def _cells(table: str, label: str) -> list[str]:
+    line = next(line for line in table.splitlines() if line.startswith(f"| {label} |"))
+    return [cell.strip() for cell in line.strip("|").split("|")]
+
+
+def test_each_row_gets_the_peer_of_its_own_call(script, tmp_path):
+    table = script.table(ROWS)
+    stages = {json.loads(line)["row"]: json.loads(line).get("stage", script.ROWS[json.loads(line)["row"]])
+              for line in (ROWS / "plans.json").read_text().splitlines()}
+    for label, stage in stages.items():
+        assert _cells(table, label)[5] == _peer_ms(ROWS, stage), label
+    assert stages["selective"] == "c" and stages["full"] == "a"
+
+    copy = tmp_path / "rows"
+    shutil.copytree(ROWS, copy)
+    with (copy / "plans.json").open("a") as plans:  # full run again in a later call
+        plans.write(json.dumps({"row": "full", "checkpoint": "block", "stage": "b"}) + "\n")
+    assert _cells(script.table(copy), "full")[5] == _peer_ms(copy, "b")

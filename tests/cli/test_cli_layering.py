@@ -22,3 +22,17 @@ def test_no_module_below_the_command_line_imports_it():
 def test_the_check_sees_a_lazy_import_of_the_command_line():
     source = "def points():\n    from lmscope.cli.distributed_sweeps import ddp_points\n"
     assert any(_is_cli(name) for name in imported_modules(source, "lmscope.study.sections"))
+
+
+BELOW_THE_RUNNER = ("workloads", "parallel", "model", "kernels", "measure")
+"""DESIGN.md's order: cli -> runner -> workloads -> (model, kernels, measure, parallel)."""
+
+
+def test_nothing_the_runner_runs_imports_the_runner():
+    imports = lmscope_imports_under(SRC / "lmscope")
+    below = {module: names for module, names in imports.items()
+             if module.split(".")[1:2] and module.split(".")[1] in BELOW_THE_RUNNER}
+    assert "lmscope.workloads.ddp" in below and "lmscope.parallel.launch" in below
+    offenders = {module: sorted(n for n in names if n.partition(".")[2].startswith("running"))
+                 for module, names in below.items()}
+    assert {module: names for module, names in offenders.items() if names} == {}

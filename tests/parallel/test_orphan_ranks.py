@@ -11,8 +11,8 @@ import time
 import uuid
 from pathlib import Path
 
+from lmscope.parallel.tempdirs import remove_stale
 from lmscope.running.point_worker import PointWorker
-from lmscope.running.tempdirs import remove_stale
 
 MARK = "LMSCOPE_TEST_RUN_MARK"
 

@@ -47,7 +47,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from lmscope.running.tempdirs import owned_tempdir, pid_running
+from lmscope.parallel.tempdirs import owned_tempdir, pid_running
 
 NO_MULTICAST_ENV = {
     "NCCL_NVLS_ENABLE": "0",

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lmscope.running.tempdirs import owned_tempdir
+from lmscope.parallel.tempdirs import owned_tempdir
 
 POLL_S = 0.05
 STARTUP_TIMEOUT_S = 300.0

@@ -16,10 +16,8 @@ an interrupted run resumes at the round it reached. Reports pool the rounds' per
 from __future__ import annotations
 
 import dataclasses
-import gc
 import importlib
 import re
-import sys
 import timeit
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -27,6 +25,7 @@ from types import ModuleType
 from typing import Any
 
 from lmscope.inputs.limits import check_steps
+from lmscope.measure.device_memory import release_device_memory
 from lmscope.records.results import Record, append_record, point_key, provenance, read_records
 from lmscope.running.point_worker import PointWorker
 
@@ -105,14 +104,6 @@ def run_in_process(workload: str, spec: dict[str, Any]) -> dict[str, Any]:
     finally:
         release_device_memory()
     return {"status": "ok", "error": None, **metrics}
-
-
-def release_device_memory() -> None:
-    """Free what a finished point left in the CUDA caching allocator (a reused worker goes on)."""
-    gc.collect()
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
 
 
 def classify_failure(error: BaseException) -> str:

@@ -56,6 +56,7 @@ from lmscope.accounting.comms import (
 from lmscope.accounting.fsdp import predict_fsdp
 from lmscope.accounting.memory import checkpointed_blocks
 from lmscope.inputs.limits import check_steps, check_timeout
+from lmscope.measure.device_memory import release_device_memory
 from lmscope.measure.ranges import phase
 from lmscope.measure.timer import PhaseClock, synchronize, time_phased_steps
 from lmscope.model.checkpointing import checkpoint_blocks
@@ -66,7 +67,6 @@ from lmscope.parallel.launch import RankContext, across_ranks, check_world, laun
 from lmscope.parallel.sharded_optimizer import ShardedOptimizer
 from lmscope.parallel.strategies import SHARDED, parse_strategy
 from lmscope.parallel.torch_fsdp2 import torch_fully_shard
-from lmscope.running.runner import release_device_memory
 from lmscope.workloads.collectives import time_calls
 from lmscope.workloads.ddp_profile import point_folder, profile_steps
 from lmscope.workloads.model_spec import ModelPointSpec

@@ -1041,13 +1041,9 @@ ATTENTION_ROUNDS = {"attention-rounds": f"{ATTENTION}/33-rounds-h100/rounds.json
 claim name -> rows: five shapes on an H100, then all six on an H200."""
 
 
-def attention_rounds(path: str) -> Callable[[Rows], str]:
+def attention_rounds(rows: Rows, path: str) -> str:
     """Ours against SDPA's flash and cuDNN kernels at issue 19's shapes, every round a fresh
     process: medians pooled over the rounds, ratios with the interval that resamples rounds."""
-    return lambda rows: _attention_rounds(rows, path)
-
-
-def _attention_rounds(rows: Rows, path: str) -> str:
     from lmscope.report.rounds import pool_rounds, ratio_between
     from lmscope.running.runner import spec_fields
 
@@ -1080,7 +1076,7 @@ def _attention_rounds(rows: Rows, path: str) -> str:
 
 
 for _name, _path in ATTENTION_ROUNDS.items():
-    claim(_name)(attention_rounds(_path))
+    claim(_name)(functools.partial(attention_rounds, path=_path))
 
 
 STRONGEST_PEERS = {"fast-strongest-peers": f"{FAST}/26-strongest-peers-h200",

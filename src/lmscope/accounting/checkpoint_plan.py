@@ -36,16 +36,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 
-from lmscope.accounting.fast_memory import fast_block_bytes, fast_dims, predict_fast_memory, saved_by_block
+from lmscope.accounting.fast_memory import fast_block_bytes, fast_dims, saved_by_block
 from lmscope.accounting.flops import forward_flops_by_component, step_flops
-from lmscope.accounting.fsdp import predict_fsdp
 from lmscope.accounting.memory import (
     GIB,
     checkpointed_blocks,
     eager_block_bytes,
-    predict_memory,
     saved_activations_by_group,
 )
+from lmscope.accounting.step_peak import predicted_step_peak
 from lmscope.accounting.treatment_cost import Rates, block_forward_flops, step_time_s, treatment_time_s
 from lmscope.accounting.treatments import PLAN_PREFIX, BlockTreatments, parse_treatments
 from lmscope.config import ModelConfig
@@ -285,13 +284,9 @@ class _StepModel:
         self.without = self._predicted("none")
 
     def _predicted(self, policy: str) -> int:
-        point = dict(batch_size=self.batch_size, seq_len=self.seq_len, precision=self.precision,
-                     attention=self.attention, checkpoint=policy)
-        if self.fast:
-            return predict_fast_memory(self.config, world_size=self.world_size, **point).step_peak
-        if self.world_size > 1:
-            return predict_fsdp(self.config, world_size=self.world_size, **point).peak
-        return predict_memory(self.config, mode=self.mode, **point).step_peak
+        return predicted_step_peak(self.config, batch_size=self.batch_size, seq_len=self.seq_len,
+                                   mode=self.mode, precision=self.precision, attention=self.attention,
+                                   checkpoint=policy, fast=self.fast, world_size=self.world_size)
 
     def peak(self, policy: str) -> int:
         if self.measured is None:

@@ -13,7 +13,7 @@ from typing import Any
 from lmscope.accounting.comms import ddp_overhead_s, optimal_bucket_bytes, optimal_bucket_count
 from lmscope.measure.host_bound import is_host_bound
 from lmscope.records.results import Record
-from lmscope.report.rounds import BY_ROUND, ratio_between
+from lmscope.report.rounds import ratio_between
 from lmscope.report.tables import Table, format_value
 
 MODEL_POINT_KEYS = ("size", "vocab_size", "d_model", "d_ff", "num_layers", "num_heads",
@@ -32,12 +32,12 @@ def ddp_summary(records: Sequence[Record]) -> Table:
     Two baselines: the same ranks' unwrapped step timed just before (local, paired) and the
     `single` point of the sweep (one process, one GPU). The overheads are of mean step times;
     `step/local` and `step/single` are ratios of rank 0's median step times with their 95 %
-    bootstrap interval ('~' when it holds 1: no overhead can be told from these steps).
+    interval, resampling the rounds of pooled rows ('~' when it holds 1: no overhead can be told
+    from these steps).
     """
     ok = [r for r in records if r.get("status") == "ok"]
     single = {_model_key(r): r for r in ok if r.get("strategy") == "single"}
-    varying = [k for k in ("size", "context_length", "batch_size", "precision")
-               if len({str(r.get(k)) for r in ok}) > 1]
+    varying = _varying(ok)
     header = [*varying, "strategy", "shard_optimizer", "world_size", "step_ms", "local_step_ms",
               "overhead_vs_local_pct", "step/local", "single_step_ms", "overhead_vs_single_pct",
               "step/single", "comm_wait_ms", "predicted_comm_wait_ms", "buckets",
@@ -58,9 +58,14 @@ def ddp_summary(records: Sequence[Record]) -> Table:
 def _bounded(record: Record, base: Record, base_key: str = "times_ms") -> str | None:
     """median step time of `record` over that of `base`'s `base_key` times, with its interval
     (round-level where the rows pool rounds: `report.rounds.ratio_between`); None without both."""
-    base_times = {"times_ms": base.get(base_key), "times_ms" + BY_ROUND: base.get(base_key + BY_ROUND)}
-    bounded = ratio_between(record, base_times)
+    bounded = ratio_between(record, base, other_key=base_key)
     return None if bounded is None else bounded.as_text(3)
+
+
+def _varying(records: Sequence[Record]) -> list[str]:
+    """The point fields that differ between these rows: the tables' leading columns."""
+    return [k for k in ("size", "context_length", "batch_size", "precision")
+            if len({str(r.get(k)) for r in records}) > 1]
 
 
 FSDP_COLUMNS = (
@@ -92,8 +97,7 @@ def profile_summary(records: Sequence[Record]) -> Table:
     """Per profiled ok point: the step's breakdown (`lmscope.workloads.ddp_profile`), and whether
     the GPU or the host bound the timed step (by the GPU's busy share of it)."""
     ok = [r for r in records if r.get("status") == "ok" and r.get("profile_wall_ms") is not None]
-    varying = [k for k in ("size", "context_length", "batch_size", "precision")
-               if len({str(r.get(k)) for r in ok}) > 1]
+    varying = _varying(ok)
     header = [*varying, "strategy", "world_size", *PROFILE_COLUMNS]
     rows = []
     for record in ok:

@@ -30,17 +30,20 @@ BY_ROUND = "_by_round"
 
 
 def ratio_between(base: Record, other: Record, times_key: str = "times_ms",
-                  confidence: float = 0.95) -> RatioInterval | None:
-    """base / other of the medians of `times_key` with its interval; None when either has no times.
+                  confidence: float = 0.95, *, other_key: str | None = None) -> RatioInterval | None:
+    """base / other of the medians of `times_key` (`other_key` on the other side, if given: a
+    row's step against its own paired baseline, say) with its interval; None when either has no
+    times.
 
     Pooled rows (either side) give the round-level interval (`ratio_interval_rounds`, a row
     without rounds counting as one round); plain rows the step-level one (`ratio_interval`).
     """
-    if not base.get(times_key) or not other.get(times_key):
+    other_key = other_key or times_key
+    if not base.get(times_key) or not other.get(other_key):
         return None
-    if base.get(times_key + BY_ROUND) or other.get(times_key + BY_ROUND):
-        return ratio_interval_rounds(rounds_of(base, times_key), rounds_of(other, times_key), confidence)
-    return ratio_interval(base[times_key], other[times_key], confidence)
+    if base.get(times_key + BY_ROUND) or other.get(other_key + BY_ROUND):
+        return ratio_interval_rounds(rounds_of(base, times_key), rounds_of(other, other_key), confidence)
+    return ratio_interval(base[times_key], other[other_key], confidence)
 
 
 def rounds_of(record: Record, times_key: str = "times_ms") -> list[list[float]]:

@@ -1,4 +1,5 @@
-"""Sweeps: grid expansion, isolated worker processes, timeouts, OOM capture, resume.
+"""Sweeps of a grid's points (`lmscope.inputs.grid`): isolated worker processes, timeouts, OOM capture,
+resume.
 
 Every command goes through `run_sweep`: each point runs in a worker process
 (`lmscope.running.point_worker`) in its own process group, so an OOM, a crash or a hang costs that

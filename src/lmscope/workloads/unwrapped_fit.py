@@ -11,32 +11,34 @@ user's factory, the CPU) try it as before.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from lmscope.accounting.fast_memory import predict_fast_memory
-from lmscope.accounting.memory import predict_memory
+from lmscope.accounting.step_peak import predicted_step_peak
+
+if TYPE_CHECKING:
+    from lmscope.workloads.ddp import Spec
 
 GIB = 2**30
 MARGIN = 1.10
 """Skip only above this multiple of the device's memory: the models are within a few percent."""
 
 
-def unwrapped_peak_bytes(spec) -> int | None:
+def unwrapped_peak_bytes(spec: Spec) -> int | None:
     """The predicted peak of the unwrapped train step on one rank (None without a model)."""
     config = spec.model_config()
     if config is None:
         return None
-    size = dict(batch_size=spec.batch_size, seq_len=spec.context_length, precision=spec.precision,
-                attention=spec.attention, checkpoint=spec.checkpoint)
     try:
-        if spec.fast:
-            return predict_fast_memory(config, world_size=1, **size).step_peak
-        return predict_memory(config, mode="train-step", **size).step_peak
+        return predicted_step_peak(config, batch_size=spec.batch_size, seq_len=spec.context_length,
+                                   mode=spec.mode, precision=spec.precision, attention=spec.attention,
+                                   checkpoint=spec.checkpoint, fast=spec.fast)
     except ValueError:  # a setting the memory models do not cover: no prediction
         return None
 
 
-def why_unwrapped_cannot_fit(spec, device: torch.device) -> str | None:
+def why_unwrapped_cannot_fit(spec: Spec, device: torch.device) -> str | None:
     """One line saying why the unwrapped step is skipped on `device`, or None to run it."""
     if device.type != "cuda":
         return None

@@ -183,3 +183,21 @@ def test_hf_llama_with_grouped_query_heads_by_hand() -> None:
     assert abs(counts.phases["forward"].flops / forward - 1) < 0.01
     assert abs(counts.total / (3 * forward) - 1) < 0.01
     assert counts.phases["forward"].attention_flops == attention
+
+
+@pytest.mark.parametrize("op", ["addmm", "baddbmm", "mm", "bmm"])
+def test_matmuls_with_an_out_dtype_count_their_product(op: str) -> None:
+    """Liger-Kernel's fused cross-entropy accumulates with ``addmm(..., out_dtype=...)``: its
+    overload passes `out_dtype` positionally, which torch 2.11's addmm formula refused."""
+    from lmscope.measure.flop_count import AttentionAwareCounter
+
+    m, k, n, batch = 5, 7, 3, 2
+    shapes = {"addmm": [(m, n), (m, k), (k, n)], "baddbmm": [(batch, m, n), (batch, m, k), (batch, k, n)],
+              "mm": [(m, k), (k, n)], "bmm": [(batch, m, k), (batch, k, n)]}[op]
+    tensors = [torch.empty(s, device="meta") for s in shapes]
+    out = torch.empty(shapes[0] if op in ("addmm", "baddbmm") else (*shapes[0][:-1], n), device="meta")
+    counter = AttentionAwareCounter()
+    formula = counter.flop_registry[getattr(torch.ops.aten, op)]
+    expected = 2 * m * n * k * (batch if op in ("baddbmm", "bmm") else 1)
+    assert formula(*tensors, torch.float32, out_val=out) == expected
+    assert formula(*tensors, out_val=out) == expected

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, shape_wrapper
 
 from lmscope.accounting.flops import causal_pairs
 
@@ -63,6 +63,36 @@ def attention_flops(
     pairs = causal_pairs(n_q, n_k) if causal and causal_half else n_q * n_k
     forward = 2 * heads * pairs * (d_qk + d_v)
     return 2 * forward if backward else forward
+
+
+def _matmul_flops(a_shape: Sequence[int], b_shape: Sequence[int]) -> int:
+    """2 * m * n * k per matrix of (..., m, k) @ (..., k, n)."""
+    *batch, m, k = a_shape
+    n = b_shape[-1]
+    count = 2 * m * n * k
+    for size in batch:
+        count *= int(size)
+    return count
+
+
+def _with_bias_flops(bias_shape: Sequence[int], a_shape: Sequence[int], b_shape: Sequence[int],
+                     *rest: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    """addmm / baddbmm: the product's FLOPs, whatever follows the three tensors (torch 2.11's own
+    formulas take no positional `out_dtype`, which Liger-Kernel's fused cross-entropy passes)."""
+    return _matmul_flops(a_shape, b_shape)
+
+
+def _plain_flops(a_shape: Sequence[int], b_shape: Sequence[int], *rest: Any, out_shape: Any = None,
+                 **kwargs: Any) -> int:
+    """mm / bmm, with or without `out_dtype`."""
+    return _matmul_flops(a_shape, b_shape)
+
+
+_OUT_DTYPE_FORMULAS = {
+    torch.ops.aten.addmm: _with_bias_flops, torch.ops.aten.baddbmm: _with_bias_flops,
+    torch.ops.aten.mm: _plain_flops, torch.ops.aten.bmm: _plain_flops,
+}
+"""Matmul formulas that accept the `out_dtype` overloads' extra positional argument."""
 
 
 @dataclass
@@ -114,6 +144,8 @@ class AttentionAwareCounter(FlopCounterMode):
         self._square = 0
         self._causal = 0
         self.flop_registry = {op: self._gated(fn) for op, fn in self.flop_registry.items()}
+        for packet, formula in _OUT_DTYPE_FORMULAS.items():
+            self.flop_registry[packet] = self._gated(shape_wrapper(formula))
         for name in _SDPA_OPS:
             for backward in (False, True):
                 packet = getattr(torch.ops.aten, name + ("_backward" if backward else ""), None)

@@ -96,3 +96,23 @@ def test_the_readme_claim_renders_the_committed_rows(tmp_path: Path) -> None:
     assert any("| compile | TIMEOUT |" in line for line in lines)
     assert any(line.startswith(f"{model} fast | 120.0 |") and line.endswith("|  |") for line in lines), text
     assert "abc123" in text and claims.OWN_SPEEDUP in text
+
+
+def test_rounds_are_counted_and_their_spread_is_in_the_interval() -> None:
+    """Three rounds per side: the table counts rounds (not steps over --steps), the interval
+    resamples the rounds (so a round that ran slow widens it), and the compile time shown is the
+    longest round's (the cold one)."""
+    module = load_script("benchmarks/own_model/speedup_summary.py", "own_model_speedup_summary")
+    rows = []
+    for r, (liger_ms, fast_ms, compile_s) in enumerate([(130.0, 100.0, 40.0), (130.0, 120.0, 3.0),
+                                                        (130.0, 100.0, 2.0)]):
+        rounds = {"rounds": 3, "round": r}
+        rows += [_row("liger", liger_ms, 30.0, **rounds), _row("fast", fast_ms, 28.0, **rounds),
+                 {**_row("compile", 140.0, 33.0, **rounds), "compile_s": compile_s}]
+    setups = next(iter(module.grouped(rows).values()))
+    lines = module.model_table(setups)
+    liger_line = next(line for line in lines if line.startswith("| liger |"))
+    assert liger_line.split(" | ")[2] == "3"
+    assert next(line for line in lines if line.startswith("| compile |")).split(" | ")[6] == "40"
+    ratio, low, high = module.speedup(setups["liger"], setups["fast"])
+    assert low <= 130.0 / 120.0 + 1e-9 and high >= 1.3 - 1e-9  # both kinds of round inside

@@ -1080,9 +1080,11 @@ for _name, _path in ATTENTION_ROUNDS.items():
 
 
 STRONGEST_PEERS = {"fast-strongest-peers": f"{FAST}/26-strongest-peers-h200",
-                   "fast-strongest-peers-h100": f"{FAST}/25-strongest-peers"}
+                   "fast-strongest-peers-h100": f"{FAST}/25-strongest-peers",
+                   "fast-max-autotune-h200": f"{FAST}/34-max-autotune-h200"}
 """Issue 34's runs, claim name -> folder: the fast xl step against eager SDPA, torch.compile in each
-mode and HF (eager and compiled); three rounds on H200s, and the first run, one round on an H100."""
+mode and HF (eager and compiled); three rounds on H200s, the first run (one round on an H100), and
+`max-autotune-no-cudagraphs` in rounds on an H200."""
 
 
 def strongest_peers(folder: str) -> Callable[[Rows], str]:
@@ -1110,6 +1112,7 @@ CURRENT_ROWS = {
                   "32-round-h100/attention_shapes.jsonl", "32-round-h100/tflops.jsonl",
                   "32-round-h100/classic.jsonl", "29-round-h100/classic.jsonl"),
     "fast": ("26-strongest-peers-h200/bench.jsonl", "25-strongest-peers/bench.jsonl",
+             "34-max-autotune-h200/bench.jsonl",
              "21-xl-targets-final/bench.jsonl",
              "22-sizes-final/bench.jsonl"),
     "distributed": ("comm.jsonl", "ddp-x2-batch16/ddp.jsonl",

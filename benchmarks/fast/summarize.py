@@ -223,7 +223,9 @@ def strongest_peers(rows: dict[tuple, dict[str, Any]]) -> list[str]:
              "`max-autotune-no-cudagraphs` or `reduce-overhead` (CUDA graphs); hf-compile: the same of "
              "HF's Llama; `-blocks`: each block "
              "compiled (`--compile-scope blocks`), else the whole model. compile s: the first compiled "
-             "steps, outside the timed ones. vs best fast: this row's median over the best fast "
+             "steps, outside the timed ones, in the round that took longest (a process after the "
+             "first on a machine may load the compiled code from torch.compile's disk caches). "
+             "vs best fast: this row's median over the best fast "
              "row's, with its 95 % interval. GPU busy: kernel time over the step; host-bound: below "
              f"{100 * HOST_BOUND_BELOW:.0f} % of the step (lmscope.measure.host_bound). n: rounds x timed "
              "steps per round.\n",

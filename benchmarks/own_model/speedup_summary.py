@@ -49,18 +49,11 @@ def model(record: dict[str, Any]) -> str:
 
 
 def grouped(rows: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
-    """model -> setup -> its row (rounds pooled; the last run of a point wins), with
-    `compile_s_longest`: the longest compile of its rounds (the first process on a machine
-    compiles cold; later ones may hit torch.compile's caches on disk)."""
-    longest: dict[tuple[str, str], float] = {}
-    for row in rows:
-        if row.get("compile_s") is not None:
-            key = (model(row), setup(row))
-            longest[key] = max(longest.get(key, 0.0), row["compile_s"])
+    """model -> setup -> its row (rounds pooled, compile_s their longest; the last run of a point
+    wins)."""
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for row in pool_rounds(rows, spec_fields("bench")):
-        out.setdefault(model(row), {})[setup(row)] = {
-            **row, "compile_s_longest": longest.get((model(row), setup(row)))}
+        out.setdefault(model(row), {})[setup(row)] = row
     return out
 
 
@@ -114,7 +107,7 @@ def model_table(setups: dict[str, dict[str, Any]]) -> list[str]:
         rounds = len(rounds_of(row)) if _ok(row) and row.get("times_ms") else 0
         cells = [name, _num(row, "median_ms", "{:.1f}"), str(rounds or "-"),
                  _num(row, "peak_allocated_gib", "{:.1f}"), _num(row, "tokens_per_s", "{:,.0f}"),
-                 _num(row, "mfu_counted", "{:.1f}", 100), _num(row, "compile_s_longest", "{:.0f}"),
+                 _num(row, "mfu_counted", "{:.1f}", 100), _num(row, "compile_s", "{:.0f}"),
                  _num(row, "cuda_graph_used", "{}")]
         lines.append("| " + " | ".join(cells) + " |")
     fast = best_fast(setups)

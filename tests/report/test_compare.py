@@ -149,3 +149,15 @@ def test_a_point_with_one_ok_round_of_one_step_pools_to_a_zero_spread():
     (pooled,) = pool_rounds(rows, KEYS)
     assert pooled["rounds"] == 1 and pooled["times_ms"] == [7.0]
     assert pooled["std_ms"] == pooled["step_std_ms"] == 0.0
+
+
+def test_a_pooled_row_reports_its_longest_compile():
+    """The first process on a machine compiles cold; a later round may load the compiled code from
+    torch.compile's caches on disk in a fraction of the time. The pooled row keeps the cold one."""
+    from lmscope.report.rounds import pool_rounds
+
+    seconds = list(np.random.default_rng().uniform(1.0, 5.0, 3))
+    seconds[1] += 100.0
+    rows = [step_row("a", [7.0, 7.1], round=r, rounds=3, compile_s=s) for r, s in enumerate(seconds)]
+    (pooled,) = pool_rounds(rows, KEYS)
+    assert pooled["compile_s"] == seconds[1]

@@ -79,6 +79,9 @@ def _pooled(rounds: dict[int, Record]) -> Record:
             pooled[key + BY_ROUND] = per_round
             if joined:
                 pooled.update(_statistics(base, key, joined))
+    compiles = [record["compile_s"] for record in ok if record.get("compile_s") is not None]
+    if compiles:  # the cold one: later processes on a machine may hit torch.compile's disk caches
+        pooled["compile_s"] = max(compiles)
     if "median_ci_rel" in base and pooled.get("times_ms"):
         pooled["median_ci_rel"] = median_interval_rounds(pooled[f"times_ms{BY_ROUND}"]).relative_half_width
     return {**base, **pooled}

@@ -911,9 +911,7 @@ def ddp_exposed_comm(rows: Rows) -> str:
 
 
 FSDP_OVERLAP = f"{DISTRIBUTED}/fsdp-overlap-x2"
-OVERLAP_TIMED = "overlap-xl-x2-b*.jsonl"
-"""The timed rows: one `lmscope ddp` run per batch (the stage's own two-round file did not come back
-from the device, see the folder's README)."""
+OVERLAP_TIMED = "overlap-xl-x2.jsonl"
 """Issue 37's FSDP overlap run: xl on 2 ranks at batch 4 and a GPU-bound batch, interleaved rounds,
 then the profiled steps (`run_fsdp_gpu.sh`'s overlap stage)."""
 
@@ -953,7 +951,8 @@ def fsdp_overlap(rows: Rows) -> str:
         "batch per rank as given; median ms per "
         f"step ({ours.get('rounds', 1)} round(s) of interleaved points); "
         "`step/single` = the step over the single-GPU step, `FSDP2/ours` = PyTorch's FSDP2 step over "
-        "ours, each with its 95 % bootstrap interval over the steps; the single step is host-bound "
+        "ours, each with its 95 % bootstrap interval, which resamples the rounds (three a side at "
+        "least) where the rows pooled several; the single step is host-bound "
         f"where the GPU was busy for less than {100 * HOST_BOUND_BELOW:.0f} % of it "
         "(`lmscope.measure.host_bound.HOST_BOUND_BELOW`, from its profile).",
         table(["batch", "strategy", "step ms", "step/single", "FSDP2/ours", "bound by"], body),
@@ -1118,8 +1117,7 @@ CURRENT_ROWS = {
     "distributed": ("comm.jsonl", "ddp-x2-batch16/ddp.jsonl",
                     "ddp-x2-paired/ddp.jsonl", "fsdp-x2-h200/fsdp-xl-x2.jsonl",
                     "fsdp-x2-h200/fsdp-2.7B-x2.jsonl", "fsdp-x2-h200/fsdp-8b-flash.jsonl",
-                    "fsdp-overlap-x2/overlap-xl-x2-b8.jsonl",
-                    "fsdp-overlap-x2/overlap-xl-x2-b4.jsonl",
+                    "fsdp-overlap-x2/overlap-xl-x2.jsonl",
                     "8b-ablation-x2-h200/ablation-planned.jsonl",
                     "8b-ablation-x2-h200/ablation-offload.jsonl",
                     "fsdp-single-h100/fsdp-single.jsonl"),

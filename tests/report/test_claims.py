@@ -87,6 +87,20 @@ def test_a_ratio_with_step_times_carries_its_interval() -> None:
     assert text.startswith("2.00x [") and not text.startswith("~")
 
 
+def test_a_ratio_of_pooled_rounds_resamples_the_rounds() -> None:
+    """Rows that pooled rounds (`lmscope.report.rounds.pool_rounds`) get the round-level interval:
+    none from two rounds, however many steps each holds; one that holds both rounds with three."""
+    def pooled(impl: str, ms: float, rounds: int) -> dict:
+        by_round = [[ms * (1 + 0.05 * r) + 0.001 * i for i in range(15)] for r in range(rounds)]
+        return _row(impl, ms, times_ms=sum(by_round, []), times_ms_by_round=by_round)
+
+    two = ratio(pooled("b", 2.0, 2), pooled("a", 1.0, 2))
+    assert two.endswith("(no interval: 2 rounds on one side, need 3)")
+    text = ratio(pooled("b", 2.0, 3), pooled("a", 1.0, 3))
+    low, high = (float(x) for x in text.split("[")[1].rstrip("]").split(", "))
+    assert low < high
+
+
 def test_an_unclosed_block_fails(tmp_path: Path) -> None:
     problems = check_files([_doc(tmp_path, "<!-- claims: speed -->\n| x |\n")], _registry(tmp_path))
     assert len(problems) == 1 and problems[0].line == 1 and "never closed" in problems[0].message

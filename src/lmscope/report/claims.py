@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from lmscope.records.provenance import code_identity, source_label
-from lmscope.records.stats import ratio_interval
 from lmscope.report.backing import Backing, numbers, parse
 from lmscope.report.doc_refs import ROWS_SUFFIXES, broken, links, rows_files
+from lmscope.report.rounds import ratio_between
 
 Row = dict[str, Any]
 
@@ -155,10 +155,11 @@ def same_run(*rows: Row) -> str:
 
 def ratio(base: Row, other: Row, key: str = "median_ms", times: str | None = "times_ms") -> str:
     """base[key] / other[key] of two rows of one commit, with its bootstrap interval when both
-    carry the per-step `times` (None: rows without them, e.g. do_bench medians)."""
+    carry the per-step `times` (None: rows without them, e.g. do_bench medians). Rows that pooled
+    rounds get the round-level interval (`lmscope.report.rounds.ratio_between`)."""
     same_run(base, other)
     if times is not None and times in base and times in other:
-        return ratio_interval(base[times], other[times]).as_text()
+        return ratio_between(base, other, times).as_text()
     return f"{base[key] / other[key]:.2f}x"
 
 

@@ -1011,12 +1011,13 @@ def own_model_speedup(rows: Rows) -> str:
             mfu = row.get("mfu_counted")
             body.append([model, name, fmt(row["median_ms"], 4), fmt(row.get("peak_allocated_gib")),
                          fmt(row.get("tokens_per_s")), fmt(mfu * 100 if mfu is not None else None),
-                         fmt(row.get("compile_s")), "" if row is fast else ratio(row, fast)])
+                         fmt(row.get("compile_s")), "" if row is fast or fast is None else ratio(row, fast)])
     return claim_block(
         "bf16 autocast over fp32 weights, train step with fused AdamW (lmscope: FusedAdamW, CUDA graphs), "
         "random weights; median ms per step (rounds pooled); `step / lmscope` = the setup's median step "
-        "over lmscope's fastest, with its 95 % bootstrap interval over the steps; MFU from the FLOPs "
-        "counted over one step.",
+        "over lmscope's fastest, with its 95 % bootstrap interval (over the rounds where the rows "
+        "pooled several, else over the steps); MFU from the FLOPs counted over one step; compile s: "
+        "the longest round's.",
         table(["model", "setup", "step ms", "peak GiB", "tokens/s", "MFU %", "compile s", "step / lmscope"],
               body),
         f"Rows: `{OWN_SPEEDUP}/bench.jsonl` (benchmarks/own_model/speedup_gpu.sh); {provenance(found)}.",
@@ -1123,7 +1124,7 @@ CURRENT_ROWS = {
                     "fsdp-single-h100/fsdp-single.jsonl"),
     "bench": ("bench.jsonl", "bench_warmup.jsonl"),
     "memory": ("results.jsonl", "activations-h100/results.jsonl"),
-    "own_model": ("bench.jsonl", "profile.jsonl", "memory.jsonl", "fidelity.jsonl"),
+    "own_model": ("bench.jsonl", "profile.jsonl", "memory.jsonl", "fidelity.jsonl", "speedup/bench.jsonl"),
     "plan": ("bench.jsonl",),
     "profile": ("results.jsonl",),
     "stats": ("coverage.jsonl", "bench-runs/*.jsonl"),

@@ -19,7 +19,10 @@ measures what a plain CUDA-event loop around it measures. On CPUs the host clock
 Each phase carries an NVTX range and a profiler range (`lmscope.measure.ranges.phase`). The
 first `warmup` steps are not recorded.
 On GPUs each phase's allocated peak is measured (the allocator's peak reset at its start; the
-step's peak is the largest phase peak). `kernels=True` records the measured steps with
+step's peak is the largest phase peak). The peaks are the allocator's process-wide counts: they
+include the user's model and optimizer state, built before the probe, and whatever else the
+process holds; `allocated_at_start_gib` is what was allocated when the probe was entered, so
+peak - it is what the loop added. `kernels=True` records the measured steps with
 torch.profiler and adds each phase's kernel time and launches (their step times then include the
 profiler's overhead). `measure_step` runs the loop itself for one model, batch and loss.
 """
@@ -82,6 +85,8 @@ class Probe:
         self.trace_path = Path(trace_path) if trace_path else (
             self.out.with_name(f"{label}.trace.json.gz") if kernels and self.out else None)
         self.meter = MemoryMeter(self.device) if self.device.type == "cuda" else None
+        """Never entered: it reads the process's totals (the loop's model was built before the probe)."""
+        self.allocated_at_start: int | None = None
         self.index = 0
         self.times_ms: list[float] = []
         self.phases_ms: dict[str, list[float]] = {}
@@ -97,6 +102,8 @@ class Probe:
 
     def __enter__(self) -> Probe:
         synchronize(self.device)  # what ran before the loop stays out of its first step
+        if self.meter is not None:
+            self.allocated_at_start = self.meter.current()
         self._start_step()
         return self
 
@@ -188,6 +195,7 @@ class Probe:
         if self.meter is not None:
             record.update({f"{name}_peak_allocated_gib": peak / GIB for name, peak in self.peaks.items()})
             record["peak_allocated_gib"] = max(self.peaks.values(), default=0) / GIB
+            record["allocated_at_start_gib"] = self.allocated_at_start / GIB
         if self._profiler is not None:
             record.update(self._kernel_metrics())
         return record

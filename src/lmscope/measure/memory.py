@@ -1,9 +1,12 @@
 """Memory probes: the peak of each phase of a step, allocation-history snapshots, and reading them.
 
-* `MemoryMeter`: allocated bytes (current, peak) and reserved bytes of a device. On GPUs these are
-  the CUDA caching allocator's statistics. On CPUs they are the bytes of the distinct tensor
-  storages that ops create while the meter is entered (`LiveTensorBytes`, a dispatch mode): what a
-  caching allocator would count as allocated, with no reserved memory.
+* `MemoryMeter`: allocated bytes (current, peak) and reserved bytes of a device, the point's own:
+  what was allocated before the meter was entered is not counted. On GPUs these are the CUDA
+  caching allocator's statistics (process-wide) minus the baseline read on entering (after garbage
+  collection and emptying the allocator's cache), so a point reads the same in a fresh process and
+  in one that already holds memory. On CPUs they are the bytes of the distinct tensor storages that
+  ops create while the meter is entered (`LiveTensorBytes`, a dispatch mode): what a caching
+  allocator would count as allocated, with no reserved memory; tensors from before never count.
 * `PhasePeaks`: a clock for `TrainStep` (start / mark) that resets the peak at each phase start
   and reads it at the phase end, the way `reset_peak_memory_stats` + `max_memory_allocated` measure
   a phase. It can also drop a marker allocation at each boundary, which `build_timeline` finds in a
@@ -20,6 +23,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import pickle
 import re
 import sys
@@ -128,15 +132,31 @@ def _python_frames() -> list[dict[str, Any]]:
 
 
 class MemoryMeter:
-    """Allocated and reserved bytes of one device; on CPUs, enter it before building the model."""
+    """Allocated and reserved bytes of one device, counted from when the meter is entered.
+
+    On CPUs, enter it before building the model (only tensors made inside count). On GPUs,
+    entering it (or `take_baseline`) collects garbage, empties the caching allocator's cache and
+    reads the baseline: the bytes still allocated then (what the process held before: another
+    model, a notebook's tensors, a test's leftovers) and the bytes still reserved (the segments that
+    hold them). current/peak are allocated bytes minus `baseline_allocated`; reserved/peak_reserved
+    are reserved bytes minus `baseline_reserved`: what the point made the allocator reserve. In a
+    process that holds memory, a point can reuse free room inside the segments it found, so its
+    reserved bytes can be a little under a fresh process's; its allocated bytes are the same. A
+    meter never entered counts from 0 (the process's totals).
+    """
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.cuda = device.type == "cuda"
         self._live = None if self.cuda else LiveTensorBytes()
         self._stack = contextlib.ExitStack()
+        self.baseline_allocated = 0
+        """Bytes allocated (process-wide) when the meter was entered; 0 on CPUs."""
+        self.baseline_reserved = 0
+        """Bytes reserved (process-wide) when the meter was entered, after emptying the cache; 0 on CPUs."""
 
     def __enter__(self) -> MemoryMeter:
+        self.take_baseline()
         if self._live is not None:
             self._stack.enter_context(self._live)
         return self
@@ -144,21 +164,36 @@ class MemoryMeter:
     def __exit__(self, *exc: object) -> None:
         self._stack.close()
 
+    def take_baseline(self) -> MemoryMeter:
+        """On GPUs: collect garbage, empty the cache, read the baseline and reset the peaks (CPUs: no-op)."""
+        if self.cuda:
+            gc.collect()  # garbage from before is freed now, not in the middle of the point
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+            self.baseline_allocated = torch.cuda.memory_allocated(self.device)
+            self.baseline_reserved = torch.cuda.memory_reserved(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        return self
+
     def current(self) -> int:
-        """Bytes allocated now."""
-        return torch.cuda.memory_allocated(self.device) if self.cuda else self._live.current
+        """Bytes allocated now, beyond the baseline."""
+        if self.cuda:
+            return torch.cuda.memory_allocated(self.device) - self.baseline_allocated
+        return self._live.current
 
     def peak(self) -> int:
-        """Highest bytes allocated since the last reset_peak."""
-        return torch.cuda.max_memory_allocated(self.device) if self.cuda else self._live.peak
+        """Highest bytes allocated since the last reset_peak, beyond the baseline."""
+        if self.cuda:
+            return torch.cuda.max_memory_allocated(self.device) - self.baseline_allocated
+        return self._live.peak
 
     def reserved(self) -> int | None:
-        """Bytes the caching allocator holds now (None on CPU)."""
-        return torch.cuda.memory_reserved(self.device) if self.cuda else None
+        """Bytes the caching allocator holds now beyond the baseline's (None on CPU)."""
+        return torch.cuda.memory_reserved(self.device) - self.baseline_reserved if self.cuda else None
 
     def peak_reserved(self) -> int | None:
-        """Highest bytes reserved since the last reset_peak (None on CPU)."""
-        return torch.cuda.max_memory_reserved(self.device) if self.cuda else None
+        """Highest bytes reserved since the last reset_peak, beyond the baseline's (None on CPU)."""
+        return torch.cuda.max_memory_reserved(self.device) - self.baseline_reserved if self.cuda else None
 
     def reset_peak(self) -> None:
         """Start a new peak from the current allocation."""

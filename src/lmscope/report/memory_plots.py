@@ -50,8 +50,13 @@ def _offsets(timeline: Timeline, block: Block, starts: np.ndarray, ends: np.ndar
     return np.cumsum(delta)[block.start:block.end]
 
 
-def plot_timeline(timeline: Timeline, path: Path, *, title: str, groups: int = 6) -> Path:
-    """Write the active-memory timeline of `timeline` to `path` (PNG)."""
+def plot_timeline(timeline: Timeline, path: Path, *, title: str, groups: int = 6, baseline: int = 0) -> Path:
+    """Write the active-memory timeline of `timeline` to `path` (PNG).
+
+    `baseline`: bytes the process held before the point (`MemoryMeter.baseline_allocated`), drawn
+    as a dotted line when above 0: the snapshot is the allocator's whole state, the point's own
+    bytes are what lies above it.
+    """
     if timeline.events == 0:
         raise ValueError("the snapshot's trace holds no alloc/free events: record a step before dumping")
     x = np.arange(timeline.events)
@@ -78,6 +83,9 @@ def plot_timeline(timeline: Timeline, path: Path, *, title: str, groups: int = 6
             ax.fill_between(x[block.start:block.end], base, base + block.size / GIB, color=_color(index),
                             linewidth=0, step="post", label=label)
             label = None
+    if baseline > 0:
+        ax.axhline(baseline / GIB, color="black", linewidth=1.0, linestyle=":",
+                   label="held by the process before the point")
     _mark_phases(ax, timeline, float(total.max()))
     ax.set_xlim(0, max(timeline.events - 1, 1))
     ax.set_ylim(0, float(total.max()) * 1.12 or 1.0)

@@ -13,7 +13,11 @@ What a point runs, in order:
 2. on CUDA, one forward+backward with fresh peak statistics: memory in use after the forward
    (what is kept for the backward, inputs included, as the study reports it) and the peak, in
    MiB, and `saved_bytes_per_seq2` = (memory after the forward - memory before it) / seq^2, the
-   seq^2 coefficient that naive attention pays and FlashAttention does not;
+   seq^2 coefficient that naive attention pays and FlashAttention does not. Both memories are the
+   point's own: allocated bytes beyond `baseline_allocated_mib`, what the process held (after
+   garbage collection) before the point made its inputs; they include the inputs and what the
+   point's first forward+backward left allocated (e.g. a cuBLAS workspace, made once per process:
+   a point after others in the same process does not pay it again);
 3. timings of the passes asked for: fwd = forward with autograd recording (as in training);
    bwd = `out.backward(dO, retain_graph=True)` on one forward's graph; fwd_bwd = forward then
    backward. On CUDA each is `triton.testing.do_bench` (L2 flushed before every call; median,
@@ -214,13 +218,20 @@ def kept_times(times: list[float], limit: int = KEPT_TIMES) -> list[float]:
     return [round(times[int(i * stride)], 5) for i in range(limit)]
 
 
-def _memory(attend: Callable[..., torch.Tensor], q, k, v, d_out, device: torch.device) -> dict[str, Any]:
-    """Memory after the forward (kept for backward) and peak over forward+backward, in MiB."""
+def _allocated(device: torch.device) -> int | None:
+    """Bytes allocated on a CUDA device (the whole process's), None on CPU."""
+    return torch.cuda.memory_allocated(device) if device.type == "cuda" else None
+
+
+def _memory(attend: Callable[..., torch.Tensor], q, k, v, d_out, device: torch.device,
+            baseline: int | None) -> dict[str, Any]:
+    """Memory after the forward (kept for backward) and peak over forward+backward, in MiB, beyond
+    `baseline` (bytes allocated before the point made its inputs)."""
     if device.type != "cuda":
         return {"mem_before_backward_mib": None, "peak_mib": None, "saved_bytes_per_seq2": None}
     _clear_grads(q, k, v)
     _release(device)
-    baseline = torch.cuda.memory_allocated(device)  # the inputs, plus workspaces such as cuBLAS's
+    start = torch.cuda.memory_allocated(device)  # the inputs, plus workspaces such as cuBLAS's
     out = attend(q, k, v)
     synchronize(device)
     before = torch.cuda.memory_allocated(device)
@@ -228,9 +239,9 @@ def _memory(attend: Callable[..., torch.Tensor], q, k, v, d_out, device: torch.d
     synchronize(device)
     peak = torch.cuda.max_memory_allocated(device)
     return {
-        "mem_before_backward_mib": before / MIB,
-        "peak_mib": peak / MIB,
-        "saved_bytes_per_seq2": (before - baseline) / q.shape[-2] ** 2,
+        "mem_before_backward_mib": (before - baseline) / MIB,
+        "peak_mib": (peak - baseline) / MIB,
+        "saved_bytes_per_seq2": (before - start) / q.shape[-2] ** 2,
     }
 
 
@@ -259,12 +270,14 @@ def _timings(attend: Callable[..., torch.Tensor], q, k, v, d_out, spec: Spec, de
 
 
 def _measure(spec: Spec, device: torch.device) -> dict[str, Any]:
+    baseline = _allocated(device)  # after run_point's _release: what the process held before the point
     with prepare(spec.impl, device, DTYPES[spec.dtype], spec.head_dim, spec.causal) as attend:
         q, k, v, d_out = _inputs(spec, device)
         out = attend(q, k, v)
         out.backward(d_out)
         synchronize(device)
-        metrics: dict[str, Any] = {"max_error": None, "max_grad_error": None}
+        metrics: dict[str, Any] = {"max_error": None, "max_grad_error": None,
+                                   "baseline_allocated_mib": None if baseline is None else baseline / MIB}
         if spec.seq_len <= spec.check_max_seq:
             metrics["max_error"], metrics["max_grad_error"] = reference_errors(
                 out, [q.grad, k.grad, v.grad], q, k, v, d_out, spec.causal
@@ -273,7 +286,7 @@ def _measure(spec: Spec, device: torch.device) -> dict[str, Any]:
         else:
             metrics["error_check"] = f"skipped: seq > {spec.check_max_seq}"
         del out
-        metrics.update(_memory(attend, q, k, v, d_out, device))
+        metrics.update(_memory(attend, q, k, v, d_out, device, baseline))
         metrics.update(_timings(attend, q, k, v, d_out, spec, device))
         probe = attend(q, k, v)  # which autograd node the timed calls made (flash: C++ or Python)
         metrics["autograd_node"] = probe.grad_fn.name() if probe.grad_fn is not None else None

@@ -82,7 +82,8 @@ class GraphedStep:
             self.graphs.append((name, graph))
         torch.cuda.synchronize(self.device)
         self.capture_peak_allocated_bytes = torch.cuda.max_memory_allocated(self.device)
-        """The step's true peak: replays allocate nothing, so later peaks miss the activations."""
+        """The step's true peak: replays allocate nothing, so later peaks miss the activations. The
+        allocator's process-wide count: subtract what the process held before the point."""
 
     def __call__(self, clock: PhaseClock | None = None) -> None:
         """One step: replay the phases' graphs in capture order, marking each on `clock`."""

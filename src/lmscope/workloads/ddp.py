@@ -57,6 +57,7 @@ from lmscope.accounting.fsdp import predict_fsdp
 from lmscope.accounting.memory import checkpointed_blocks
 from lmscope.inputs.limits import check_steps, check_timeout
 from lmscope.measure.device_memory import release_device_memory
+from lmscope.measure.memory import MemoryMeter
 from lmscope.measure.ranges import phase
 from lmscope.measure.timer import PhaseClock, synchronize, time_phased_steps
 from lmscope.model.checkpointing import checkpoint_blocks
@@ -167,8 +168,8 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
 class _Setup:
     """Model, optimizer, scaler and this rank's batch; `wrap` adds the strategy's wrapper."""
 
-    def __init__(self, spec: Spec, ctx: RankContext) -> None:
-        self.spec, self.device = spec, ctx.device
+    def __init__(self, spec: Spec, ctx: RankContext, meter: MemoryMeter) -> None:
+        self.spec, self.device, self.meter = spec, ctx.device, meter
         torch.manual_seed(0)  # the same weights on every rank (the wrapper broadcasts rank 0's)
         self.source = spec.source()
         self.built = self.source.build(self.device)
@@ -240,7 +241,7 @@ class _Setup:
             if self.finish is not None:
                 self.finish()
         clock.mark("comm_wait")
-        before = _peak_gib(self.device)
+        before = _peak_gib(self.meter)
         with phase("optimizer"):
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -248,19 +249,20 @@ class _Setup:
         return before
 
 
-def _peak_gib(device: torch.device) -> float | None:
-    return torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else None
+def _peak_gib(meter: MemoryMeter) -> float | None:
+    """The peak since the last reset, beyond what the rank's process held before the point (CUDA)."""
+    return meter.peak() / GIB if meter.cuda else None
 
 
-def _reset_peak(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+def _allocated_gib(meter: MemoryMeter) -> float | None:
+    return meter.current() / GIB if meter.cuda else None
 
 
 def train(ctx: RankContext, point: dict[str, Any]) -> dict[str, Any]:
     """On every rank: set up, calibrate, warm up, time the steps, aggregate over ranks."""
     spec = Spec(**{**point, "backend": ctx.backend})
-    run = _Setup(spec, ctx)
+    meter = MemoryMeter(ctx.device).take_baseline()  # CUDA: what this process held before the point
+    run = _Setup(spec, ctx, meter)
     local_times, local_skipped = None, None
     if spec.strategy != "single":
         local_skipped = why_unwrapped_cannot_fit(spec, ctx.device)
@@ -268,14 +270,14 @@ def train(ctx: RankContext, point: dict[str, Any]) -> dict[str, Any]:
             local_times = _time_unwrapped(run, spec, ctx)
         run.wrap()
     synchronize(ctx.device)
-    init_gib = torch.cuda.memory_allocated(ctx.device) / GIB if ctx.device.type == "cuda" else None
+    init_gib = _allocated_gib(meter)
     sharded = parse_strategy(spec.strategy)[0] in SHARDED if spec.strategy != "single" else False
     calibration = _calibrate(ctx) if ctx.world_size > 1 and not sharded else None
     after: list[float | None] = []
     measured = time_phased_steps(
         run.step, warmup=spec.warmup, steps=spec.steps, device=ctx.device,
-        before_each=lambda: _reset_peak(ctx.device),
-        after_each=lambda: after.append(_peak_gib(ctx.device)),
+        before_each=meter.reset_peak,
+        after_each=lambda: after.append(_peak_gib(meter)),
     )
     times, phases, before = measured.times_ms, measured.phases_ms, measured.results
     local = {
@@ -287,8 +289,8 @@ def train(ctx: RankContext, point: dict[str, Any]) -> dict[str, Any]:
         "init_allocated_gib": init_gib,
         "peak_before_optimizer_gib": max(before) if init_gib is not None else None,
         "peak_after_optimizer_gib": max(after) if init_gib is not None else None,
-        "after_step_allocated_gib": (torch.cuda.memory_allocated(ctx.device) / GIB
-                                     if init_gib is not None else None),
+        "after_step_allocated_gib": _allocated_gib(meter),
+        "baseline_allocated_gib": meter.baseline_allocated / GIB if meter.cuda else None,
     }
     if not run.measures_wait:
         local["comm_wait_ms"] = None

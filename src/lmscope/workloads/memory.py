@@ -8,8 +8,11 @@ same steps. With `snapshot`, one more step runs with the allocation history reco
 snapshot pickle (pytorch.org/memory_viz), a timeline PNG with the phases marked, and the largest
 allocations with where they come from, in `<artifacts_dir>/<point slug>/`.
 
-On GPUs the numbers are the CUDA caching allocator's (allocated and reserved); on CPUs they are the
-bytes of live tensors (no reserved memory; times include the tracking's overhead). Every phase
+On GPUs the numbers are the CUDA caching allocator's (allocated and reserved) beyond what the
+process held when the point began (`baseline_allocated_gib`, `baseline_reserved_gib`: see
+`MemoryMeter`), so a point reads the same in a fresh process and in one that holds memory; the
+snapshot and its timeline are the allocator's whole state, baseline included. On CPUs they are the
+bytes of live tensors the point made (no reserved memory; times include the tracking's overhead). Every phase
 carries `predicted_*` from `lmscope.accounting.memory.predict_memory` and the error in percent
 (lmscope's presets; for transformers and user models the predictions are None).
 """
@@ -165,6 +168,8 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
         **measured,
         **predicted,
         **errors,
+        "baseline_allocated_gib": meter.baseline_allocated / GIB if meter.cuda else None,
+        "baseline_reserved_gib": meter.baseline_reserved / GIB if meter.cuda else None,
         "step_start_gib": start / GIB,
         "median_ms": statistics.median(times),
         "times_ms": [round(t, 4) for t in times],
@@ -237,7 +242,7 @@ def _snapshot_step(step: TrainStep, meter: MemoryMeter, spec: Spec) -> dict[str,
     timeline = build_timeline(load_snapshot(path), phases=list(clock.peaks))
     title = (f"lmscope memory: {spec.size} ctx {spec.context_length} batch {spec.batch_size} {spec.mode} "
              f"{spec.precision} {spec.attention} checkpoint={spec.checkpoint}")
-    png = plot_timeline(timeline, folder / "timeline.png", title=title)
+    png = plot_timeline(timeline, folder / "timeline.png", title=title, baseline=meter.baseline_allocated)
     top = [group.as_record() for group in top_allocations(timeline, spec.top)]
     largest = top[0] if top else {}
     return {

@@ -6,14 +6,13 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import torch
-
 from lmscope.accounting.devices import peak_tflops
 from lmscope.accounting.flops import step_flops
 from lmscope.accounting.memory import checkpointed_blocks
 from lmscope.inputs.limits import check_steps
 from lmscope.measure.energy import step_energy
 from lmscope.measure.gpu_busy import measure_gpu_busy
+from lmscope.measure.memory import MemoryMeter
 from lmscope.measure.sampling import StopRule, sampling_metrics
 from lmscope.measure.timer import summarize, time_phased_steps
 from lmscope.model.checkpointing import checkpoint_blocks
@@ -100,6 +99,7 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
     spec = Spec(**point)
     device = resolve_device(spec.device)
     graphed = uses_cuda_graph(spec, spec.cuda_graph, device)
+    meter = MemoryMeter(device).take_baseline()  # on CUDA: the bytes the process held before the point
     eager = TrainStep(spec, capturable=graphed)
     if spec.checkpoint != "none":
         checkpoint_blocks(eager.built.blocks or [], spec.checkpoint)
@@ -109,7 +109,7 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
 
     def reset_peak() -> None:
         if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
+            meter.reset_peak()
 
     measured = time_phased_steps(step, warmup=spec.warmup, steps=spec.steps, device=device,
                                  after_warmup=reset_peak, stop=spec.stop_rule())
@@ -130,12 +130,13 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
         **flop_metrics(counted, stats.median_ms, phase_ms, device_name=facts.get("device_name"),
                        precision=spec.precision, analytic_flops=throughput["flops_per_step"]),
     }
-    if device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated(device)
+    if device.type == "cuda":  # the point's own bytes: beyond what the process held before it
+        peak = meter.peak()
         if isinstance(step, GraphedStep):  # replays allocate nothing: the capture saw the peak
-            peak = max(peak, step.capture_peak_allocated_bytes)
+            peak = max(peak, step.capture_peak_allocated_bytes - meter.baseline_allocated)
         metrics["peak_allocated_gib"] = peak / GIB
-        metrics["peak_reserved_gib"] = torch.cuda.max_memory_reserved(device) / GIB
+        metrics["peak_reserved_gib"] = meter.peak_reserved() / GIB
+        metrics["baseline_allocated_gib"] = meter.baseline_allocated / GIB
     # extra untimed steps after the timed ones: a few under the profiler for the GPU's busy time,
     # then as many as the energy counter's window needs
     metrics.update(measure_gpu_busy(step, device=device, step_ms=stats.median_ms))

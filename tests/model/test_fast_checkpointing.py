@@ -145,3 +145,30 @@ def test_a_forward_whose_backward_never_runs_leaves_nothing_alive(fast_cls, monk
     del loss
     gc.collect()
     assert [ref for ref in inputs if not ref.expired()] == []
+
+
+@pytest.mark.parametrize("policy", ["selective", "blocks:0+selective:1-2", "selective:1"])
+def test_selective_blocks_free_swiglus_output_after_the_forward(fast_cls, monkeypatch, policy) -> None:
+    """Without outer saved-tensor hooks (a plain step, no SavedActivations) a selective block
+    keeps SwiGLU's output as a recipe over gate_up, which the SwiGLU kernel saves as rows (a view
+    that dies with its forward): the output is freed after the forward; other blocks keep it."""
+    module = sys.modules[fast_cls.__module__]
+    outputs: list[StorageWeakRef] = []
+    swiglu = module.swiglu
+
+    def recorded(gate_up: torch.Tensor) -> torch.Tensor:
+        out = swiglu(gate_up)
+        outputs.append(StorageWeakRef(out.untyped_storage()))
+        return out
+
+    monkeypatch.setattr(module, "swiglu", recorded)
+    with torch.device(DEVICE):
+        model = fast_cls(CONFIG)
+    apply_checkpointing(model, policy)
+    tokens = torch.randint(0, CONFIG.vocab_size, (BATCH, SEQ), device=DEVICE)
+    loss = model(tokens, tokens)
+    treatments = parse_treatments(policy, CONFIG.num_layers)
+    alive_now = [not ref.expired() for ref in outputs]  # fully checkpointed blocks save none either
+    expected = [treatments.kind(i) == "none" for i in range(CONFIG.num_layers)]
+    assert alive_now == expected, policy
+    loss.backward()

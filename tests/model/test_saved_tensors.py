@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from host_copies import record_host_copies
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from lmscope.model.offload import Offloader
 from lmscope.model.saved_tensors import BlockFrame, rebuild_in_backward
@@ -120,3 +121,44 @@ def test_a_recipe_takes_only_its_target_and_its_sources(case, rebuilt):
     grads = _aliased(case, BlockFrame(recipes=True, offload=None), calls, seed)
     assert all(torch.equal(a, b) for a, b in zip(grads, reference, strict=True)), case
     assert calls == (["rebuilt"] if rebuilt else [])
+
+
+class _SavesRows(torch.autograd.Function):
+    """exp(x), saving x as rows: a view made inside the op that dies when it returns (as the
+    kernels that save their input as a 2-D reshape do)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x.reshape(-1, x.shape[-1]))
+        return x.exp()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        (rows,) = ctx.saved_tensors
+        return grad * rows.exp().view(grad.shape)
+
+
+def test_a_source_saved_as_a_view_that_dies_with_the_op_feeds_recipes():
+    """Without outer hooks a saved tensor is kept detached; the source must still be found while
+    its storage lives (SwiGLU saves gate_up as rows: its output was kept, not rebuilt)."""
+    calls: list[str] = []
+    x = torch.randn(3, 5, 7, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(7, 2, dtype=torch.float64, requires_grad=True)
+
+    def run(frame: BlockFrame | None) -> tuple[torch.Tensor, ...]:
+        x.grad = w.grad = None
+        with frame or torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+            s = x * 2
+            h = _SavesRows.apply(s)
+            rebuild_in_backward(h, lambda rows: calls.append("rebuilt") or rows.exp(), s)
+            y = h @ w  # saves h
+        h_storage = StorageWeakRef(h.untyped_storage())
+        del h
+        freed = h_storage.expired()
+        y.square().sum().backward()
+        return freed, x.grad.clone(), w.grad.clone()
+
+    kept, *reference = run(None)
+    freed, *grads = run(BlockFrame(recipes=True, offload=None))
+    assert not kept and freed and calls == ["rebuilt"]
+    assert all(torch.equal(a, b) for a, b in zip(grads, reference, strict=True))

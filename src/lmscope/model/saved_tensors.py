@@ -11,10 +11,11 @@ an op saves for backward goes one of three ways:
   The sources are found among the tensors this block saved before, and a saved tensor takes the
   recipe only if it holds the target's values: both match by address, dtype and version, by size
   if contiguous (a norm saves its input as rows: that reshape serves) or else by shape and strides,
-  and only while the tensor matched is alive (held weakly). So a transpose of a source, a target
-  changed in place since, or a later tensor at a dead target's address is never taken for it. A
-  target whose sources were not saved stays saved; a recipe that reads an offloaded source counts
-  as one more unpack of it.
+  and only while what was matched is alive (held weakly: a target's tensor, a source's storage, as
+  a saved view such as those rows dies with the op that made it). So a transpose of a source, a
+  target changed in place since, or a later tensor at a dead target's address is never taken for
+  it. A target whose sources were not saved stays saved; a recipe that reads an offloaded source
+  counts as one more unpack of it.
 * **offloaded**: an activation (see `lmscope.model.offload`) is handed to the block's
   `OffloadFrame`, which copies it to host memory and brings it back for the backward;
 * **kept**: anything else, passed on to the saved-tensor hooks that were active around the block
@@ -132,8 +133,8 @@ class BlockFrame:
         self.offload = offload
         self._recipes: dict[tuple, _Recipe] = {}
         self._saved: dict[tuple, tuple[weakref.ref, Any]] = {}
-        """The tensors this block saved (held weakly) and their handles by `_identity`: the sources
-        of recipes."""
+        """The storages of the tensors this block saved (held weakly) and their handles by
+        `_identity`: the sources of recipes."""
         self._outer = _outer_hooks()
         self._hooks: torch.autograd.graph.saved_tensors_hooks | None = None
 
@@ -161,7 +162,9 @@ class BlockFrame:
         self._recipes[_identity(target)] = _Recipe(target, rebuild, handles)
 
     def _handle_of(self, tensor: torch.Tensor) -> Any:
-        """The handle of a live tensor this block saved with `tensor`'s values (None if none)."""
+        """The handle of a tensor this block saved with `tensor`'s values, its storage alive (None if
+        none). The storage, not the saved tensor: that may be a view its op made and dropped (a
+        kernel saves its input as rows), while the handle, or the offload frame, holds the bytes."""
         saved, handle = self._saved.get(_identity(tensor), (None, None))
         return handle if saved is not None and saved() is not None else None
 
@@ -178,7 +181,7 @@ class BlockFrame:
             # forward that never runs its backward (an exception, say) would keep it all
             handle = _Kept(tensor.detach(), None)
         if self.recipes:
-            self._saved[_identity(tensor)] = (weakref.ref(tensor), handle)
+            self._saved[_identity(tensor)] = (weakref.ref(tensor.untyped_storage()), handle)
         return handle
 
 

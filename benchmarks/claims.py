@@ -864,9 +864,16 @@ ABLATION_8B = "benchmarks/results/distributed/8b-ablation-x2-h200"
 @claim("fsdp-8b-ablation")
 def fsdp_8b_ablation(rows: Rows) -> str:
     """The ablation's table (`summarize_8b_ablation.py`): one row per policy with its call's peer."""
+    from lmscope.records.provenance import code_identity
+
     summary = _benchmark_script("distributed/summarize_8b_ablation.py")
-    found = [r for name in ("full", "planned", "selective", "offload", "best")  # the rows with numbers
-             for r in rows.load(f"{ABLATION_8B}/ablation-{name}.jsonl") if r.get("status") == "ok"]
+    by_code: dict[str, dict[str, list]] = {}  # the rows with numbers, by the code that ran them
+    for name in ("full", "planned", "selective", "offload", "best"):
+        for r in rows.load(f"{ABLATION_8B}/ablation-{name}.jsonl"):
+            if r.get("status") == "ok":
+                by_code.setdefault(code_identity(r), {}).setdefault(name, []).append(r)
+    runs = "; ".join(f"{', '.join(named)}: {provenance([r for found in named.values() for r in found])}"
+                     for named in by_code.values())
     return claim_block(
         "d 4096, d_ff 11008, 34 layers, 32 heads, vocab 151,936; context 32,768, batch 1 per rank, "
         "2x H200, bf16, lmscope FSDP with `--fast on` and our flash attention, AdamW; median ms per "
@@ -875,7 +882,7 @@ def fsdp_8b_ablation(rows: Rows) -> str:
         "the square) over both GPUs' dense bf16 peak; the HF Llama FSDP2 peer from the same call.",
         summary.table(ROOT / ABLATION_8B).strip(),
         f"Rows: `{ABLATION_8B}/ablation-<row>.jsonl`, `llama-peer-<call>.jsonl`, `plans.json`, "
-        f"`profile-best.jsonl`; {provenance(found)}.",
+        f"`profile-best.jsonl`. By the code that ran them: {runs}.",
     )
 
 

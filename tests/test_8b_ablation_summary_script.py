@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -19,9 +20,15 @@ def script():
     return load_script("benchmarks/distributed/summarize_8b_ablation.py", "summarize_8b_ablation")
 
 
-def _peer_ms(folder: Path, stage: str) -> str:
+def _peer_ms(folder: Path, stage: str, label: str | None = None) -> str:
+    """The step of the last ok peer of `stage` that ran before `label`'s latest fsdp row."""
     rows = [json.loads(line) for line in (folder / f"llama-peer-{stage}.jsonl").read_text().splitlines()]
-    return f"{[r for r in rows if r['status'] == 'ok'][-1]['step_median_ms']:,.0f}"
+    ok = [r for r in rows if r["status"] == "ok"]
+    if label is not None:
+        ours = [json.loads(line) for line in (folder / f"ablation-{label}.jsonl").read_text().splitlines()]
+        latest = [r for r in ours if r["strategy"] == "fsdp"][-1]
+        ok = [r for r in ok if r["time"] <= latest["time"]]
+    return f"{ok[-1]['step_median_ms']:,.0f}"
 
 
 def _cells(table: str, label: str) -> list[str]:
@@ -34,11 +41,18 @@ def test_each_row_gets_the_peer_of_its_own_call(script, tmp_path):
     stages = {json.loads(line)["row"]: json.loads(line).get("stage", script.ROWS[json.loads(line)["row"]])
               for line in (ROWS / "plans.json").read_text().splitlines()}
     for label, stage in stages.items():
-        assert _cells(table, label)[5] == _peer_ms(ROWS, stage), label
+        assert _cells(table, label)[5] == _peer_ms(ROWS, stage, label), label
     assert stages["selective"] == "c" and stages["full"] == "a"
+    # stage c ran in several calls: best's latest run (a call before selective's) keeps its own peer
+    assert _peer_ms(ROWS, "c", "best") != _peer_ms(ROWS, "c", "selective")
 
     copy = tmp_path / "rows"
     shutil.copytree(ROWS, copy)
     with (copy / "plans.json").open("a") as plans:  # full run again in a later call
         plans.write(json.dumps({"row": "full", "checkpoint": "block", "stage": "b"}) + "\n")
-    assert _cells(script.table(copy), "full")[5] == _peer_ms(copy, "b")
+    full = [json.loads(line) for line in (copy / "ablation-full.jsonl").read_text().splitlines()]
+    peer_b = json.loads((copy / "llama-peer-b.jsonl").read_text().splitlines()[-1])
+    with (copy / "ablation-full.jsonl").open("a") as rows:  # its row, after that call's peer
+        later = datetime.fromisoformat(peer_b["time"]) + timedelta(minutes=1)
+        rows.write(json.dumps({**full[-1], "time": later.isoformat()}) + "\n")
+    assert _cells(script.table(copy), "full")[5] == _peer_ms(copy, "b", "full")

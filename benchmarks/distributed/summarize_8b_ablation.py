@@ -44,6 +44,14 @@ def _last_ok(path: Path) -> dict[str, Any] | None:
     return next((r for r in reversed(_rows(path)) if r.get("status") == "ok"), None)
 
 
+def _peer_of(path: Path, row: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The peer of `row`'s call: the last ok peer that ran before it (each call runs its peer first,
+    and a stage run in several calls appends them all to one file); the last ok one without a row."""
+    before = [r for r in _rows(path) if r.get("status") == "ok"
+              and (row is None or str(r.get("time", "")) <= str(row.get("time", "")))]
+    return before[-1] if before else None
+
+
 def _fsdp_row(out: Path, label: str) -> dict[str, Any] | None:
     rows = [r for r in _rows(out / f"ablation-{label}.jsonl") if r.get("strategy") == "fsdp"]
     return rows[-1] if rows else None
@@ -100,8 +108,9 @@ def table(out: Path) -> str:
     lines = [_line(HEADER), _line(["---"] * len(HEADER))]
     for label, stage in ROWS.items():
         plan = plans.get(label, {})
-        peer = _last_ok(out / f"llama-peer-{plan.get('stage', stage)}.jsonl")
-        lines.append(_ablation_line(label, _fsdp_row(out, label), plan.get("checkpoint", "-"),
+        row = _fsdp_row(out, label)
+        peer = _peer_of(out / f"llama-peer-{plan.get('stage', stage)}.jsonl", row)
+        lines.append(_ablation_line(label, row, plan.get("checkpoint", "-"),
                                     peer.get("step_median_ms") if peer else None))
     profile = _last_ok(out / "profile-best.jsonl")
     return "\n".join(lines + (_profile_lines(profile) if profile else [])) + "\n"

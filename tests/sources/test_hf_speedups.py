@@ -144,6 +144,27 @@ def test_the_fast_step_computes_the_eager_step(monkeypatch) -> None:
     assert trained.loss().item() < first
 
 
+def test_the_fast_step_runs_under_fsdp_on_two_gloo_ranks(tmp_path, capsys) -> None:
+    """`lmscope ddp --model hf:qwen2 --fast on --strategy fsdp` (docs/own_model.md): lmscope's FSDP
+    wraps the patched model's decoder layers on two gloo ranks, and the row says what was replaced."""
+    skip_in_parent("test_hf_speedups_in_interpreter")
+    from lmscope.cli import main
+
+    out = tmp_path / "ddp.jsonl"
+    sizes = [f"--{key.replace('_', '-')}={value}" for key, value in SMALL.items()]
+    code = main(["ddp", "--model", "hf:qwen2", *sizes, "--fast", "on", "--attention", ATTENTION,
+                 "--strategy", "fsdp", "--nproc", "2", "--device", "cpu", "--precision", "fp32",
+                 "--context-length", "8", "--batch-size", "2", "--warmup", "1", "--steps", "2",
+                 "--out", str(out)])
+    capsys.readouterr()
+    assert code in (None, 0)  # a failure exits (SystemExit) with its code
+    by_strategy = {row["strategy"]: row for row in map(json.loads, out.read_text().splitlines())}
+    fsdp = by_strategy["fsdp"]
+    assert fsdp["status"] == "ok", fsdp.get("error")
+    assert fsdp["world_size"] == 2 and fsdp["fast_replaced"] == "norm=5,mlp=2,attention=2,causal_lm=1"
+    assert fsdp["parameters"] == by_strategy["single"]["parameters"] > 0
+
+
 def test_checkpointed_fast_layers_give_the_same_gradients() -> None:
     """bench --checkpoint block on the fast step: the decoder layers recompute their fused forwards."""
     skip_in_parent("test_hf_speedups_in_interpreter")

@@ -56,3 +56,17 @@ def test_each_row_gets_the_peer_of_its_own_call(script, tmp_path):
         later = datetime.fromisoformat(peer_b["time"]) + timedelta(minutes=1)
         rows.write(json.dumps({**full[-1], "time": later.isoformat()}) + "\n")
     assert _cells(script.table(copy), "full")[5] == _peer_ms(copy, "b", "full")
+
+
+def test_a_call_whose_peer_failed_gets_no_peer(script, tmp_path):
+    """The peer column says "same call": when that call's peer failed, the row shows none rather
+    than an earlier call's."""
+    copy = tmp_path / "rows"
+    shutil.copytree(ROWS, copy)
+    selective = [json.loads(line) for line in (copy / "ablation-selective.jsonl").read_text().splitlines()]
+    latest = selective[-1]
+    failed_at = datetime.fromisoformat(latest["time"]) - timedelta(seconds=30)
+    with (copy / "llama-peer-c.jsonl").open("a") as peers:
+        peers.write(json.dumps({"status": "oom", "time": failed_at.isoformat()}) + "\n")
+    assert _cells(script.table(copy), "selective")[5] == "-"
+    assert _cells(script.table(ROWS), "selective")[5] == _peer_ms(ROWS, "c", "selective")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -45,11 +46,14 @@ def _last_ok(path: Path) -> dict[str, Any] | None:
 
 
 def _peer_of(path: Path, row: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The peer of `row`'s call: the last ok peer that ran before it (each call runs its peer first,
-    and a stage run in several calls appends them all to one file); the last ok one without a row."""
-    before = [r for r in _rows(path) if r.get("status") == "ok"
-              and (row is None or str(r.get("time", "")) <= str(row.get("time", "")))]
-    return before[-1] if before else None
+    """The peer of `row`'s call, if it ran ok: the last peer that ran before the row (each call runs
+    its peer first, and a stage run in several calls appends them all to one file), never an
+    earlier call's; without a row, the last ok peer."""
+    if row is None or not row.get("time"):
+        return _last_ok(path)
+    when = datetime.fromisoformat(row["time"])
+    before = [r for r in _rows(path) if r.get("time") and datetime.fromisoformat(r["time"]) <= when]
+    return before[-1] if before and before[-1].get("status") == "ok" else None
 
 
 def _fsdp_row(out: Path, label: str) -> dict[str, Any] | None:

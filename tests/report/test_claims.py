@@ -276,3 +276,7 @@ def test_the_committed_docs_pass_the_check() -> None:
     """Every generated block in README, docs and the results READMEs is what the committed rows give."""
     script = load_script("benchmarks/claims.py", "claims_script")
     assert script.main(["--check"]) == 0
+
+
+def test_a_ratio_of_rows_with_empty_times_falls_back_to_the_medians() -> None:
+    assert ratio(_row("b", 3.0, times_ms=[]), _row("a", 1.5, times_ms=[1.5] * 6)) == "2.00x"

@@ -158,8 +158,9 @@ def ratio(base: Row, other: Row, key: str = "median_ms", times: str | None = "ti
     carry the per-step `times` (None: rows without them, e.g. do_bench medians). Rows that pooled
     rounds get the round-level interval (`lmscope.report.rounds.ratio_between`)."""
     same_run(base, other)
-    if times is not None and times in base and times in other:
-        return ratio_between(base, other, times).as_text()
+    interval = ratio_between(base, other, times) if times is not None else None
+    if interval is not None:
+        return interval.as_text()
     return f"{base[key] / other[key]:.2f}x"
 
 

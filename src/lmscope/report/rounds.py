@@ -5,7 +5,8 @@ A point run in R interleaved rounds has R rows (`round` 0..R-1, `rounds` R). A r
 as one row: the last row of each round, with every per-step times list (`times_ms`,
 `fwd_times_ms`, ...) joined over the rounds that finished `ok`, the timing statistics taken again
 from the joined times, throughput scaled to the pooled median, and `rounds` the number of rounds
-pooled. Other metrics are the last round's. A ddp row's `times_ms` are rank 0's steps, so its
+pooled. Other metrics are the last round's, except `compile_s`: the longest round's (the cold
+compile). A ddp row's `times_ms` are rank 0's steps, so its
 pooled `step_ms` (the mean) and `step_median_ms` are rank 0's. Each list also stays apart per round
 (`times_ms_by_round`, ...), so that a ratio's interval resamples the rounds, the unit that varies
 independently (`ratio_between`), and `median_ci_rel` is the round-level precision of the pooled

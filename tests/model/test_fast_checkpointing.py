@@ -121,26 +121,35 @@ def test_offloaded_copies_come_back_once_and_are_freed_by_the_backward(fast_cls,
         assert alive(made) == []  # `loss` still holds the graph
 
 
-@pytest.mark.parametrize("policy", ["selective", "blocks:0+selective:1-2", "none"])
-def test_a_forward_whose_backward_never_runs_leaves_nothing_alive(fast_cls, monkeypatch, policy) -> None:
-    """An error between a forward and its backward (the paired unwrapped step running out of
-    memory, say) drops the graph, and what the blocks saved dies once the cyclic GC has run. A
-    saved tensor that held its own node (an output) made a cycle through autograd's C++ graph that
-    the collector cannot see: the selective blocks' activations stayed on the device for good."""
+def _forward_watching_swiglu(fast_cls, monkeypatch, policy: str):
+    """The loss of one forward of the fast model under `policy`, with weak references to the storage
+    of every SwiGLU input and output (the storage: a saved handle may hold another tensor of it)."""
     module = sys.modules[fast_cls.__module__]
-    inputs: list[StorageWeakRef] = []  # the storage: a saved handle may hold another tensor of it
+    inputs: list[StorageWeakRef] = []
+    outputs: list[StorageWeakRef] = []
     swiglu = module.swiglu
 
     def recorded(gate_up: torch.Tensor) -> torch.Tensor:
+        out = swiglu(gate_up)
         inputs.append(StorageWeakRef(gate_up.untyped_storage()))
-        return swiglu(gate_up)
+        outputs.append(StorageWeakRef(out.untyped_storage()))
+        return out
 
     monkeypatch.setattr(module, "swiglu", recorded)
     with torch.device(DEVICE):
         model = fast_cls(CONFIG)
     apply_checkpointing(model, policy)
     tokens = torch.randint(0, CONFIG.vocab_size, (BATCH, SEQ), device=DEVICE)
-    loss = model(tokens, tokens)
+    return model(tokens, tokens), inputs, outputs
+
+
+@pytest.mark.parametrize("policy", ["selective", "blocks:0+selective:1-2", "none"])
+def test_a_forward_whose_backward_never_runs_leaves_nothing_alive(fast_cls, monkeypatch, policy) -> None:
+    """An error between a forward and its backward (the paired unwrapped step running out of
+    memory, say) drops the graph, and what the blocks saved dies once the cyclic GC has run. A
+    saved tensor that held its own node (an output) made a cycle through autograd's C++ graph that
+    the collector cannot see: the selective blocks' activations stayed on the device for good."""
+    loss, inputs, _ = _forward_watching_swiglu(fast_cls, monkeypatch, policy)
     assert not all(ref.expired() for ref in inputs)  # saved for the backward
     del loss
     gc.collect()
@@ -152,21 +161,7 @@ def test_selective_blocks_free_swiglus_output_after_the_forward(fast_cls, monkey
     """Without outer saved-tensor hooks (a plain step, no SavedActivations) a selective block
     keeps SwiGLU's output as a recipe over gate_up, which the SwiGLU kernel saves as rows (a view
     that dies with its forward): the output is freed after the forward; other blocks keep it."""
-    module = sys.modules[fast_cls.__module__]
-    outputs: list[StorageWeakRef] = []
-    swiglu = module.swiglu
-
-    def recorded(gate_up: torch.Tensor) -> torch.Tensor:
-        out = swiglu(gate_up)
-        outputs.append(StorageWeakRef(out.untyped_storage()))
-        return out
-
-    monkeypatch.setattr(module, "swiglu", recorded)
-    with torch.device(DEVICE):
-        model = fast_cls(CONFIG)
-    apply_checkpointing(model, policy)
-    tokens = torch.randint(0, CONFIG.vocab_size, (BATCH, SEQ), device=DEVICE)
-    loss = model(tokens, tokens)
+    loss, _, outputs = _forward_watching_swiglu(fast_cls, monkeypatch, policy)
     treatments = parse_treatments(policy, CONFIG.num_layers)
     alive_now = [not ref.expired() for ref in outputs]  # fully checkpointed blocks save none either
     expected = [treatments.kind(i) == "none" for i in range(CONFIG.num_layers)]

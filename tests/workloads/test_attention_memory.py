@@ -8,6 +8,7 @@ import pytest
 import torch
 from fake_cuda_allocator import FakeAllocator
 
+from lmscope.measure.memory import MemoryMeter
 from lmscope.workloads import attention
 from lmscope.workloads.attention import Spec
 
@@ -59,8 +60,7 @@ def test_peak_and_memory_before_backward_leave_out_what_the_process_held(monkeyp
     _fake_point(monkeypatch, held)
     spec = Spec(impl="naive", batch=1, seq_len=4, head_dim=2, check_max_seq=0, device="cpu")
     device = torch.device("cuda")
-    attention._release(device)
-    metrics = attention._measure(spec, device)
+    metrics = attention._measure(spec, device, MemoryMeter(device).take_baseline())
     assert metrics["baseline_allocated_mib"] == held / MIB
     assert metrics["mem_before_backward_mib"] == (INPUTS + KEPT) / MIB  # inputs included
     assert metrics["peak_mib"] == (INPUTS + KEPT + TEMP) / MIB

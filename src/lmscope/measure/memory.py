@@ -39,6 +39,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from lmscope.accounting.memory import GIB
+
 MARKER = "lmscope_phase_marker"
 """Name of the function whose tiny allocation marks a phase boundary in a trace."""
 
@@ -164,16 +166,27 @@ class MemoryMeter:
     def __exit__(self, *exc: object) -> None:
         self._stack.close()
 
-    def take_baseline(self) -> MemoryMeter:
-        """On GPUs: collect garbage, empty the cache, read the baseline and reset the peaks (CPUs: no-op)."""
+    def release(self) -> None:
+        """Collect garbage (freed now, not in the middle of what is measured next); on GPUs also
+        give the cached memory back and start new peaks. The baseline stays."""
+        gc.collect()
         if self.cuda:
-            gc.collect()  # garbage from before is freed now, not in the middle of the point
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def take_baseline(self) -> MemoryMeter:
+        """On GPUs: `release`, then read the baseline (CPUs: no-op)."""
+        if self.cuda:
+            self.release()
             self.baseline_allocated = torch.cuda.memory_allocated(self.device)
             self.baseline_reserved = torch.cuda.memory_reserved(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
         return self
+
+    @property
+    def baseline_allocated_gib(self) -> float | None:
+        """The baseline's allocated bytes in GiB, for a row; None on CPUs."""
+        return self.baseline_allocated / GIB if self.cuda else None
 
     def current(self) -> int:
         """Bytes allocated now, beyond the baseline."""

@@ -45,7 +45,6 @@ its tensors, so points that share one worker process do not influence each other
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +53,7 @@ import torch
 
 from lmscope.inputs.choices import check_device_name
 from lmscope.inputs.limits import MAX_SIZE, MAX_TIMEOUT_S, check_size, check_steps
+from lmscope.measure.memory import MemoryMeter
 from lmscope.measure.timer import summarize, synchronize, time_steps
 from lmscope.workloads.attention_grid import DTYPE_NAMES, check_dtype, check_impl, passes_in_order
 from lmscope.workloads.attention_impls import prepare
@@ -147,15 +147,6 @@ def attention_flops(
     return forward * factors[which]
 
 
-def _release(device: torch.device) -> None:
-    """Collect garbage and give cached GPU memory back; reset the peak statistics."""
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-
-
 def _inputs(spec: Spec, device: torch.device) -> tuple[torch.Tensor, ...]:
     generator = torch.Generator(device=device).manual_seed(spec.seed)
     dtype = DTYPES[spec.dtype]
@@ -218,29 +209,22 @@ def kept_times(times: list[float], limit: int = KEPT_TIMES) -> list[float]:
     return [round(times[int(i * stride)], 5) for i in range(limit)]
 
 
-def _allocated(device: torch.device) -> int | None:
-    """Bytes allocated on a CUDA device (the whole process's), None on CPU."""
-    return torch.cuda.memory_allocated(device) if device.type == "cuda" else None
-
-
-def _memory(attend: Callable[..., torch.Tensor], q, k, v, d_out, device: torch.device,
-            baseline: int | None) -> dict[str, Any]:
+def _memory(attend: Callable[..., torch.Tensor], q, k, v, d_out, meter: MemoryMeter) -> dict[str, Any]:
     """Memory after the forward (kept for backward) and peak over forward+backward, in MiB, beyond
-    `baseline` (bytes allocated before the point made its inputs)."""
-    if device.type != "cuda":
+    the meter's baseline (bytes allocated before the point made its inputs)."""
+    if not meter.cuda:
         return {"mem_before_backward_mib": None, "peak_mib": None, "saved_bytes_per_seq2": None}
     _clear_grads(q, k, v)
-    _release(device)
-    start = torch.cuda.memory_allocated(device)  # the inputs, plus workspaces such as cuBLAS's
+    meter.release()
+    start = meter.current()  # the inputs, plus workspaces such as cuBLAS's
     out = attend(q, k, v)
-    synchronize(device)
-    before = torch.cuda.memory_allocated(device)
+    synchronize(meter.device)
+    before = meter.current()
     out.backward(d_out)
-    synchronize(device)
-    peak = torch.cuda.max_memory_allocated(device)
+    synchronize(meter.device)
     return {
-        "mem_before_backward_mib": (before - baseline) / MIB,
-        "peak_mib": (peak - baseline) / MIB,
+        "mem_before_backward_mib": before / MIB,
+        "peak_mib": meter.peak() / MIB,
         "saved_bytes_per_seq2": (before - start) / q.shape[-2] ** 2,
     }
 
@@ -269,8 +253,8 @@ def _timings(attend: Callable[..., torch.Tensor], q, k, v, d_out, spec: Spec, de
     return metrics
 
 
-def _measure(spec: Spec, device: torch.device) -> dict[str, Any]:
-    baseline = _allocated(device)  # after run_point's _release: what the process held before the point
+def _measure(spec: Spec, device: torch.device, meter: MemoryMeter) -> dict[str, Any]:
+    baseline = meter.baseline_allocated if meter.cuda else None
     with prepare(spec.impl, device, DTYPES[spec.dtype], spec.head_dim, spec.causal) as attend:
         q, k, v, d_out = _inputs(spec, device)
         out = attend(q, k, v)
@@ -286,7 +270,7 @@ def _measure(spec: Spec, device: torch.device) -> dict[str, Any]:
         else:
             metrics["error_check"] = f"skipped: seq > {spec.check_max_seq}"
         del out
-        metrics.update(_memory(attend, q, k, v, d_out, device, baseline))
+        metrics.update(_memory(attend, q, k, v, d_out, meter))
         metrics.update(_timings(attend, q, k, v, d_out, spec, device))
         probe = attend(q, k, v)  # which autograd node the timed calls made (flash: C++ or Python)
         metrics["autograd_node"] = probe.grad_fn.name() if probe.grad_fn is not None else None
@@ -302,16 +286,16 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
     """Measure one point; see the module docstring for what and how."""
     spec = Spec(**point)
     device = resolve_device(spec.device)
-    _release(device)
+    meter = MemoryMeter(device).take_baseline()  # on CUDA: what the process held before the point
     try:
-        metrics = _measure(spec, device)
+        metrics = _measure(spec, device, meter)
     except Exception as error:
         # Drop the frames that hold this point's tensors, so that a worker reused for the next
         # point gets their memory back as soon as the runner has recorded the failure.
         error.__traceback__ = None
         raise
     finally:
-        _release(device)
+        meter.release()
     return {
         **device_facts(device),
         "fwd_flops": attention_flops(spec.batch, spec.heads, spec.seq_len, spec.seq_len,

@@ -290,7 +290,7 @@ def train(ctx: RankContext, point: dict[str, Any]) -> dict[str, Any]:
         "peak_before_optimizer_gib": max(before) if init_gib is not None else None,
         "peak_after_optimizer_gib": max(after) if init_gib is not None else None,
         "after_step_allocated_gib": _allocated_gib(meter),
-        "baseline_allocated_gib": meter.baseline_allocated / GIB if meter.cuda else None,
+        "baseline_allocated_gib": meter.baseline_allocated_gib,
     }
     if not run.measures_wait:
         local["comm_wait_ms"] = None

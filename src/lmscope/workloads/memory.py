@@ -168,7 +168,7 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
         **measured,
         **predicted,
         **errors,
-        "baseline_allocated_gib": meter.baseline_allocated / GIB if meter.cuda else None,
+        "baseline_allocated_gib": meter.baseline_allocated_gib,
         "baseline_reserved_gib": meter.baseline_reserved / GIB if meter.cuda else None,
         "step_start_gib": start / GIB,
         "median_ms": statistics.median(times),

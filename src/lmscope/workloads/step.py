@@ -136,7 +136,7 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
             peak = max(peak, step.capture_peak_allocated_bytes - meter.baseline_allocated)
         metrics["peak_allocated_gib"] = peak / GIB
         metrics["peak_reserved_gib"] = meter.peak_reserved() / GIB
-        metrics["baseline_allocated_gib"] = meter.baseline_allocated / GIB
+    metrics["baseline_allocated_gib"] = meter.baseline_allocated_gib
     # extra untimed steps after the timed ones: a few under the profiler for the GPU's busy time,
     # then as many as the energy counter's window needs
     metrics.update(measure_gpu_busy(step, device=device, step_ms=stats.median_ms))

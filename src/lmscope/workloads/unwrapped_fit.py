@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from lmscope.accounting.memory import GIB
 from lmscope.accounting.step_peak import predicted_step_peak
 
 if TYPE_CHECKING:
     from lmscope.workloads.ddp import Spec
 
-GIB = 2**30
 MARGIN = 1.10
 """Skip only above this multiple of the device's memory: the models are within a few percent."""
 

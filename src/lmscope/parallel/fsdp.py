@@ -49,7 +49,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -109,10 +109,25 @@ class _FlatGroup:
                                       requires_grad=self.trainable)
         self.full = torch.empty(self.padded_numel, dtype=compute_dtype, device=first.device)
         self.full.requires_grad_(self.trainable)
+        self.nbytes = self.padded_numel * self.full.element_size()
+        """Bytes of the gathered buffer."""
+        self.reduce_nbytes = self.padded_numel * reduce_dtype.itemsize
+        """Bytes of the gradient the reduce-scatter takes in."""
+        self._storage = self.full.untyped_storage()
+        self._flat = torch.empty(0, dtype=compute_dtype, device=first.device).set_(
+            self._storage, 0, (self.padded_numel,))
+        """The buffer under a version counter of its own: the gathers write through it, and the
+        version autograd checks on the views it saved (shared with `full`) stays put."""
+        self._mine = self._flat[self.begin: self.begin + self.shard_numel]
+        """This rank's slot of the buffer: the gather's input."""
+        with torch.enable_grad():
+            views = list(self.views(self.full))
+        self._slots = [(vars(module), name, view) for owners, view in views for module, name in owners]
+        """(module's __dict__, attribute, view) per place a parameter is attached. The views are
+        built once: their autograd nodes (split, view) save no tensors, so every forward's graph
+        and a checkpoint's recompute run through the same ones."""
         self.attached = False
         """Whether the modules hold views of `full` now (between a unit's gather and its free)."""
-        self._views: list[tuple[Owner, torch.Tensor]] = []
-        """The views the last forward built (a recompute in the backward reads them again)."""
         self.free()
 
     @property
@@ -122,33 +137,27 @@ class _FlatGroup:
 
     def allocate(self) -> None:
         """Give the gather buffer its storage back (on the current stream)."""
-        storage = self.full.untyped_storage()
-        nbytes = self.padded_numel * self.full.element_size()
-        if storage.size() != nbytes:
-            storage.resize_(nbytes)
+        if self._storage.size() != self.nbytes:
+            self._storage.resize_(self.nbytes)
 
     def free(self) -> None:
         """Release the gather buffer's storage and take its views off the modules (tensors autograd
         saved stay valid objects; the modules show their placeholders again)."""
-        self.full.untyped_storage().resize_(0)
+        self._storage.resize_(0)
         self.detach_views()
 
     def detach_views(self) -> None:
         """Take the views of the gathered buffer off the modules (their placeholders show again)."""
         if self.attached:
-            for owners in self.owners:
-                for module, name in owners:
-                    module.__dict__.pop(name, None)
+            for attributes, name, _ in self._slots:
+                attributes.pop(name, None)
             self.attached = False
 
     def gather(self, group: dist.ProcessGroup | None) -> None:
         """All-gather every rank's shard into the buffer, in place: this rank's shard is cast to the
         compute dtype into its own slot, which is the collective's input (no send buffer)."""
-        flat = self.full.detach()
-        mine = flat[self.begin: self.begin + self.shard_numel]
-        with torch.autograd._unsafe_preserve_version_counter(self.full):
-            mine.copy_(self.shard.detach())
-            dist.all_gather_into_tensor(flat, mine, group=group)
+        self._mine.copy_(self.shard.detach())
+        dist.all_gather_into_tensor(self._flat, self._mine, group=group)
 
     def gather_master(self, group: dist.ProcessGroup | None) -> torch.Tensor:
         """Every rank's shard in the master dtype, in a new flat tensor (padding included)."""
@@ -164,15 +173,11 @@ class _FlatGroup:
         for owners, shape, piece in zip(self.owners, self.shapes, pieces, strict=True):
             yield owners, piece.view(shape)
 
-    def attach(self, *, fresh: bool) -> None:
-        """Put views of the gathered buffer on the modules: new ones (each forward builds its own
-        autograd graph), or the last forward's again (a checkpoint's recompute in the backward,
-        whose saved tensors must come from the same graph)."""
-        if fresh or not self._views:
-            self._views = list(self.views(self.full))
-        for owners, view in self._views:
-            for module, name in owners:
-                module.__dict__[name] = view  # ahead of the placeholder in module._parameters
+    def attach(self) -> None:
+        """Put the views of the gathered buffer on the modules, ahead of their placeholders in
+        `module._parameters`."""
+        for attributes, name, view in self._slots:
+            attributes[name] = view
         self.attached = True
 
     def place_placeholders(self, names: dict[int, str]) -> None:
@@ -200,9 +205,17 @@ class _Unit:
         self.groups = groups
         self.name = name
         """Its name in the model ('layers.0'), or 'the root'."""
+        self.nbytes = sum(group.nbytes for group in groups)
+        """Bytes of its gathered buffers."""
         self.state = _State.FREE
         self.position = -1
         """Place among the gathered units in forward order (-1 for the root)."""
+        self.ahead: list[_Unit] = []
+        """The units whose gathers its forward issues (the next `prefetch` ones)."""
+        self.behind: list[_Unit] = []
+        """The units whose gathers its backward issues (the `prefetch` before it, nearest first)."""
+        self.grad_hook: Any = None
+        """The hook its outputs' gradients call (the wrapper's pre-backward of this unit)."""
         self.event: torch.cuda.Event | None = None
         self.backward_started = False
         self.reduced: set[int] = set()
@@ -259,8 +272,7 @@ class FullyShardedDP(nn.Module):
         self.root = self._units[-1] if self._units and self._units[-1].module is None else None
         self.units = [u for u in self._units if u.module is not None]
         """The gathered units in forward order (units without parameters are left out)."""
-        for position, unit in enumerate(self.units):
-            unit.position = position
+        self._place_units()
         self._order_known = False
         self._in_forward = False
         self._ran: list[_Unit] = []
@@ -305,12 +317,20 @@ class FullyShardedDP(nn.Module):
                 units.append(_Unit(len(units), unit_module, groups, name))
         return units
 
+    def _place_units(self) -> None:
+        """Number the units in forward order and give each the units its hooks prefetch."""
+        for position, unit in enumerate(self.units):
+            unit.position = position
+            unit.ahead = self.units[position + 1: position + 1 + self.prefetch]
+            unit.behind = self.units[max(position - self.prefetch, 0): position][::-1]
+
     def _register_hooks(self) -> None:
         """Forward pre/post hooks on every unit; a post-accumulate hook on every trainable buffer."""
         for unit in self.units:
             assert unit.module is not None
             unit.module.register_forward_pre_hook(lambda m, a, u=unit: self._pre_forward(u))
             unit.module.register_forward_hook(lambda m, a, o, u=unit: self._post_forward(u, o))
+            unit.grad_hook = lambda grad, u=unit: self._pre_backward(u)
         for unit in self._units:
             for group in unit.groups:
                 if group.trainable:
@@ -421,36 +441,46 @@ class FullyShardedDP(nn.Module):
     # ---- gather, wait, free -------------------------------------------------------------------
 
     @traced("fsdp/all_gather")
-    def _issue(self, unit: _Unit) -> None:
-        """Start gathering `unit` (no-op when it is gathered or on the way)."""
-        if unit.state is not _State.FREE:
+    def _issue(self, units: list[_Unit]) -> None:
+        """Start gathering those of `units` that are free (the others are gathered or on the way):
+        on CUDA on the gather stream, after what the compute stream (where the buffers are
+        allocated) has queued."""
+        free = [unit for unit in units if unit.state is _State.FREE]
+        if not free:
             return
-        for group in unit.groups:
-            group.allocate()
-            self.bytes_gathered += group.padded_numel * group.full.element_size()
+        for unit in free:
+            for group in unit.groups:
+                group.allocate()
+            self.bytes_gathered += unit.nbytes
         if self._gather_stream is None:
+            self._gather(free)
+        else:
+            _on_side_stream(self._gather_stream, lambda: self._gather(free, self._gather_stream))
+        for unit in free:
+            unit.state = _State.GATHERING
+
+    def _gather(self, units: list[_Unit], stream: torch.cuda.Stream | None = None) -> None:
+        """Gather every group of `units`; on `stream` (the current one) each unit's gathers are
+        followed by an event that its `_ready` waits for."""
+        for unit in units:
             for group in unit.groups:
                 group.gather(self.group)
-        else:
-            self._gather_stream.wait_stream(torch.cuda.current_stream(self._gather_stream.device))
-            with torch.cuda.stream(self._gather_stream):
-                for group in unit.groups:
-                    group.gather(self.group)
-                unit.event = self._gather_stream.record_event()
-        unit.state = _State.GATHERING
+            if stream is not None:
+                unit.event = stream.record_event()
 
-    def _ready(self, unit: _Unit, *, attach: bool) -> None:
-        """Gather `unit` if needed and make the compute stream wait for it; `attach`: fresh views
-        of the buffer on the modules (each forward); else the last forward's where they left."""
-        self._issue(unit)
-        if unit.state is _State.GATHERING:
+    def _ready(self, unit: _Unit) -> None:
+        """Gather `unit` if needed, make the compute stream wait for it and put its views on the
+        modules (where they are not)."""
+        if unit.state is not _State.GATHERED:
+            if unit.state is _State.FREE:
+                self._issue([unit])
             if unit.event is not None:
                 torch.cuda.current_stream().wait_event(unit.event)
                 unit.event = None
             unit.state = _State.GATHERED
         for group in unit.groups:
-            if attach or not group.attached:
-                group.attach(fresh=attach)
+            if not group.attached:
+                group.attach()
 
     def _free(self, unit: _Unit) -> None:
         for group in unit.groups:
@@ -478,23 +508,21 @@ class FullyShardedDP(nn.Module):
         """Gather the root (the compute stream waits for it) and issue the first units' gathers."""
         self._ran = []
         if self.root is not None:
-            self._ready(self.root, attach=True)
-        for unit in self.units[: max(self.prefetch, 1)]:
-            self._issue(unit)
+            self._ready(self.root)
+        self._issue(self.units[: max(self.prefetch, 1)])
 
     @traced("fsdp/pre_forward")
     def _pre_forward(self, unit: _Unit) -> None:
         if _in_backward():  # a recompute (checkpoint through __call__): gathered, no prefetch
-            self._ready(unit, attach=False)
+            self._ready(unit)
             return
         if not self._in_forward:
             raise RuntimeError(f"FullyShardedDP unit {unit.name} ran outside the wrapper's forward: "
                                f"{READ_HINT}")
         self._check_order(unit)
         self._ran.append(unit)
-        self._ready(unit, attach=True)
-        for ahead in self.units[unit.position + 1: unit.position + 1 + self.prefetch]:
-            self._issue(ahead)
+        self._ready(unit)
+        self._issue(unit.ahead)
 
     def _check_order(self, unit: _Unit) -> None:
         """Raise where `unit` runs twice, or out of the order given (a list) or learned (the first
@@ -519,20 +547,20 @@ class FullyShardedDP(nn.Module):
         """After the first forward: a learned order becomes the units' order (for the prefetches)."""
         if self._learn_order:
             self.units = self._ran + [u for u in self.units if u not in self._ran]
-            for position, unit in enumerate(self.units):
-                unit.position = position
+            self._place_units()
         self._order_known = True
 
     @traced("fsdp/post_forward")
     def _post_forward(self, unit: _Unit, output: Any) -> None:
         if _in_backward():
             return
-        if unit is not self.units[-1] or not torch.is_grad_enabled():
+        grad_enabled = torch.is_grad_enabled()
+        if unit is not self.units[-1] or not grad_enabled:
             self._free(unit)
-        if torch.is_grad_enabled():
-            for tensor in tensors_in(output):
+        if grad_enabled:
+            for tensor in (output,) if isinstance(output, torch.Tensor) else tensors_in(output):
                 if tensor.requires_grad:
-                    tensor.register_hook(lambda grad, u=unit: self._pre_backward(u))
+                    tensor.register_hook(unit.grad_hook)
 
     @traced("fsdp/pre_backward")
     def _pre_backward(self, unit: _Unit) -> None:
@@ -542,28 +570,29 @@ class FullyShardedDP(nn.Module):
         if unit.backward_started:
             return
         unit.backward_started = True
-        self._ready(unit, attach=False)
-        for before in self.units[max(unit.position - self.prefetch, 0): unit.position][::-1]:
-            self._issue(before)
+        self._ready(unit)
+        self._issue(unit.behind)
 
     @traced("fsdp/post_backward")
     def _reduce_scatter(self, unit: _Unit, group: _FlatGroup) -> None:
         """The unit's flat gradient is complete: reduce-scatter it into the shard's fp32 grad."""
-        grad = group.full.grad
+        full = group.full
+        grad = full.grad
         assert grad is not None
-        group.full.grad = None
-        grad = grad.to(group.reduce_dtype)
-        self.bytes_reduced += grad.numel() * grad.element_size()
-        accumulate = group.shard.grad is not None
+        full.grad = None
+        if grad.dtype != group.reduce_dtype:
+            grad = grad.to(group.reduce_dtype)
+        self.bytes_reduced += group.reduce_nbytes
+        shard = group.shard
+        accumulate = shard.grad is not None
         if not accumulate:  # allocated on the compute stream, which frees it after the optimizer
-            group.shard.grad = torch.empty_like(group.shard)
-        if self._reduce_stream is None:
+            shard.grad = torch.empty_like(shard)
+        stream = self._reduce_stream
+        if stream is None:
             self._reduce_into(grad, group, accumulate=accumulate)
         else:
-            self._reduce_stream.wait_stream(torch.cuda.current_stream(self._reduce_stream.device))
-            with torch.cuda.stream(self._reduce_stream):
-                self._reduce_into(grad, group, accumulate=accumulate)
-            grad.record_stream(self._reduce_stream)
+            _on_side_stream(stream, lambda: self._reduce_into(grad, group, accumulate=accumulate))
+            grad.record_stream(stream)
         unit.reduced.add(id(group))
         if len(unit.reduced) == len(unit.groups):  # frozen groups wait for the end of the backward
             self._free(unit)
@@ -653,6 +682,19 @@ class FullyShardedDP(nn.Module):
 def _attribute_names(model: nn.Module) -> dict[int, str]:
     """id(submodule) -> its state-dict prefix ('' for the model, 'layers.0.' ...)."""
     return {id(m): (f"{name}." if name else "") for name, m in model.named_modules(remove_duplicate=False)}
+
+
+def _on_side_stream(stream: torch.cuda.Stream, work: Callable[[], None]) -> None:
+    """Run `work` with `stream` current, after what the current stream of its device has queued;
+    that stream is current again after (a plain switch: `torch.cuda.stream`'s context costs more
+    host time, and the hooks switch several times per unit)."""
+    current = torch.cuda.current_stream(stream.device_index)
+    stream.wait_stream(current)
+    torch.cuda.set_stream(stream)
+    try:
+        work()
+    finally:
+        torch.cuda.set_stream(current)
 
 
 def _in_backward() -> bool:

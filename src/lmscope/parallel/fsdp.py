@@ -222,6 +222,15 @@ class _Unit:
         """Indices of the trainable groups reduce-scattered in this backward."""
 
 
+class _Traffic:
+    """Bytes moved on this rank so far: a plain object, since every attribute set on a Module
+    goes through `Module.__setattr__` (the hooks count on each call)."""
+
+    def __init__(self) -> None:
+        self.gathered = 0
+        self.reduced = 0
+
+
 class FullyShardedDP(nn.Module):
     """Shard `module`'s parameters over the ranks by units; see the module docstring.
 
@@ -292,10 +301,7 @@ class FullyShardedDP(nn.Module):
         self._gather_stream = torch.cuda.Stream(device, priority=-1) if cuda else None
         self._reduce_stream = torch.cuda.Stream(device, priority=-1) if cuda else None
         self._callback_queued = False
-        self.bytes_gathered = 0
-        """Bytes the all-gathers produced on this rank so far (their output buffers)."""
-        self.bytes_reduced = 0
-        """Bytes the reduce-scatters took in on this rank so far (the full gradients)."""
+        self._traffic = _Traffic()
         self._register_hooks()
 
     def _build_units(self, chosen: list[nn.Module], names: dict[int, str],
@@ -345,6 +351,16 @@ class FullyShardedDP(nn.Module):
         reduce = master if kept else (self.reduce_dtype or compute)
         return _FlatGroup(params, rank=self.rank, world_size=self.world_size, compute_dtype=compute,
                           reduce_dtype=reduce)
+
+    @property
+    def bytes_gathered(self) -> int:
+        """Bytes the all-gathers produced on this rank so far (their output buffers)."""
+        return self._traffic.gathered
+
+    @property
+    def bytes_reduced(self) -> int:
+        """Bytes the reduce-scatters took in on this rank so far (the full gradients)."""
+        return self._traffic.reduced
 
     @property
     def settings(self) -> dict[str, object]:
@@ -451,7 +467,7 @@ class FullyShardedDP(nn.Module):
         for unit in free:
             for group in unit.groups:
                 group.allocate()
-            self.bytes_gathered += unit.nbytes
+            self._traffic.gathered += unit.nbytes
         if self._gather_stream is None:
             self._gather(free)
         else:
@@ -582,7 +598,7 @@ class FullyShardedDP(nn.Module):
         full.grad = None
         if grad.dtype != group.reduce_dtype:
             grad = grad.to(group.reduce_dtype)
-        self.bytes_reduced += group.reduce_nbytes
+        self._traffic.reduced += group.reduce_nbytes
         shard = group.shard
         accumulate = shard.grad is not None
         if not accumulate:  # allocated on the compute stream, which frees it after the optimizer

@@ -3,10 +3,11 @@
 A model of many tiny blocks (lmscope's TransformerLM, d_model 16 by default, 48 layers) makes the
 compute negligible, so a step's time is host time: the FSDP step less the same model's unwrapped
 step is the wrapper's overhead, divided by the units it is the overhead per unit. Then every hook
-(and the helpers they call, where the wrapper has them) is timed per call with a wall clock
-around it: inclusive times (a hook's helpers count in it too), as a mean over the calls of
---steps steps. With --cprofile N rank 0 also runs N steps under cProfile and prints the functions
-with the most own time.
+(and the helpers they call, where the wrapper has them, and the collectives) is timed per call
+with a wall clock around it: inclusive times (a hook's helpers and collectives count in it too),
+as a mean over the calls of --steps steps. The collectives are gloo's on CPU: subtract them to
+see the wrapper's own host time. With --cprofile N rank 0 also runs N steps under cProfile and
+prints the functions with the most own time.
 
 Forward and backward only (no optimizer), under bf16 autocast with `param_dtype=bfloat16` as
 `lmscope ddp --precision bf16` runs it. On CPU (gloo) the CUDA-only work (side streams, events,
@@ -30,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from lmscope.config import ModelConfig
@@ -41,8 +43,10 @@ from lmscope.parallel.launch import RankContext, launch
 HOOKS = ("_start_forward", "_pre_forward", "_post_forward", "_pre_backward", "_reduce_scatter", "_finish")
 """The wrapper's hooks (what autograd and the modules call)."""
 HELPERS = {fsdp.FullyShardedDP: ("_issue", "_ready", "_free"),
-           fsdp._FlatGroup: ("gather", "attach", "free", "detach_views")}
-"""Helpers the hooks call, timed where the classes still have them."""
+           fsdp._FlatGroup: ("gather", "attach", "free", "detach_views"),
+           dist: ("all_gather_into_tensor", "reduce_scatter_tensor")}
+"""Helpers the hooks call, timed where the classes still have them; and the collectives (with
+torch.distributed's Python layer), whose time the hooks' include."""
 
 
 def _step(model: torch.nn.Module, tokens: torch.Tensor) -> None:
@@ -68,7 +72,7 @@ def _steps_ms(steps: list[Callable[[], None]], device: torch.device, warmup: int
 
 
 def _timed_methods(totals: dict[str, list[float]]) -> Callable[[], None]:
-    """Wrap the hooks and helpers (on their classes) with wall clocks adding to `totals`
+    """Wrap the hooks and helpers (on their classes or module) with wall clocks adding to `totals`
     (name -> [calls, seconds]); returns the function that puts the originals back."""
     originals = []
     for cls, names in [(fsdp.FullyShardedDP, HOOKS), *HELPERS.items()]:
@@ -76,7 +80,7 @@ def _timed_methods(totals: dict[str, list[float]]) -> Callable[[], None]:
             if name not in vars(cls):
                 continue
             original = vars(cls)[name]
-            label = f"{cls.__name__}.{name}"
+            label = f"{getattr(cls, '__name__', cls)}.{name}"
 
             def timed(*args: Any, _original: Callable[..., Any] = original, _label: str = label,
                       **kwargs: Any) -> Any:

@@ -23,10 +23,12 @@ def test_small_train_step_is_within_ten_percent_of_the_model(precision, tmp_path
     timeline = build_timeline(load_snapshot(record["snapshot_path"]),
                               phases=["forward", "backward", "optimizer"])
     assert [name for _, name in timeline.boundaries] == ["forward", "backward", "optimizer", "after"]
-    # the trace rebuilt offline reaches the peak the allocator measured in the same kind of step:
-    # the snapshot is the allocator's whole state, the point's peak is what lies above the baseline
+    # the trace rebuilt offline reaches the peak the allocator measured in the same step: the
+    # snapshot is the allocator's whole state, the step's peak is what lies above the baseline
+    # (the recorded step's own peak: after other test files in one process, the measured steps'
+    # peak differed from it by more than this tolerance, benchmarks/results/gpu-tests/README.md)
     peak = timeline.active().max() / 2**30 - record["baseline_allocated_gib"]
-    assert peak == pytest.approx(record["step_peak_gib"], rel=0.02)
+    assert peak == pytest.approx(record["snapshot_step_peak_gib"], rel=0.02)
     sites = [group.site for group in top_allocations(timeline, 20)]
     assert any(s.startswith(("model/", "workloads/")) for s in sites), sites
 

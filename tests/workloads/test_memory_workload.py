@@ -9,6 +9,7 @@ import pytest
 
 from lmscope.accounting.memory import GIB
 from lmscope.cli import main
+from lmscope.measure.memory import build_timeline, load_snapshot
 from lmscope.records.results import read_records
 from lmscope.workloads.memory import Spec, point_slug, run_point
 
@@ -42,6 +43,9 @@ def test_forward_backward_point_matches_the_model_and_writes_artifacts(tmp_path)
                                                             "artifacts_dir": str(tmp_path)}))
     assert set(pickle.loads(snapshot.read_bytes())) == {"segments", "device_traces"}
     assert Path(record["timeline_png"]).stat().st_size > 10_000
+    # the timeline rebuilt from the snapshot reaches the peak the meter read in the same step
+    timeline = build_timeline(load_snapshot(snapshot), phases=["forward", "backward"])
+    assert timeline.active().max() / 2**30 == pytest.approx(record["snapshot_step_peak_gib"], rel=1e-6)
     top = record["top_allocations"]
     assert len(top) == 10 and top[0]["size_mib"] == record["top_alloc_mib"]
     assert [t["size_mib"] for t in top] == sorted((t["size_mib"] for t in top), reverse=True)

@@ -239,6 +239,7 @@ def _snapshot_step(step: TrainStep, meter: MemoryMeter, spec: Spec) -> dict[str,
         step(clock)
         synchronize(step.device)
         meter.dump(path)
+    step_peak = max(allocated for allocated, _ in clock.peaks.values())
     timeline = build_timeline(load_snapshot(path), phases=list(clock.peaks))
     title = (f"lmscope memory: {spec.size} ctx {spec.context_length} batch {spec.batch_size} {spec.mode} "
              f"{spec.precision} {spec.attention} checkpoint={spec.checkpoint}")
@@ -247,6 +248,7 @@ def _snapshot_step(step: TrainStep, meter: MemoryMeter, spec: Spec) -> dict[str,
     largest = top[0] if top else {}
     return {
         "snapshot_path": str(path),
+        "snapshot_step_peak_gib": step_peak / GIB,
         "timeline_png": str(png),
         "top_allocations": top,
         "top_alloc_mib": largest.get("size_mib"),

@@ -917,19 +917,28 @@ def ddp_exposed_comm(rows: Rows) -> str:
     )
 
 
-FSDP_OVERLAP = f"{DISTRIBUTED}/fsdp-overlap-x2"
-OVERLAP_TIMED = "overlap-xl-x2.jsonl"
-"""Issue 37's FSDP overlap run: xl on 2 ranks at batch 4 and a GPU-bound batch, interleaved rounds,
-then the profiled steps (`run_fsdp_gpu.sh`'s overlap stage)."""
+OVERLAP_RUNS = {
+    "fsdp-overlap": (f"{DISTRIBUTED}/fsdp-overlap-x2", "overlap-xl-x2", ()),
+    "fsdp-overlap-x2-hooks": (f"{DISTRIBUTED}/fsdp-overlap-x2-hooks", "overlap-xl-x2", ()),
+    "fsdp-overlap-x4": (f"{DISTRIBUTED}/fsdp-overlap-x4", "overlap-xl-x4", ("before",)),
+}
+"""Issue 37's FSDP overlap runs (`run_fsdp_gpu.sh`'s overlap stage: xl, interleaved rounds, then
+profiled steps), claim name -> (folder, file stem, subfolders with earlier code's profiles of the
+same run, shown above its own): 2 ranks at batches 4 and 8; 2 ranks at batch 8 with less host time
+in the hooks; 4 ranks, before and after that change. Each gives `<name>` and `<name>-profile`."""
 
 
-def _overlap_rows(rows: Rows) -> tuple[dict[tuple[int, str], dict], dict[tuple[int, str], dict]]:
+ByPoint = dict[tuple[int, str], dict]
+"""Rows by (batch, strategy)."""
+
+
+def _overlap_rows(rows: Rows, folder: str, stem: str) -> tuple[ByPoint, ByPoint]:
     """(timed rows with their rounds pooled, profiled rows), each by (batch, strategy)."""
     from lmscope.report.rounds import pool_rounds
     from lmscope.running.runner import spec_fields
 
-    timed = pool_rounds(rows.select(f"{FSDP_OVERLAP}/{OVERLAP_TIMED}"), spec_fields("ddp"))
-    profiled = rows.select(f"{FSDP_OVERLAP}/overlap-xl-x2-profile.jsonl")
+    timed = pool_rounds(rows.select(f"{folder}/{stem}.jsonl"), spec_fields("ddp"))
+    profiled = rows.select(f"{folder}/{stem}-profile.jsonl")
     return ({(r["batch_size"], r["strategy"]): r for r in timed},
             {(r["batch_size"], r["strategy"]): r for r in profiled})
 
@@ -942,12 +951,11 @@ def _bound(profiled: dict) -> str:
     return f"{'host' if is_host_bound(busy / 100) else 'GPU'} (GPU busy {fmt(busy, 2)} %)"
 
 
-@claim("fsdp-overlap")
-def fsdp_overlap(rows: Rows) -> str:
+def fsdp_overlap(rows: Rows, folder: str, stem: str) -> str:
     """Our FSDP, FSDP2 and the best DDP against the single-GPU step at xl, per batch, rounds pooled."""
     from lmscope.measure.host_bound import HOST_BOUND_BELOW
 
-    timed, profiled = _overlap_rows(rows)
+    timed, profiled = _overlap_rows(rows, folder, stem)
     body = []
     for batch in sorted({b for b, _ in timed}):
         by = {strategy: row for (b, strategy), row in timed.items() if b == batch}
@@ -963,36 +971,51 @@ def fsdp_overlap(rows: Rows) -> str:
         f"where the GPU was busy for less than {100 * HOST_BOUND_BELOW:.0f} % of it "
         "(`lmscope.measure.host_bound.HOST_BOUND_BELOW`, from its profile).",
         table(["batch", "strategy", "step ms", "step/single", "FSDP2/ours", "bound by"], body),
-        f"Rows: `{FSDP_OVERLAP}/{OVERLAP_TIMED}`; {provenance(list(timed.values()))}.",
+        f"Rows: `{folder}/{stem}.jsonl`; {provenance(list(timed.values()))}.",
     )
 
 
-@claim("fsdp-overlap-profile")
-def fsdp_overlap_profile(rows: Rows) -> str:
-    """Where our FSDP step and the single-GPU step go on the GPU, per batch (profiled steps)."""
-    _, profiled = _overlap_rows(rows)
-    first = next(iter(profiled.values()))
+def fsdp_overlap_profile(rows: Rows, folder: str, stem: str, earlier: tuple[str, ...]) -> str:
+    """Where our FSDP step and the single-GPU step go on the GPU, per batch (profiled steps), the
+    earlier code's profiles of the same run first."""
+    from lmscope.records.provenance import code_identity
+
+    paths = [f"{folder}/{sub}/{stem}-profile.jsonl" for sub in earlier] + [f"{folder}/{stem}-profile.jsonl"]
+    found = [r for path in paths for r in rows.select(path)]
     body = []
-    for (batch, strategy), row in sorted(profiled.items()):
-        body.append([str(batch), strategy, fmt(row["step_median_ms"], 4), fmt(row["profile_step_ms"], 4),
-                     fmt(row["profile_compute_ms"]), fmt(row["profile_exposed_comm_forward_ms"]),
+    for row in found:
+        code = (row.get("git_sha_declared") or row.get("git_sha") or "?")[:7]
+        body.append([code, str(row["batch_size"]), row["strategy"], fmt(row["step_median_ms"], 4),
+                     fmt(row["profile_step_ms"], 4), fmt(row["profile_compute_ms"]),
+                     fmt(row["profile_exposed_comm_forward_ms"]),
                      fmt(row["profile_exposed_comm_backward_ms"]), fmt(row["profile_exposed_comm_ms"]),
                      fmt(row["profile_idle_ms"]), fmt(row["profile_wrapper_host_ms"]),
                      fmt(100 * row["profile_compute_ms"] / row["step_median_ms"], 2),
                      fmt(row["profile_gpu_busy_pct"], 2) if not row.get("profile_comm_ms") else "-"])
+    first = found[0]
+    by_code: dict[str | None, list[dict]] = {}
+    for row in found:
+        by_code.setdefault(code_identity(row), []).append(row)
     return claim_block(
         f"{first['size']}, {first['precision']}, context {first['context_length']}; per rank (mean over "
-        "ranks) and step: the timed step, the profiled step, "
+        "ranks) and step, by the code that ran it: the timed step, the profiled step, "
         "then on the GPU timeline (`lmscope ddp --profile-steps`, `lmscope.measure.overlap`) compute, "
         "communication with no compute beside it (exposed) by the phase that launched it and in all, "
         "idle, the host time inside the FSDP hooks, ms; then the compute kernels' share of the timed "
         "step, and the GPU's busy share (compute and exposed communication) of it where the step "
-        "has no collectives (a collective's kernel spins while it waits for the other rank, longer "
+        "has no collectives (a collective's kernel spins while it waits for the other ranks, longer "
         "under the profiler, so its time is not the GPU's work: `-`).",
-        table(["batch", "strategy", "step ms", "profiled ms", "compute", "exposed fwd", "exposed bwd",
+        table(["code", "batch", "strategy", "step ms", "profiled ms", "compute", "exposed fwd", "exposed bwd",
                "exposed", "idle", "hooks (host)", "compute %", "GPU busy %"], body),
-        f"Rows: `{FSDP_OVERLAP}/overlap-xl-x2-profile.jsonl`; {provenance(list(profiled.values()))}.",
+        f"Rows: {', '.join(f'`{path}`' for path in paths)}; "
+        f"{'; '.join(provenance(same) for same in by_code.values())}.",
     )
+
+
+for _name, (_folder, _stem, _earlier) in OVERLAP_RUNS.items():
+    claim(_name)(functools.partial(fsdp_overlap, folder=_folder, stem=_stem))
+    claim(f"{_name}-profile")(functools.partial(fsdp_overlap_profile, folder=_folder, stem=_stem,
+                                                earlier=_earlier))
 
 
 OWN_SPEEDUP = "benchmarks/results/own_model/speedup"
@@ -1126,6 +1149,7 @@ CURRENT_ROWS = {
                     "ddp-x2-paired/ddp.jsonl", "fsdp-x2-h200/fsdp-xl-x2.jsonl",
                     "fsdp-x2-h200/fsdp-2.7B-x2.jsonl", "fsdp-x2-h200/fsdp-8b-flash.jsonl",
                     "fsdp-overlap-x2/overlap-xl-x2.jsonl",
+                    "fsdp-overlap-x2-hooks/overlap-xl-x2.jsonl", "fsdp-overlap-x4/overlap-xl-x4.jsonl",
                     "8b-ablation-x2-h200/ablation-planned.jsonl",
                     "8b-ablation-x2-h200/ablation-offload.jsonl",
                     "fsdp-single-h100/fsdp-single.jsonl"),

@@ -51,7 +51,10 @@ def test_the_overlap_claims_pool_rounds_and_say_what_bounds_each_batch(tmp_path:
                 for batch in (4, 8) for strategy in ("single", "fsdp")]
     _write(tmp_path, "overlap-xl-x2-profile.jsonl", profiled)
 
-    text = claims.fsdp_overlap(Rows(tmp_path))
+    earlier = [dict(row, git_sha="before1") for row in profiled if row["batch_size"] == 8]
+    _write(tmp_path, "before/overlap-xl-x2-profile.jsonl", earlier)
+
+    text = claims.fsdp_overlap(Rows(tmp_path), FOLDER, "overlap-xl-x2")
     lines = {tuple(cell.strip() for cell in line.strip("|").split("|")[:2]): line
              for line in text.splitlines() if line.startswith("| 4") or line.startswith("| 8")}
     for batch in (4, 8):
@@ -65,11 +68,13 @@ def test_the_overlap_claims_pool_rounds_and_say_what_bounds_each_batch(tmp_path:
     assert "GPU (GPU busy 97 %)" in lines["8", "single (1 GPU)"]
     assert "3 round(s) of interleaved points" in text and "2 ranks" in text
 
-    profile = claims.fsdp_overlap_profile(Rows(tmp_path))
-    assert sum(line.startswith("| ") for line in profile.splitlines()) == 5  # header + 4 rows
-    assert "overlap-xl-x2-profile.jsonl" in profile
+    profile = claims.fsdp_overlap_profile(Rows(tmp_path), FOLDER, "overlap-xl-x2", ("before",))
+    body = [line for line in profile.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    codes = [line.split("|")[1].strip() for line in body]
+    assert codes == ["before1"] * 2 + ["abc"] * 4  # the earlier code first
+    assert f"`{FOLDER}/before/overlap-xl-x2-profile.jsonl`, `{FOLDER}/overlap-xl-x2-profile.jsonl`" in profile
     fsdp_rows = [line for line in profile.splitlines() if "| fsdp |" in line]
-    assert len(fsdp_rows) == 2 and all(line.rstrip().endswith("| - |") for line in fsdp_rows)
+    assert len(fsdp_rows) == 3 and all(line.rstrip().endswith("| - |") for line in fsdp_rows)
     table_lines = [line for line in profile.splitlines() if line.startswith("| ")]
     cells = {cell.strip() for line in table_lines for cell in line.split("|")}
     assert "150" not in cells  # a collective's spinning is never shown as the GPU's busy share

@@ -111,6 +111,16 @@ def test_a_later_single_run_of_a_point_replaces_its_rounds():
     assert cells["median_ms impl=a"] == 30.0 and cells["median_ms impl=b"] == 5.0
 
 
+def test_rounds_of_other_code_are_not_pooled_with_a_rerun():
+    old = [step_row("a", [10.0 + r], round=r, rounds=3, source_hash="old") for r in range(3)]
+    rerun = [step_row("a", [20.0], round=0, rounds=3, source_hash="new")]  # stopped after round 0
+    resumed = [step_row("a", [22.0], round=1, rounds=3, source_hash="new")]  # the same code goes on
+    rows = [*old, *rerun, step_row("b", [5.0], source_hash="new")]
+    for found, median in ((rows, 20.0), ([*rows, *resumed], 21.0)):
+        header, table = build_table(found, KEYS, compare="impl")
+        assert dict(zip(header, table[0], strict=True))["median_ms impl=a"] == median
+
+
 def test_a_failed_round_is_left_out_of_the_pool():
     rows = [step_row("a", [10.0, 10.0], round=0, rounds=3),
             step_row("a", [], status="error", round=1, rounds=3),

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from lmscope.records.provenance import code_identity
 from lmscope.records.results import Record, point_key
 from lmscope.records.stats import RatioInterval, median_interval_rounds, ratio_interval, ratio_interval_rounds
 
@@ -53,11 +54,17 @@ def rounds_of(record: Record, times_key: str = "times_ms") -> list[list[float]]:
 
 
 def pool_rounds(records: Sequence[Record], spec_keys: Sequence[str]) -> list[Record]:
-    """One record per point, the rounds of the point's last run pooled, in first-seen order."""
+    """One record per point, the rounds of the point's last run pooled, in first-seen order.
+
+    A later row of a round replaces the earlier one; rows written by other code than the point's
+    latest row are left out (a rerun after a change starts the point's rounds afresh, while a run
+    resumed or extended by the same code, `--first-round`, adds to them)."""
     by_point: dict[str, dict[int, Record]] = {}
     for record in records:
         key = point_key(record.get("workload", ""), {k: record.get(k) for k in spec_keys})
         rounds = by_point.pop(key, {})
+        if rounds and code_identity(next(iter(rounds.values()))) != code_identity(record):
+            rounds = {}
         rounds.pop(record.get("round") or 0, None)
         rounds[record.get("round") or 0] = record
         by_point[key] = rounds

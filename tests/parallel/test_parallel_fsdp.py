@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import itertools
 import math
 import weakref
 
@@ -245,6 +246,29 @@ def _backward_writes(ctx: RankContext, seed: int) -> dict[str, int]:
     return out
 
 
+def _backward_order(ctx: RankContext, seed: int) -> list[tuple[str, str, int]]:
+    """The backward's hook calls of the second step, in order: (pre-backward or reduce, unit name,
+    units gathered or on the way at that moment)."""
+    torch.manual_seed(seed)
+    wrapped = FullyShardedDP(TransformerLM(CONFIG))
+    tokens, targets = _batches(seed + 5, ctx.world_size, CONFIG.vocab_size, 1)[0][0]
+    events: list[tuple[str, str, int]] = []
+
+    def watch(event: str, hook):  # a bound method of the wrapper, recorded before it runs
+        def watched(unit, *args):
+            events.append((event, unit.name, sum(u.state.value != "free" for u in wrapped._units)))
+            return hook(unit, *args)
+        return watched
+
+    wrapped._pre_backward = watch("pre_backward", wrapped._pre_backward)
+    wrapped._reduce_scatter = watch("reduce", wrapped._reduce_scatter)
+    for _ in range(2):
+        events.clear()
+        wrapped.zero_grad(set_to_none=True)
+        _loss(wrapped(tokens), targets).backward()
+    return events
+
+
 def _refusals(build: object, values: tuple) -> list[str]:
     """The ValueError message `build(value)` raises for each value ('' where it raised none)."""
     messages = []
@@ -268,6 +292,7 @@ def _all_checks(ctx: RankContext, seed: int) -> list[dict[str, object]]:
     results["tied/bf16"] = _case(ctx, seed, "tied", 2, torch.bfloat16)
     results["round_trip"] = _round_trip(ctx, seed)
     results["backward_writes"] = _backward_writes(ctx, seed)
+    results["backward_order"] = _backward_order(ctx, seed)
     results["bad_prefetch"] = _refusals(lambda value: FullyShardedDP(TransformerLM(CONFIG), prefetch=value),
                                         (-1, 1.5, True))
     gathered: list[dict[str, object]] = [{} for _ in range(ctx.world_size)]
@@ -362,6 +387,22 @@ def test_the_backward_builds_each_flat_gradient_once(ranks):
         writes = rank["backward_writes"]
         extra = writes["fsdp"] - writes["plain"]
         assert 0 < extra <= 2 * writes["buffers"] + 6 * writes["shards"], writes
+
+
+def test_each_unit_is_reduce_scattered_and_freed_before_the_backward_moves_on(ranks):
+    """A unit's reduce-scatter runs before the pre-backward of the unit before it (so it overlaps
+    that unit's backward, and the unit's buffer is freed), and the backward never holds more than
+    the running unit, its prefetched ones and the root: views made once, outside the forward, let
+    autograd leave every unit's gradient, reduce-scatter and buffer to the end of the backward."""
+    from lmscope.parallel.fsdp import PREFETCH_UNITS
+
+    for rank in ranks:
+        events = rank["backward_order"]
+        at = {(kind, name): index for index, (kind, name, _) in enumerate(events)}
+        pre = [name for kind, name, _ in events if kind == "pre_backward"]
+        for unit, before_it in itertools.pairwise(pre):
+            assert at["reduce", unit] < at["pre_backward", before_it], (unit, events)
+        assert max(held for _, _, held in events) <= PREFETCH_UNITS + 2, events
 
 
 def _llama_losses(ctx: RankContext, seed: int) -> tuple[list[float], list[float], int]:

@@ -120,12 +120,10 @@ class _FlatGroup:
         version autograd checks on the views it saved (shared with `full`) stays put."""
         self._mine = self._flat[self.begin: self.begin + self.shard_numel]
         """This rank's slot of the buffer: the gather's input."""
-        with torch.enable_grad():
-            views = list(self.views(self.full))
-        self._slots = [(vars(module), name, view) for owners, view in views for module, name in owners]
-        """(module's __dict__, attribute, view) per place a parameter is attached. The views are
-        built once: their autograd nodes (split, view) save no tensors, so every forward's graph
-        and a checkpoint's recompute run through the same ones."""
+        self._places = [[(vars(module), name) for module, name in owners] for owners in self.owners]
+        """Per parameter, (module's __dict__, attribute) of each place it is attached."""
+        self._slots: list[tuple[dict[str, Any], str, torch.Tensor]] = []
+        """(module's __dict__, attribute, view) per place, as the last forward attached them."""
         self.attached = False
         """Whether the modules hold views of `full` now (between a unit's gather and its free)."""
         self.free()
@@ -173,9 +171,22 @@ class _FlatGroup:
         for owners, shape, piece in zip(self.owners, self.shapes, pieces, strict=True):
             yield owners, piece.view(shape)
 
-    def attach(self) -> None:
-        """Put the views of the gathered buffer on the modules, ahead of their placeholders in
-        `module._parameters`."""
+    def attach(self, *, fresh: bool) -> None:
+        """Put views of the gathered buffer on the modules, ahead of their placeholders in
+        `module._parameters`: new ones (each forward), or the last forward's again (a checkpoint's
+        recompute in the backward, whose saved tensors must come from the same graph).
+
+        New views each forward place their `split` node in the autograd graph where the unit
+        runs: autograd runs the newest ready node first, so the unit's flat gradient (and its
+        reduce-scatter) is complete as soon as the unit's backward is. Views made once would carry
+        the sequence number of their creation, older than every forward op, and autograd would
+        leave every unit's gradient, its reduce-scatter and its gathered buffer to the end of the
+        backward."""
+        if fresh or not self._slots:
+            pieces = self.full.split(self.sizes)[: len(self.shapes)]  # the padding's piece is left out
+            self._slots = [(attributes, name, piece.view(shape))
+                           for places, shape, piece in zip(self._places, self.shapes, pieces, strict=True)
+                           for attributes, name in places]
         for attributes, name, view in self._slots:
             attributes[name] = view
         self.attached = True
@@ -484,9 +495,9 @@ class FullyShardedDP(nn.Module):
             if stream is not None:
                 unit.event = stream.record_event()
 
-    def _ready(self, unit: _Unit) -> None:
-        """Gather `unit` if needed, make the compute stream wait for it and put its views on the
-        modules (where they are not)."""
+    def _ready(self, unit: _Unit, *, fresh: bool = False) -> None:
+        """Gather `unit` if needed, make the compute stream wait for it and put views on the
+        modules: `fresh` ones (a forward), else the last forward's where they are not on."""
         if unit.state is not _State.GATHERED:
             if unit.state is _State.FREE:
                 self._issue([unit])
@@ -495,8 +506,8 @@ class FullyShardedDP(nn.Module):
                 unit.event = None
             unit.state = _State.GATHERED
         for group in unit.groups:
-            if not group.attached:
-                group.attach()
+            if fresh or not group.attached:
+                group.attach(fresh=fresh)
 
     def _free(self, unit: _Unit) -> None:
         for group in unit.groups:
@@ -524,7 +535,7 @@ class FullyShardedDP(nn.Module):
         """Gather the root (the compute stream waits for it) and issue the first units' gathers."""
         self._ran = []
         if self.root is not None:
-            self._ready(self.root)
+            self._ready(self.root, fresh=True)
         self._issue(self.units[: max(self.prefetch, 1)])
 
     @traced("fsdp/pre_forward")
@@ -537,7 +548,7 @@ class FullyShardedDP(nn.Module):
                                f"{READ_HINT}")
         self._check_order(unit)
         self._ran.append(unit)
-        self._ready(unit)
+        self._ready(unit, fresh=True)
         self._issue(unit.ahead)
 
     def _check_order(self, unit: _Unit) -> None:

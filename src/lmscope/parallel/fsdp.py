@@ -120,8 +120,6 @@ class _FlatGroup:
         version autograd checks on the views it saved (shared with `full`) stays put."""
         self._mine = self._flat[self.begin: self.begin + self.shard_numel]
         """This rank's slot of the buffer: the gather's input."""
-        self._places = [[(vars(module), name) for module, name in owners] for owners in self.owners]
-        """Per parameter, (module's __dict__, attribute) of each place it is attached."""
         self._slots: list[tuple[dict[str, Any], str, torch.Tensor]] = []
         """(module's __dict__, attribute, view) per place, as the last forward attached them."""
         self.attached = False
@@ -183,10 +181,8 @@ class _FlatGroup:
         leave every unit's gradient, its reduce-scatter and its gathered buffer to the end of the
         backward."""
         if fresh or not self._slots:
-            pieces = self.full.split(self.sizes)[: len(self.shapes)]  # the padding's piece is left out
-            self._slots = [(attributes, name, piece.view(shape))
-                           for places, shape, piece in zip(self._places, self.shapes, pieces, strict=True)
-                           for attributes, name in places]
+            self._slots = [(vars(module), name, view) for owners, view in self.views(self.full)
+                           for module, name in owners]
         for attributes, name, view in self._slots:
             attributes[name] = view
         self.attached = True

@@ -17,6 +17,7 @@
 # Stage b: the peer, offload, best, and a profile of best (profile_fsdp_step.py, PROFILE_S=150).
 # Stage c: the peer and the rows named in ROWS again (after a fix, say), each row then compared
 # with this call's peer (plans.json records the stage that ran each row).
+# Stage p: the profile of best again (profile_fsdp_step.py, PROFILE_S=150), after stage c, say.
 # BUDGET (default 139GiB: an H200 as torch sees it) with the planner's default 5 % margin; DEVICE
 # (default H200) prices the treatments. Writes into $OUT: plans.json (the planner's choices),
 # ablation-<row>.jsonl (lmscope ddp rows), llama-peer-<stage>.jsonl, profile-best.jsonl (and its
@@ -59,6 +60,12 @@ peer() {
   run timeout "${PEER_S:-130}" python3 benchmarks/distributed/llama_fsdp2_peer.py --nproc 2 \
     --warmup 1 --steps 3 --timeout 120 --out "$OUT/llama-peer-$1.jsonl"
 }
+profile_best() {  # the best plan's step under the profiler: compute, exposed communication, recompute
+  run timeout "${PROFILE_S:-150}" env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
+    python3 benchmarks/distributed/profile_fsdp_step.py --nproc 2 "${DIMS[@]}" --context-length 32768 \
+    --batch-size 1 --attention flash --checkpoint "$(policy best)" --warmup 1 --steps 1 --timeout 140 \
+    --out "$OUT/profile-best.jsonl"
+}
 summary() { run python3 benchmarks/distributed/summarize_8b_ablation.py "$OUT"; }
 
 if stage a; then
@@ -69,14 +76,15 @@ fi
 if stage b; then
   peer b
   for label in offload best; do row "$label" b; done
-  run timeout "${PROFILE_S:-150}" env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
-    python3 benchmarks/distributed/profile_fsdp_step.py --nproc 2 "${DIMS[@]}" --context-length 32768 \
-    --batch-size 1 --attention flash --checkpoint "$(policy best)" --warmup 1 --steps 1 --timeout 140 \
-    --out "$OUT/profile-best.jsonl"
+  profile_best
   summary
 fi
 if stage c; then
   peer c
   for label in ${ROWS:?stage c runs the rows named in ROWS, e.g. ROWS=\"selective best\"}; do row "$label" c; done
+  summary
+fi
+if stage p; then
+  profile_best
   summary
 fi

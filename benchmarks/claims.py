@@ -748,12 +748,14 @@ FSDP_X2 = "benchmarks/results/distributed/fsdp-x2-h200"
 
 def _sharded_against_single(label: str, by: dict[str, dict], last: Callable[[dict], str],
                             single_last: str) -> list[list[str]]:
-    """Table rows of our FSDP, FSDP2 and the best DDP of one run (`by` strategy) against its
+    """Table rows of our FSDP (and its variant with the reduce-scatters on a group of their own,
+    where the run has it), FSDP2 and the best DDP of one run (`by` strategy) against its
     single-GPU step, FSDP2 against ours, then the single step; `last` fills the last column."""
-    single, ours, peer = by["single"], by["fsdp"], by["torch-fsdp2"]
+    single, peer = by["single"], by["torch-fsdp2"]
+    ours = [name for name in ("fsdp", "fsdp:separate-reduce") if name in by]
     body = [[label, name, fmt(by[name]["step_median_ms"], 4), ratio(by[name], single),
-             ratio(peer, ours) if name == "fsdp" else "", last(by[name])]
-            for name in ("fsdp", "torch-fsdp2", "coalesced:1000")]
+             ratio(peer, by[name]) if name in ours else "", last(by[name])]
+            for name in (*ours, "torch-fsdp2", "coalesced:1000")]
     return [*body, [label, "single (1 GPU)", fmt(single["step_median_ms"], 4), "", "", single_last]]
 
 

@@ -14,9 +14,11 @@
 #           call under the device tool's 10 minutes: X_SIZES=xl, then X_SIZES=2.7B).
 #   overlap (issue 37) X_NPROC ranks, OVERLAP_SIZE (xl), bf16, context OVERLAP_CONTEXT (512), batches OVERLAP_BATCHES
 #           (default 4,8: the study's batch, where the host bounds the eager step, and 8, where the
-#           GPU does and the single-GPU step still fits 80 GB): fsdp, torch-fsdp2, coalesced:1000
-#           and the single step in OVERLAP_ROUNDS interleaved rounds (default 2), OVERLAP_TIMED_S
-#           (default 330); then fsdp and the single step at the same batches again with
+#           GPU does and the single-GPU step still fits 80 GB): OVERLAP_STRATEGIES (default fsdp,
+#           torch-fsdp2, coalesced:1000; add fsdp:separate-reduce for the reduce-scatters on a group
+#           of their own) and the single step in OVERLAP_ROUNDS interleaved rounds (default 2),
+#           OVERLAP_TIMED_S (default 330); then OVERLAP_PROFILED (default fsdp; a comma list) and
+#           the single step at the same batches again with
 #           OVERLAP_PROFILE_STEPS (default 2) profiled steps each (lmscope ddp --profile-steps: per
 #           rank, compute, exposed communication, idle, host time in the hooks, traces in
 #           $OUT/ddp-profile), in what is left of OVERLAP_S (default 540).
@@ -65,11 +67,11 @@ if stage overlap; then
   name="$OUT/overlap-$size-x${X_NPROC:-2}"
   XO=(--size "$size" --context-length "${OVERLAP_CONTEXT:-512}" --batch-size "${OVERLAP_BATCHES:-4,8}"
       --precision bf16 --nproc "${X_NPROC:-2}" --timeout 200 --format md)
-  run timeout "${OVERLAP_TIMED_S:-330}" "${LM[@]}" ddp "${XO[@]}" --strategy fsdp,torch-fsdp2,coalesced:1000 \
+  run timeout "${OVERLAP_TIMED_S:-330}" "${LM[@]}" ddp "${XO[@]}" --strategy "${OVERLAP_STRATEGIES:-fsdp,torch-fsdp2,coalesced:1000}" \
     --rounds "${OVERLAP_ROUNDS:-2}" --warmup 3 --steps 10 --out "$name.jsonl"
   rest=$(( ${OVERLAP_S:-540} - (SECONDS - began) ))
   if (( rest > 30 )); then
-    run timeout "$rest" "${LM[@]}" ddp "${XO[@]}" --strategy fsdp --profile-steps "${OVERLAP_PROFILE_STEPS:-2}" \
+    run timeout "$rest" "${LM[@]}" ddp "${XO[@]}" --strategy "${OVERLAP_PROFILED:-fsdp}" --profile-steps "${OVERLAP_PROFILE_STEPS:-2}" \
       --warmup 3 --steps 5 --out "$name-profile.jsonl"
   else
     echo "overlap: no time left to profile ($rest s)" | tee -a "$OUT/log.txt"

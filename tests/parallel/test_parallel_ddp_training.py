@@ -364,8 +364,10 @@ def test_parse_strategy():
     assert parse_strategy("torch-ddp") == ("torch-ddp", None)  # PyTorch's default caps
     assert parse_strategy("torch-ddp:500") == ("torch-ddp", 500.0)
     assert parse_strategy("overlap") == ("overlap", None)
+    assert parse_strategy("fsdp:separate-reduce") == ("fsdp", None)
     for bad in ("bucketed", "bucketed:0", "bucketed:x", "bucketed:inf", "bucketed:nan", "coalesced",
-                "torch-ddp:", "torch-ddp:-5", "fast", "naive:3"):
+                "torch-ddp:", "torch-ddp:-5", "fast", "naive:3", "fsdp:separate",
+                "torch-fsdp2:separate-reduce"):
         with pytest.raises(ValueError):
             parse_strategy(bad)
     with pytest.raises(RuntimeError, match="process group"):

@@ -126,8 +126,10 @@ def _train_reference(model: nn.Module, batches: list, world: int, dtype: torch.d
 
 
 def _train_fsdp(ctx: RankContext, model: nn.Module, units: list[nn.Module] | None, batches: list,
-                dtype: torch.dtype | None, prefetch: int = 2) -> tuple[FullyShardedDP, torch.optim.Optimizer]:
-    wrapped = FullyShardedDP(model, units, param_dtype=dtype, prefetch=prefetch)
+                dtype: torch.dtype | None, prefetch: int = 2,
+                reduce_group: dist.ProcessGroup | None = None,
+                ) -> tuple[FullyShardedDP, torch.optim.Optimizer]:
+    wrapped = FullyShardedDP(model, units, param_dtype=dtype, prefetch=prefetch, reduce_group=reduce_group)
     optimizer = torch.optim.AdamW(wrapped.parameters(), **ADAMW)
     rows = slice(ctx.rank * PER_RANK, (ctx.rank + 1) * PER_RANK)
     for step in batches:
@@ -145,7 +147,7 @@ def _relative(state: dict[str, torch.Tensor], reference: nn.Module) -> float:
 
 
 def _case(ctx: RankContext, seed: int, kind: str, micro: int, dtype: torch.dtype | None,
-          prefetch: int = 2) -> dict[str, object]:
+          prefetch: int = 2, reduce_group: dist.ProcessGroup | None = None) -> dict[str, object]:
     torch.manual_seed(seed)
     model, units, vocab = _model(kind)
     start = copy.deepcopy(model)
@@ -153,7 +155,7 @@ def _case(ctx: RankContext, seed: int, kind: str, micro: int, dtype: torch.dtype
         apply_checkpointing(model, "block")
     batches = _batches(seed + 1, ctx.world_size, vocab, micro)
     originals = [weakref.ref(p) for p in model.parameters()]
-    wrapped, optimizer = _train_fsdp(ctx, model, units, batches, dtype, prefetch)
+    wrapped, optimizer = _train_fsdp(ctx, model, units, batches, dtype, prefetch, reduce_group)
     gc.collect()
     state = wrapped.full_state_dict()
     out: dict[str, object] = {"seed": seed, "settings": wrapped.settings,
@@ -288,6 +290,11 @@ def _all_checks(ctx: RankContext, seed: int) -> list[dict[str, object]]:
     results["transformer/accumulate"] = _case(ctx, seed, "transformer", 2, None)
     for prefetch in (0, 3):  # gathered only when the unit runs; three units ahead
         results[f"transformer/prefetch{prefetch}"] = _case(ctx, seed, "transformer", 2, None, prefetch)
+    own_group = dist.new_group(list(range(ctx.world_size)))  # the reduce-scatters' own communicator
+    results["transformer/separate-reduce"] = _case(ctx, seed, "transformer", 2, None, reduce_group=own_group)
+    first_only = dist.new_group([0])  # new_group is a collective: every rank makes it
+    results["bad_reduce_group"] = _refusals(
+        lambda group: FullyShardedDP(TransformerLM(CONFIG), reduce_group=group), (first_only,))
     results["transformer/bf16"] = _case(ctx, seed, "transformer", 1, torch.bfloat16)
     results["tied/bf16"] = _case(ctx, seed, "tied", 2, torch.bfloat16)
     results["round_trip"] = _round_trip(ctx, seed)
@@ -307,7 +314,7 @@ def ranks(request: pytest.FixtureRequest, launch_seed: int) -> list[dict[str, ob
 
 
 FP32_CASES = ["transformer/fp32", "tied/fp32", "frozen/fp32", "checkpointed/fp32", "transformer/accumulate",
-              "transformer/prefetch0", "transformer/prefetch3"]
+              "transformer/prefetch0", "transformer/prefetch3", "transformer/separate-reduce"]
 
 
 FP32_TOLERANCE = 1e-6  # relative error of FSDP against one process, both in fp32
@@ -370,6 +377,14 @@ def test_settings_name_units_and_dtypes(ranks):
     assert settings["param_dtype"] == settings["reduce_dtype"] == "bfloat16"
     assert settings["prefetch"] == 2 and ranks[0]["transformer/prefetch3"]["settings"]["prefetch"] == 3
     assert ranks[0]["tied/fp32"]["settings"]["units"] == 1  # embed and head hold only the tied weight
+
+
+def test_a_reduce_group_of_other_ranks_is_refused_and_its_own_is_recorded(ranks):
+    for rank in ranks:
+        [message] = rank["bad_reduce_group"]
+        assert "reduce_group has ranks [0]" in message and "same ranks in the same order" in message
+    assert ranks[0]["transformer/separate-reduce"]["settings"]["reduce_group"] == "separate"
+    assert ranks[0]["transformer/fp32"]["settings"]["reduce_group"] == "shared"
 
 
 def test_a_bad_prefetch_is_refused_with_what_to_give(ranks):

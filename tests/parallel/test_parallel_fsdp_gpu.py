@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from lmscope.config import ModelConfig
 from lmscope.model.checkpointing import apply_checkpointing
@@ -111,9 +112,10 @@ TWO_GPU_CONFIG = ModelConfig(vocab_size=211, context_length=48, d_model=70, d_ff
 """Odd vocabulary and d_ff: each rank's half of a unit begins inside a parameter."""
 
 
-def _two_gpu_training(ctx: RankContext, seed: int, prefetch: int) -> float:
+def _two_gpu_training(ctx: RankContext, seed: int, prefetch: int, separate_reduce: bool = False) -> float:
     """fp32 FullyShardedDP on 2 GPUs (side streams, NCCL in place), two micro-batches per step,
-    against one process training on both ranks' rows: the largest relative parameter error."""
+    against one process training on both ranks' rows: the largest relative parameter error.
+    `separate_reduce`: the reduce-scatters on a process group of their own."""
     from lmscope.model.transformer import TransformerLM
 
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -121,7 +123,8 @@ def _two_gpu_training(ctx: RankContext, seed: int, prefetch: int) -> float:
     with ctx.device:
         model = TransformerLM(TWO_GPU_CONFIG)
     reference = copy.deepcopy(model)
-    wrapped = FullyShardedDP(model, prefetch=prefetch)
+    reduce_group = dist.new_group([0, 1]) if separate_reduce else None
+    wrapped = FullyShardedDP(model, prefetch=prefetch, reduce_group=reduce_group)
     adamw = dict(lr=3e-3, eps=1e-4, fused=True)
     optimizer = torch.optim.AdamW(wrapped.parameters(), **adamw)
     reference_optimizer = torch.optim.AdamW(reference.parameters(), **adamw)
@@ -147,7 +150,8 @@ def _two_gpu_training(ctx: RankContext, seed: int, prefetch: int) -> float:
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
-@pytest.mark.parametrize("prefetch", [0, 2])
-def test_fsdp_on_two_gpus_trains_like_one_process(launch_seed, prefetch):
-    error = launch(_two_gpu_training, launch_seed, prefetch, nproc=2, backend="nccl", timeout_s=300)
+@pytest.mark.parametrize(("prefetch", "separate_reduce"), [(0, False), (2, False), (2, True)])
+def test_fsdp_on_two_gpus_trains_like_one_process(launch_seed, prefetch, separate_reduce):
+    error = launch(_two_gpu_training, launch_seed, prefetch, separate_reduce, nproc=2, backend="nccl",
+                   timeout_s=300)
     assert error < 1e-5

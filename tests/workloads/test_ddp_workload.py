@@ -142,7 +142,7 @@ def test_torch_ddp_point_on_two_ranks(strategy, caps):
     assert row["buckets"] > 3 if strategy == "torch-ddp:0.002" else row["buckets"] == 1
 
 
-@pytest.mark.parametrize("strategy", ["fsdp", "torch-fsdp2"])
+@pytest.mark.parametrize("strategy", ["fsdp", "fsdp:separate-reduce", "torch-fsdp2"])
 def test_sharded_point_on_two_ranks(strategy):
     """Both FSDPs run bf16 with checkpointed blocks; ours moves exactly the bytes predicted."""
     row = ddp.run_point({**TINY, "strategy": strategy, "world_size": 2, "precision": "bf16",
@@ -154,8 +154,10 @@ def test_sharded_point_on_two_ranks(strategy):
         + row["predicted_fsdp_optimizer_state_gib"])
     # 16 bytes per shard element; the model's 2 blocks, embedding, head, final norm over 2 ranks
     assert row["predicted_fsdp_state_gib"] * 2**30 == pytest.approx(16 * row["parameters"] / 2, abs=16 * 5)
-    if strategy == "fsdp":
+    if strategy.startswith("fsdp"):
         assert "units=4, root=True, param_dtype=bfloat16, reduce_dtype=bfloat16" in row["ddp_settings"]
+        group = "separate" if strategy == "fsdp:separate-reduce" else "shared"
+        assert f"reduce_group={group}" in row["ddp_settings"]
         assert row["allgather_error_pct"] == 0 and row["reduce_scatter_error_pct"] == 0
     else:
         assert row["ddp_settings"].startswith("units=4, param_dtype=bfloat16, reduce_dtype=bfloat16")

@@ -343,7 +343,7 @@ def ddp(
     attention: Annotated[str, typer.Option(help="naive | sdpa | sdpa-cudnn | flash | flash-torch")] = "naive",
     strategy: Annotated[
         str, typer.Option(help="naive,flat,overlap,bucketed:<MiB>,coalesced:<MiB>,torch-ddp[:<MiB>],"
-                          "fsdp,torch-fsdp2 (single is added as baseline)")
+                          "fsdp[:separate-reduce],torch-fsdp2 (single is added as baseline)")
     ] = "naive,flat,overlap,bucketed:25,torch-ddp",
     shard_optimizer: Annotated[str, typer.Option(help="ShardedOptimizer: off | on | off,on")] = "off",
     fast: Annotated[str, typer.Option("--fast", help="FastTransformerLM (fused kernels and loss; with "

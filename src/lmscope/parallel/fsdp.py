@@ -247,7 +247,12 @@ class FullyShardedDP(nn.Module):
     parameters are cast to before the all-gather (None: keep the master dtype). `reduce_dtype`:
     the dtype gradients are reduce-scattered in (None: the compute dtype). `keep_fp32`: module
     classes or modules whose parameters stay in the master dtype (`fsdp_precision`).
-    `process_group`: the ranks that shard this model (None: all). `prefetch`: how many units'
+    `process_group`: the ranks that shard this model (None: all). `reduce_group`: a second group
+    of the same ranks, in the same order, for the reduce-scatters (None: `process_group`): NCCL
+    runs the collectives of one group one after another on one stream, so in the backward a
+    gather queues behind the reduce-scatter issued before it; with a group of their own the two
+    can run at once (make it with `dist.new_group(ranks)` on every rank; it costs NCCL one more
+    communicator). `prefetch`: how many units'
     gathers are issued ahead of the unit that runs (more hides slower links, each costs one
     unit's gathered buffer of memory). `parameters()` are the local fp32 shards: build the
     optimizer over them; `named_parameters()` gives the original names.
@@ -256,7 +261,7 @@ class FullyShardedDP(nn.Module):
     def __init__(self, module: nn.Module, units: UnitsSpec = None, *,
                  param_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None,
                  keep_fp32: KeepFp32 = (), process_group: dist.ProcessGroup | None = None,
-                 prefetch: int = PREFETCH_UNITS) -> None:
+                 reduce_group: dist.ProcessGroup | None = None, prefetch: int = PREFETCH_UNITS) -> None:
         super().__init__()
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("FullyShardedDP needs an initialized process group: "
@@ -264,6 +269,10 @@ class FullyShardedDP(nn.Module):
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
             raise ValueError(f"prefetch={prefetch!r}: give the number of units gathered ahead, a whole "
                              f"number >= 0 (0: each unit is gathered when it runs; default {PREFETCH_UNITS})")
+        if reduce_group is not None and _ranks(reduce_group) != _ranks(process_group):
+            raise ValueError(f"reduce_group has ranks {_ranks(reduce_group)}, the model is sharded over "
+                             f"{_ranks(process_group)}: give a group of the same ranks in the same order "
+                             "(dist.new_group(ranks) on every rank), or None to reduce on process_group")
         self.prefetch = prefetch
         """Units whose gathers are issued ahead of the one running (forward: after it; backward:
         before it)."""
@@ -275,7 +284,10 @@ class FullyShardedDP(nn.Module):
         """The global rank of this group's rank 0 (broadcasts start there)."""
         self.param_dtype = param_dtype
         self.reduce_dtype = reduce_dtype
-        self.reduce_op, self._divisor = _averaging(self.world_size, process_group)
+        self.reduce_group = reduce_group if reduce_group is not None else process_group
+        """The group the reduce-scatters run on (`process_group` unless one of their own was given)."""
+        self._separate_reduce = reduce_group is not None
+        self.reduce_op, self._divisor = _averaging(self.world_size, self.reduce_group)
         chosen, self._learn_order = resolve_units(module, units)
         kept = kept_modules(module, keep_fp32) if keep_fp32 else []
         self._state_keys = list(module.state_dict().keys())
@@ -382,6 +394,7 @@ class FullyShardedDP(nn.Module):
             "reduce_dtype": dtype(self.reduce_dtype or self.param_dtype),
             **({"kept_fp32": self._kept} if self._kept else {}),
             "prefetch": self.prefetch,
+            "reduce_group": "separate" if self._separate_reduce else "shared",
             "padding": sum(g.padding for g in self._groups()),
         }
 
@@ -624,7 +637,7 @@ class FullyShardedDP(nn.Module):
         """Reduce-scatter `grad` in place (this rank's slot of it is the output), average, and write
         it into the shard's grad (cast to the master dtype) or add it there."""
         out = grad[group.begin: group.begin + group.shard_numel]
-        dist.reduce_scatter_tensor(out, grad, op=self.reduce_op, group=self.group)
+        dist.reduce_scatter_tensor(out, grad, op=self.reduce_op, group=self.reduce_group)
         if self._divisor is not None:
             out.div_(self._divisor)
         assert group.shard.grad is not None
@@ -718,6 +731,11 @@ def _on_side_stream(stream: torch.cuda.Stream, work: Callable[[], None]) -> None
         work()
     finally:
         torch.cuda.set_stream(current)
+
+
+def _ranks(group: dist.ProcessGroup | None) -> list[int]:
+    """The global ranks of `group` (None: the world), in its order."""
+    return dist.get_process_group_ranks(group or dist.group.WORLD)
 
 
 def _in_backward() -> bool:

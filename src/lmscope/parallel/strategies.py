@@ -9,10 +9,13 @@ from __future__ import annotations
 import math
 
 STRATEGIES = ("naive", "flat", "overlap", "bucketed:<MiB>", "coalesced:<MiB>", "torch-ddp[:<MiB>]",
-              "fsdp", "torch-fsdp2")
+              "fsdp[:separate-reduce]", "torch-fsdp2")
 """Names `parse_strategy` accepts; bucketed and coalesced take their bucket size, e.g. bucketed:25;
-torch-ddp takes an optional bucket_cap_mb (PyTorch's default when left out). The fully sharded
-ones (SHARDED) are built by `lmscope.parallel.fsdp` / `.torch_fsdp2`, not `data_parallel`."""
+torch-ddp takes an optional bucket_cap_mb (PyTorch's default when left out); fsdp:separate-reduce
+runs the reduce-scatters on a process group of their own (`FullyShardedDP(reduce_group=...)`).
+The fully sharded ones (SHARDED) are built by `lmscope.parallel.fsdp` / `.torch_fsdp2`, not
+`data_parallel`."""
+SEPARATE_REDUCE = "fsdp:separate-reduce"
 SHARDED = ("fsdp", "torch-fsdp2")
 SIZED = ("bucketed", "coalesced", "torch-ddp")
 BASELINE = "single"
@@ -20,7 +23,8 @@ BASELINE = "single"
 
 
 def parse_strategy(strategy: str) -> tuple[str, float | None]:
-    """'bucketed:25' -> ('bucketed', 25.0); 'overlap' and 'torch-ddp' (default cap) -> (name, None)."""
+    """'bucketed:25' -> ('bucketed', 25.0); 'overlap', 'torch-ddp' (default cap) and
+    'fsdp:separate-reduce' (the variant its row's strategy names) -> (name, None)."""
     name, colon, size = strategy.partition(":")
     if name in SIZED:
         if name == "torch-ddp" and not colon:
@@ -32,7 +36,9 @@ def parse_strategy(strategy: str) -> tuple[str, float | None]:
         if not (bucket_mb > 0 and math.isfinite(bucket_mb)):
             raise ValueError(f"strategy {strategy!r} needs a positive bucket size in MiB, e.g. {name}:25")
         return name, bucket_mb
-    if colon or name not in STRATEGIES:
+    if strategy == SEPARATE_REDUCE:
+        return name, None
+    if colon or name not in SHARDED + ("naive", "flat", "overlap"):
         raise ValueError(f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
     return name, None
 

@@ -66,7 +66,7 @@ from lmscope.parallel.ddp import MIB, TORCH_DDP_BUCKET_MB, TORCH_DDP_FIRST_BUCKE
 from lmscope.parallel.fsdp import FullyShardedDP
 from lmscope.parallel.launch import RankContext, across_ranks, check_world, launch, point_id, resolve_backend
 from lmscope.parallel.sharded_optimizer import ShardedOptimizer
-from lmscope.parallel.strategies import SHARDED, parse_strategy
+from lmscope.parallel.strategies import SEPARATE_REDUCE, SHARDED, parse_strategy
 from lmscope.parallel.torch_fsdp2 import torch_fully_shard
 from lmscope.workloads.collectives import time_calls
 from lmscope.workloads.ddp_profile import point_folder, profile_steps
@@ -212,7 +212,9 @@ class _Setup:
         name = parse_strategy(spec.strategy)[0]
         compute = torch.bfloat16 if spec.precision == "bf16" else None
         if name == "fsdp":
-            self.wrapped = FullyShardedDP(self.model, param_dtype=compute)
+            separate = spec.strategy == SEPARATE_REDUCE  # the reduce-scatters on a communicator of their own
+            reduce_group = dist.new_group(list(range(dist.get_world_size()))) if separate else None
+            self.wrapped = FullyShardedDP(self.model, param_dtype=compute, reduce_group=reduce_group)
             self.settings = describe(self.wrapped)
             self.optimizer = torch.optim.AdamW(self.wrapped.parameters(), **self.options)
             return

@@ -50,7 +50,7 @@ import contextlib
 import enum
 import math
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -62,6 +62,9 @@ from lmscope.parallel.ddp import _averaging, broadcast_state
 from lmscope.parallel.fsdp_precision import KeepFp32, cast_at_boundaries, kept_modules
 from lmscope.parallel.fsdp_units import UnitsSpec, default_units, parameter_owners, resolve_units
 from lmscope.parallel.sharded_param import READ_HINT, ShardedParameter
+
+if TYPE_CHECKING:
+    from lmscope.kernels.adamw import FusedAdamW
 
 __all__ = ["PREFETCH_UNITS", "FullyShardedDP", "default_units"]
 
@@ -321,6 +324,8 @@ class FullyShardedDP(nn.Module):
         self._reduce_stream = torch.cuda.Stream(device, priority=-1) if cuda else None
         self._callback_queued = False
         self._traffic = _Traffic()
+        self._hand_over: FusedAdamW | None = None
+        """The optimizer each reduce-scatter hands its averaged gradient to (`update_shards_in_backward`)."""
         self._register_hooks()
 
     def _build_units(self, chosen: list[nn.Module], names: dict[int, str],
@@ -395,6 +400,7 @@ class FullyShardedDP(nn.Module):
             **({"kept_fp32": self._kept} if self._kept else {}),
             "prefetch": self.prefetch,
             "reduce_group": "separate" if self._separate_reduce else "shared",
+            **({"update_in_backward": True} if self._hand_over is not None else {}),
             "padding": sum(g.padding for g in self._groups()),
         }
 
@@ -467,6 +473,25 @@ class FullyShardedDP(nn.Module):
         for grad in grads:
             grad.mul_(scale.to(grad.dtype))
         return total
+
+    def update_shards_in_backward(self, optimizer: FusedAdamW | None) -> None:
+        """Hand each unit's averaged gradient to `optimizer` right after its reduce-scatter instead
+        of writing the shard's fp32 `.grad` (None: write `.grad` again).
+
+        `optimizer` is a `lmscope.kernels.adamw.FusedAdamW(fsdp.parameters(), step_in_backward=True)`:
+        each shard is updated on the reduce-scatter's stream while the backward goes on, from the
+        gradient in the reduce dtype, and no fp32 shard gradient ever exists, which frees 4 B per
+        parameter over the ranks (the gradients' share of the sharded state). As with FusedAdamW's
+        own in-backward updates: one backward per `optimizer.step()` (no accumulation over
+        micro-batches) and no `clip_grad_norm_` (there are no gradients to clip)."""
+        if optimizer is not None:
+            shards = [group.shard for group in self._groups() if group.trainable]
+            takes = getattr(optimizer, "takes_gradients", None)
+            if takes is None or not takes(shards):
+                raise ValueError("update_shards_in_backward needs the FusedAdamW that steps this wrapper's "
+                                 "shards in backward: lmscope.kernels.adamw.FusedAdamW(fsdp.parameters(), "
+                                 "step_in_backward=True)")
+        self._hand_over = optimizer
 
     def finish_gradient_synchronization(self) -> None:
         """Wait until every shard gradient holds the mean over ranks (the end of the backward has
@@ -621,8 +646,8 @@ class FullyShardedDP(nn.Module):
         self._traffic.reduced += group.reduce_nbytes
         shard = group.shard
         accumulate = shard.grad is not None
-        if not accumulate:  # allocated on the compute stream, which frees it after the optimizer
-            shard.grad = torch.empty_like(shard)
+        if not accumulate and self._hand_over is None:  # allocated on the compute stream, which
+            shard.grad = torch.empty_like(shard)  # frees it after the optimizer
         stream = self._reduce_stream
         if stream is None:
             self._reduce_into(grad, group, accumulate=accumulate)
@@ -635,11 +660,17 @@ class FullyShardedDP(nn.Module):
 
     def _reduce_into(self, grad: torch.Tensor, group: _FlatGroup, *, accumulate: bool) -> None:
         """Reduce-scatter `grad` in place (this rank's slot of it is the output), average, and write
-        it into the shard's grad (cast to the master dtype) or add it there."""
+        it into the shard's grad (cast to the master dtype), add it there, or hand it to the
+        optimizer (`update_shards_in_backward`)."""
         out = grad[group.begin: group.begin + group.shard_numel]
         dist.reduce_scatter_tensor(out, grad, op=self.reduce_op, group=self.reduce_group)
         if self._divisor is not None:
             out.div_(self._divisor)
+        if self._hand_over is not None:  # on this stream, which frees `grad` when it is past it
+            if not self._hand_over.update_with_gradients([group.shard], [out], on_current_stream=True):
+                raise RuntimeError("the optimizer given to update_shards_in_backward no longer holds this "
+                                   "shard: give it again after changing its parameter groups")
+            return
         assert group.shard.grad is not None
         if accumulate:
             group.shard.grad.add_(out)

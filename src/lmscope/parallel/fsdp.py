@@ -480,8 +480,9 @@ class FullyShardedDP(nn.Module):
 
         `optimizer` is a `lmscope.kernels.adamw.FusedAdamW(fsdp.parameters(), step_in_backward=True)`:
         each shard is updated on the reduce-scatter's stream while the backward goes on, from the
-        gradient in the reduce dtype, and no fp32 shard gradient ever exists, which frees 4 B per
-        parameter over the ranks (the gradients' share of the sharded state). As with FusedAdamW's
+        gradient in the reduce dtype, and no fp32 shard gradient ever exists (4 B per parameter
+        over the ranks: a lower peak where it comes late in the backward, not where it comes at
+        the end of the forward, before any gradient exists). As with FusedAdamW's
         own in-backward updates: one backward per `optimizer.step()` (no accumulation over
         micro-batches) and no `clip_grad_norm_` (there are no gradients to clip)."""
         if optimizer is not None:

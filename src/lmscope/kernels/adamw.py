@@ -200,20 +200,15 @@ class FusedAdamW(torch.optim.Optimizer):
         return loss
 
     @torch.no_grad()
-    def update_with_gradients(self, params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], *,
-                              on_current_stream: bool = False) -> bool:
+    def update_with_gradients(self, params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]) -> bool:
         """With step_in_backward: update `params` now from `grads`, which never reach ``.grad``.
 
         For a backward that computes weight gradients itself: `FastTransformerLM`'s matmuls hand
         theirs over in the compute dtype (bf16, rounded as autocast's eager model rounds them),
         so the update reads 2 B per element instead of the 4 B of an fp32 ``.grad``, and no fp32
         gradient is ever stored. The updates run as the hooks' do (side stream on CUDA); the
-        gradients are kept alive until ``wait_for_backward_updates``. With `on_current_stream`
-        they run on the current stream instead and no reference is kept: for a caller that made
-        the gradients on a stream of its own, frees them there, and makes the stream that runs
-        ``step()`` wait for it (`FullyShardedDP.update_shards_in_backward`: the reduce-scatter's
-        stream). Returns False, doing nothing, unless this optimizer steps in backward and holds
-        every one of `params`.
+        gradients are kept alive until ``wait_for_backward_updates``. Returns False, doing
+        nothing, unless this optimizer steps in backward and holds every one of `params`.
         """
         if not self.takes_gradients(params):
             return False
@@ -228,7 +223,7 @@ class FusedAdamW(torch.optim.Optimizer):
                     "weight and backward; call step() after each forward and backward, or turn the "
                     "hand-over off (model.update_weights_in_backward(None))")
         for param, grad in zip(params, grads, strict=True):
-            self._update_in_backward(param, grad, side=not on_current_stream)
+            self._update_in_backward(param, grad)
             self._handed_over.add(param)
         return True
 
@@ -237,26 +232,25 @@ class FusedAdamW(torch.optim.Optimizer):
         return self.step_in_backward and all(p in self._group_of for p in params)
 
     @torch.no_grad()
-    def _update_in_backward(self, param: torch.Tensor, grad: torch.Tensor | None = None, *,
-                            side: bool = True) -> None:
+    def _update_in_backward(self, param: torch.Tensor, grad: torch.Tensor | None = None) -> None:
         """Update `param` from `grad` (default: its .grad, from the post-accumulate-grad hook) now,
-        on the side stream when on CUDA and `side` (else on the current stream)."""
+        on the side stream when on CUDA."""
         if param in self._updated_in_backward:
             raise RuntimeError("FusedAdamW(step_in_backward=True) updates the parameters in every "
                                "backward: call step() after each backward (no gradient accumulation)")
         self._updated_in_backward.add(param)
         group = self._group_of[param]
         grad = param.grad if grad is None else grad
-        if param.device.type != "cuda" or not side:
+        if param.device.type != "cuda":
             self._update(param, group, grad)
             return
-        stream = self._side_streams.get(param.device)
-        if stream is None:
-            stream = self._side_streams[param.device] = torch.cuda.Stream(param.device)
-        stream.wait_stream(torch.cuda.current_stream(param.device))  # the gradient is written
-        with torch.cuda.stream(stream):
+        side = self._side_streams.get(param.device)
+        if side is None:
+            side = self._side_streams[param.device] = torch.cuda.Stream(param.device)
+        side.wait_stream(torch.cuda.current_stream(param.device))  # the gradient is written
+        with torch.cuda.stream(side):
             self._update(param, group, grad)
-        self._pending.add(stream)
+        self._pending.add(side)
         self._in_flight.append(grad)  # read on the side stream: not freed before the join
 
     def wait_for_backward_updates(self) -> None:

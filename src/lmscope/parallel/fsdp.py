@@ -50,7 +50,7 @@ import contextlib
 import enum
 import math
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -62,9 +62,6 @@ from lmscope.parallel.ddp import _averaging, broadcast_state
 from lmscope.parallel.fsdp_precision import KeepFp32, cast_at_boundaries, kept_modules
 from lmscope.parallel.fsdp_units import UnitsSpec, default_units, parameter_owners, resolve_units
 from lmscope.parallel.sharded_param import READ_HINT, ShardedParameter
-
-if TYPE_CHECKING:
-    from lmscope.kernels.adamw import FusedAdamW
 
 __all__ = ["PREFETCH_UNITS", "FullyShardedDP", "default_units"]
 
@@ -224,7 +221,7 @@ class _Unit:
         """The units whose gathers its forward issues (the next `prefetch` ones)."""
         self.behind: list[_Unit] = []
         """The units whose gathers its backward issues (the `prefetch` before it, nearest first)."""
-        self.grad_hook: Any = None
+        self.grad_hook: Callable[[torch.Tensor], None] | None = None
         """The hook its outputs' gradients call (the wrapper's pre-backward of this unit)."""
         self.event: torch.cuda.Event | None = None
         self.backward_started = False
@@ -289,7 +286,6 @@ class FullyShardedDP(nn.Module):
         self.reduce_dtype = reduce_dtype
         self.reduce_group = reduce_group if reduce_group is not None else process_group
         """The group the reduce-scatters run on (`process_group` unless one of their own was given)."""
-        self._separate_reduce = reduce_group is not None
         self.reduce_op, self._divisor = _averaging(self.world_size, self.reduce_group)
         chosen, self._learn_order = resolve_units(module, units)
         kept = kept_modules(module, keep_fp32) if keep_fp32 else []
@@ -324,8 +320,6 @@ class FullyShardedDP(nn.Module):
         self._reduce_stream = torch.cuda.Stream(device, priority=-1) if cuda else None
         self._callback_queued = False
         self._traffic = _Traffic()
-        self._hand_over: FusedAdamW | None = None
-        """The optimizer each reduce-scatter hands its averaged gradient to (`update_shards_in_backward`)."""
         self._register_hooks()
 
     def _build_units(self, chosen: list[nn.Module], names: dict[int, str],
@@ -399,8 +393,7 @@ class FullyShardedDP(nn.Module):
             "reduce_dtype": dtype(self.reduce_dtype or self.param_dtype),
             **({"kept_fp32": self._kept} if self._kept else {}),
             "prefetch": self.prefetch,
-            "reduce_group": "separate" if self._separate_reduce else "shared",
-            **({"update_in_backward": True} if self._hand_over is not None else {}),
+            "reduce_group": "shared" if self.reduce_group is self.group else "separate",
             "padding": sum(g.padding for g in self._groups()),
         }
 
@@ -473,26 +466,6 @@ class FullyShardedDP(nn.Module):
         for grad in grads:
             grad.mul_(scale.to(grad.dtype))
         return total
-
-    def update_shards_in_backward(self, optimizer: FusedAdamW | None) -> None:
-        """Hand each unit's averaged gradient to `optimizer` right after its reduce-scatter instead
-        of writing the shard's fp32 `.grad` (None: write `.grad` again).
-
-        `optimizer` is a `lmscope.kernels.adamw.FusedAdamW(fsdp.parameters(), step_in_backward=True)`:
-        each shard is updated on the reduce-scatter's stream while the backward goes on, from the
-        gradient in the reduce dtype, and no fp32 shard gradient ever exists (4 B per parameter
-        over the ranks: a lower peak where it comes late in the backward, not where it comes at
-        the end of the forward, before any gradient exists). As with FusedAdamW's
-        own in-backward updates: one backward per `optimizer.step()` (no accumulation over
-        micro-batches) and no `clip_grad_norm_` (there are no gradients to clip)."""
-        if optimizer is not None:
-            shards = [group.shard for group in self._groups() if group.trainable]
-            takes = getattr(optimizer, "takes_gradients", None)
-            if takes is None or not takes(shards):
-                raise ValueError("update_shards_in_backward needs the FusedAdamW that steps this wrapper's "
-                                 "shards in backward: lmscope.kernels.adamw.FusedAdamW(fsdp.parameters(), "
-                                 "step_in_backward=True)")
-        self._hand_over = optimizer
 
     def finish_gradient_synchronization(self) -> None:
         """Wait until every shard gradient holds the mean over ranks (the end of the backward has
@@ -647,8 +620,8 @@ class FullyShardedDP(nn.Module):
         self._traffic.reduced += group.reduce_nbytes
         shard = group.shard
         accumulate = shard.grad is not None
-        if not accumulate and self._hand_over is None:  # allocated on the compute stream, which
-            shard.grad = torch.empty_like(shard)  # frees it after the optimizer
+        if not accumulate:  # allocated on the compute stream, which frees it after the optimizer
+            shard.grad = torch.empty_like(shard)
         stream = self._reduce_stream
         if stream is None:
             self._reduce_into(grad, group, accumulate=accumulate)
@@ -661,17 +634,11 @@ class FullyShardedDP(nn.Module):
 
     def _reduce_into(self, grad: torch.Tensor, group: _FlatGroup, *, accumulate: bool) -> None:
         """Reduce-scatter `grad` in place (this rank's slot of it is the output), average, and write
-        it into the shard's grad (cast to the master dtype), add it there, or hand it to the
-        optimizer (`update_shards_in_backward`)."""
+        it into the shard's grad (cast to the master dtype) or add it there."""
         out = grad[group.begin: group.begin + group.shard_numel]
         dist.reduce_scatter_tensor(out, grad, op=self.reduce_op, group=self.reduce_group)
         if self._divisor is not None:
             out.div_(self._divisor)
-        if self._hand_over is not None:  # on this stream, which frees `grad` when it is past it
-            if not self._hand_over.update_with_gradients([group.shard], [out], on_current_stream=True):
-                raise RuntimeError("the optimizer given to update_shards_in_backward no longer holds this "
-                                   "shard: give it again after changing its parameter groups")
-            return
         assert group.shard.grad is not None
         if accumulate:
             group.shard.grad.add_(out)

@@ -18,6 +18,10 @@ The fully sharded ones (SHARDED) are built by `lmscope.parallel.fsdp` / `.torch_
 SEPARATE_REDUCE = "fsdp:separate-reduce"
 SHARDED = ("fsdp", "torch-fsdp2")
 SIZED = ("bucketed", "coalesced", "torch-ddp")
+NAMED = ("naive", "flat", "overlap", *SHARDED)
+"""Strategies that take no bucket size."""
+VARIANTS = {"fsdp": ("separate-reduce",)}
+"""The named variants a strategy takes after a colon (`name:variant`, parsed as `name`)."""
 BASELINE = "single"
 """The 1-GPU step every ddp sweep measures beside the strategies (one rank, no wrapper)."""
 
@@ -36,9 +40,7 @@ def parse_strategy(strategy: str) -> tuple[str, float | None]:
         if not (bucket_mb > 0 and math.isfinite(bucket_mb)):
             raise ValueError(f"strategy {strategy!r} needs a positive bucket size in MiB, e.g. {name}:25")
         return name, bucket_mb
-    if strategy == SEPARATE_REDUCE:
-        return name, None
-    if colon or name not in SHARDED + ("naive", "flat", "overlap"):
+    if name not in NAMED or (colon and size not in VARIANTS.get(name, ())):
         raise ValueError(f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
     return name, None
 

@@ -14,7 +14,7 @@
 # points are kept and a rerun with the same OUT resumes the rest); POINT_S is each point's
 # --timeout, so a compile that runs past it is a timeout row and the rounds go on.
 # Usage (repo root, GPU machine, no uv): OUT=/some/dir [ROUNDS=2] [STEPS=15] [BUDGET_S=470]
-#   [POINT_S=240] [WHOLE_MODEL=on] [HF_COMPILE=off] [FIRST_ROUND=0] bash benchmarks/fast/run_strongest_peers.sh
+#   [POINT_S=240] [WHOLE_MODEL=on] [HF=off] [HF_COMPILE=off] [FIRST_ROUND=0] bash benchmarks/fast/run_strongest_peers.sh
 # (SIZE, DEVICE and COMPILE_MODES change the point for a dry run elsewhere, e.g. SIZE=tiny
 # DEVICE=cpu COMPILE_MODES=on: the fast point is then an error row, it needs a GPU.)
 set -u
@@ -27,6 +27,7 @@ SIZE=${SIZE:-xl}
 DEVICE=${DEVICE:-cuda}
 COMPILE_MODES=${COMPILE_MODES:-on,reduce-overhead,max-autotune-no-cudagraphs}
 FIRST_ROUND=${FIRST_ROUND:-0}  # a later round: add rounds to an OUT whose earlier rounds are done
+HF=${HF:-on}  # off: no HF rows at all (a call that only adds a compile mode's rounds)
 HF_COMPILE=${HF_COMPILE:-on}  # off: HF's Llama eager only
 WHOLE_MODEL=${WHOLE_MODEL:-off}  # on: also torch.compile of the whole model, default mode, each round
 SUMMARY_S=20  # kept for summarize.py at the end
@@ -54,8 +55,10 @@ for ((r = FIRST_ROUND; r < ROUNDS; r++)); do
   bench "$r" --attention flash --fast on
   bench "$r" --attention sdpa
   bench "$r" --attention sdpa --compile "$COMPILE_MODES" --compile-scope blocks
-  bench "$r" --attention sdpa --peer hf
-  if [ "$HF_COMPILE" = on ]; then
+  if [ "$HF" = on ]; then
+    bench "$r" --attention sdpa --peer hf
+  fi
+  if [ "$HF" = on ] && [ "$HF_COMPILE" = on ]; then
     bench "$r" --attention sdpa --peer hf --compile "$COMPILE_MODES" --compile-scope blocks
   fi
   if [ "$WHOLE_MODEL" = on ]; then  # the committed compile rows' scope: minutes of cold compile at xl

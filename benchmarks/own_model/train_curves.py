@@ -5,7 +5,10 @@ model (SDPA attention, torch's AdamW) and the same model after `lmscope.model.hf
 apply_to_hf_model` (lmscope's kernels, FusedAdamW with its bf16 weight copies), both under bf16
 autocast with the loss of ``labels`` (shifted by one inside the model). The stream is a fixed
 random walk on a small set of tokens, each followed by one of a few successors, so the loss has
-somewhere to go: from log(vocab) down towards log(successors). Writes one row per run (its
+somewhere to go: from log(vocab) down towards log(successors). Both runs follow the usual LLM
+recipe: a linear learning-rate warmup and the gradients' global norm clipped (--warmup-steps,
+--clip-grad-norm): without them, at this learning rate, both runs met loss spikes of different
+heights at the same step (benchmarks/results/own_model/curves/README.md). Writes one row per run (its
 per-step losses) and one row comparing them to OUT/curves.jsonl, and OUT/curves.png (both curves
 and their difference).
 
@@ -62,17 +65,24 @@ def build(args: argparse.Namespace, device: torch.device) -> torch.nn.Module:
 
 
 def train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, stream: torch.Tensor,
-          device: torch.device, precision: str, progress: Progress, label: str) -> list[float]:  # fmt: skip
-    """One optimizer step per batch of the stream; the losses."""
+          args: argparse.Namespace, progress: Progress, label: str) -> list[float]:  # fmt: skip
+    """One optimizer step per batch of the stream, after a linear warmup of the learning rate and
+    with the gradients' global norm clipped (when --clip-grad-norm > 0); the losses."""
+    device = torch.device(args.device)
+    ramp = max(1, args.warmup_steps)
+    warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / ramp))
     losses = []
     task = progress.add_task(label, total=len(stream))
     for batch in stream:
         tokens = batch.to(device)
         optimizer.zero_grad(set_to_none=True)
-        with autocast_context(precision, device):
+        with autocast_context(args.precision, device):
             loss = model(input_ids=tokens, labels=tokens).loss
         loss.backward()
+        if args.clip_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
         optimizer.step()
+        warmup.step()
         losses.append(loss.item())
         progress.advance(task)
     return losses
@@ -91,7 +101,7 @@ def run(args: argparse.Namespace, patched: bool, stream: torch.Tensor, progress:
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,
                                       fused=device.type == "cuda")
     label = "lmscope fast" if patched else "transformers"
-    return train(model, optimizer, stream, device, args.precision, progress, label)
+    return train(model, optimizer, stream, args, progress, label)
 
 
 def plot(curves: dict[str, list[float]], path: Path, title: str) -> None:
@@ -138,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--weight-decay", type=float, default=0.01)
+    parser.add_argument("--warmup-steps", type=int, default=30, help="linear learning-rate warmup")
+    parser.add_argument("--clip-grad-norm", type=float, default=1.0, help="0: no clipping")
     parser.add_argument("--precision", default="bf16", choices=("bf16", "fp32"))
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--attention", default="flash", choices=("flash", "flash-torch"))
@@ -151,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
                           active=min(args.active_tokens, vocab), successors=args.successors)
     point = {"workload": "own_model_train_curves", "model": args.model, "num_layers": args.num_layers,
              "batch_size": args.batch_size, "context_length": args.context_length, "steps": args.steps,
-             "lr": args.lr, "precision": args.precision, "attention": args.attention, "device": args.device,
+             "lr": args.lr, "warmup_steps": args.warmup_steps, "clip_grad_norm": args.clip_grad_norm,
+             "precision": args.precision, "attention": args.attention, "device": args.device,
              "active_tokens": args.active_tokens, "successors": args.successors, "seed": args.seed}
     curves: dict[str, list[float]] = {}
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -166,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     append_record(args.out_dir / "curves.jsonl",
                   {**point, **provenance(), "status": "ok", "run": "comparison", **summary})
     title = (f"{args.model.removeprefix('hf:')}, batch {args.batch_size} x {args.context_length}, "
-             f"{args.precision}, lr {args.lr}")
+             f"{args.precision}, lr {args.lr}, warmup {args.warmup_steps}, clip {args.clip_grad_norm}")
     plot(curves, args.out_dir / "curves.png", title)
     print(f"last {summary['tail_steps']} steps: transformers {summary['tail_mean_transformers']:.4f}, "
           f"lmscope fast {summary['tail_mean_fast']:.4f}; largest step difference "

@@ -6,9 +6,10 @@ apply_to_hf_model` (lmscope's kernels, FusedAdamW with its bf16 weight copies), 
 autocast with the loss of ``labels`` (shifted by one inside the model). The stream is a fixed
 random walk on a small set of tokens, each followed by one of a few successors, so the loss has
 somewhere to go: from log(vocab) down towards log(successors). Both runs follow the usual LLM
-recipe: a linear learning-rate warmup and the gradients' global norm clipped (--warmup-steps,
---clip-grad-norm): without them, at this learning rate, both runs met loss spikes of different
-heights at the same step (benchmarks/results/own_model/curves/README.md). Writes one row per run (its
+recipe, a linear learning-rate warmup and the gradients' global norm clipped (--warmup-steps,
+--clip-grad-norm), so that a loss spike does not decide the comparison: without them the two runs
+met one spike at the same step but of different heights (benchmarks/results/own_model/curves/).
+Writes one row per run (its
 per-step losses) and one row comparing them to OUT/curves.jsonl, and OUT/curves.png (both curves
 and their difference).
 

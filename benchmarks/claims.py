@@ -923,11 +923,14 @@ OVERLAP_RUNS = {
     "fsdp-overlap": (f"{DISTRIBUTED}/fsdp-overlap-x2", "overlap-xl-x2", ()),
     "fsdp-overlap-x2-hooks": (f"{DISTRIBUTED}/fsdp-overlap-x2-hooks", "overlap-xl-x2", ()),
     "fsdp-overlap-x4": (f"{DISTRIBUTED}/fsdp-overlap-x4", "overlap-xl-x4", ("before",)),
+    "fsdp-overlap-x2-reduce-group": (f"{DISTRIBUTED}/fsdp-overlap-x2-reduce-group", "overlap-xl-x2", ()),
+    "fsdp-overlap-x4-reduce-group": (f"{DISTRIBUTED}/fsdp-overlap-x4-reduce-group", "overlap-xl-x4", ()),
 }
 """Issue 37's FSDP overlap runs (`run_fsdp_gpu.sh`'s overlap stage: xl, interleaved rounds, then
 profiled steps), claim name -> (folder, file stem, subfolders with earlier code's profiles of the
 same run, shown above its own): 2 ranks at batches 4 and 8; 2 ranks at batch 8 with less host time
-in the hooks; 4 ranks, before and after that change. Each gives `<name>` and `<name>-profile`."""
+in the hooks; 4 ranks, before and after that change; 2 and 4 ranks at batch 8 with the views fixed
+and the reduce group of its own beside. Each gives `<name>` and `<name>-profile`."""
 
 
 ByPoint = dict[tuple[int, str], dict]

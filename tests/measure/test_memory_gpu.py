@@ -23,12 +23,13 @@ def test_small_train_step_is_within_ten_percent_of_the_model(precision, tmp_path
     timeline = build_timeline(load_snapshot(record["snapshot_path"]),
                               phases=["forward", "backward", "optimizer"])
     assert [name for _, name in timeline.boundaries] == ["forward", "backward", "optimizer", "after"]
-    # the trace rebuilt offline reaches the peak the allocator measured in the same step: the
-    # snapshot is the allocator's whole state, the step's peak is what lies above the baseline
-    # (the recorded step's own peak: after other test files in one process, the measured steps'
-    # peak differed from it by more than this tolerance, benchmarks/results/gpu-tests/README.md)
-    peak = timeline.active().max() / 2**30 - record["baseline_allocated_gib"]
-    assert peak == pytest.approx(record["snapshot_step_peak_gib"], rel=0.02)
+    # the trace rebuilt offline reaches the peak the allocator counted in the same step, in the
+    # trace's own unit: requested bytes, process-wide (the allocated peak is higher by the
+    # allocator's rounding of each block, benchmarks/results/gpu-tests/README.md)
+    peak = timeline.active().max() / 2**30
+    assert peak == pytest.approx(record["snapshot_step_requested_peak_gib"], rel=1e-3)
+    allocated = record["snapshot_step_peak_gib"] + record["baseline_allocated_gib"]
+    assert record["snapshot_step_requested_peak_gib"] <= allocated
     sites = [group.site for group in top_allocations(timeline, 20)]
     assert any(s.startswith(("model/", "workloads/")) for s in sites), sites
 

@@ -48,6 +48,22 @@ def test_phase_peaks_start_from_the_points_own_bytes(monkeypatch):
     assert clock.peaks["forward"] == (3 * GIB, 3 * GIB)
 
 
+def test_phase_peaks_keep_the_steps_highest_requested_bytes(monkeypatch):
+    """The requested-bytes peak (what a snapshot's trace counts) is the highest over all phases,
+    not the last phase's, and process-wide; rounding makes the allocated peak higher."""
+    fake = FakeAllocator(held=GIB).install(monkeypatch)
+    with MemoryMeter(CUDA) as meter:
+        clock = PhasePeaks(meter)
+        clock.start()
+        fake.alloc(3 * MIB, requested=2 * MIB + 1)
+        clock.mark("forward")
+        fake.free(3 * MIB, requested=2 * MIB + 1)
+        fake.alloc(MIB, requested=MIB)
+        clock.mark("backward")
+    assert clock.requested_peak == GIB + 2 * MIB + 1
+    assert clock.peaks["forward"][0] == 3 * MIB
+
+
 def test_a_cuda_meter_never_entered_reads_the_process_totals(monkeypatch):
     FakeAllocator(held=GIB).install(monkeypatch)
     meter = MemoryMeter(CUDA)

@@ -46,6 +46,16 @@ def test_timeline_rebuilds_active_memory_and_phases(hand_snapshot):
     assert phases == ["forward", "forward", "backward", "backward", "optimizer"]
 
 
+def test_blocks_from_before_the_trace_count_their_requested_bytes(hand_snapshot):
+    """The trace records what each tensor asked for; a block alive from before it counts the same
+    way (its `requested_size`), not the allocator's rounded block."""
+    snapshot = load_snapshot(hand_snapshot)
+    block = snapshot["segments"][0]["blocks"][0]
+    block["size"], block["requested_size"] = MIB + 512, MIB - 3
+    before = build_timeline(load_snapshot(hand_snapshot)).active()
+    assert (before - build_timeline(snapshot).active()).tolist() == [3] * 7
+
+
 def test_unnamed_phases_are_numbered(hand_snapshot):
     timeline = build_timeline(load_snapshot(hand_snapshot))
     assert [name for _, name in timeline.boundaries] == ["phase 1", "phase 2", "phase 3"]

@@ -12,23 +12,29 @@ import torch
 
 
 class FakeAllocator:
-    """Allocated and reserved byte counters with peaks, as torch.cuda reports them."""
+    """Allocated, requested and reserved byte counters with peaks, as torch.cuda reports them."""
 
     def __init__(self, held: int = 0, cached: int = 0) -> None:
         self.allocated = held
+        self.requested = held
         self.reserved = held + cached
         self.max_allocated = self.allocated
+        self.max_requested = self.requested
         self.max_reserved = self.reserved
         self.emptied = 0
 
-    def alloc(self, size: int) -> None:
+    def alloc(self, size: int, requested: int | None = None) -> None:
+        """A block of `size` bytes for a tensor of `requested` (default: the same)."""
         self.allocated += size
+        self.requested += size if requested is None else requested
         self.reserved = max(self.reserved, self.allocated)
         self.max_allocated = max(self.max_allocated, self.allocated)
+        self.max_requested = max(self.max_requested, self.requested)
         self.max_reserved = max(self.max_reserved, self.reserved)
 
-    def free(self, size: int) -> None:
+    def free(self, size: int, requested: int | None = None) -> None:
         self.allocated -= size
+        self.requested -= size if requested is None else requested
 
     def empty_cache(self) -> None:
         self.emptied += 1
@@ -36,6 +42,7 @@ class FakeAllocator:
 
     def reset_peaks(self) -> None:
         self.max_allocated = self.allocated
+        self.max_requested = self.requested
         self.max_reserved = self.reserved
 
     def install(self, monkeypatch) -> FakeAllocator:
@@ -44,6 +51,8 @@ class FakeAllocator:
         monkeypatch.setattr(cuda, "max_memory_allocated", lambda device=None: self.max_allocated)
         monkeypatch.setattr(cuda, "memory_reserved", lambda device=None: self.reserved)
         monkeypatch.setattr(cuda, "max_memory_reserved", lambda device=None: self.max_reserved)
+        monkeypatch.setattr(cuda, "memory_stats",
+                            lambda device=None: {"requested_bytes.all.peak": self.max_requested})
         monkeypatch.setattr(cuda, "reset_peak_memory_stats", lambda device=None: self.reset_peaks())
         monkeypatch.setattr(cuda, "empty_cache", self.empty_cache)
         monkeypatch.setattr(cuda, "synchronize", lambda device=None: None)

@@ -200,6 +200,15 @@ class MemoryMeter:
             return torch.cuda.max_memory_allocated(self.device) - self.baseline_allocated
         return self._live.peak
 
+    def requested_peak(self) -> int:
+        """Highest bytes requested since the last reset_peak, process-wide: the tensors' own sizes,
+        before the caching allocator rounds each block up (to 512 bytes, and a large block by up
+        to 1 MiB it does not split off). A snapshot's trace counts these, so its timeline peaks
+        here, not at `peak`. CPUs: the live tensors' peak (no rounding, no baseline)."""
+        if self.cuda:
+            return torch.cuda.memory_stats(self.device)["requested_bytes.all.peak"]
+        return self._live.peak
+
     def reserved(self) -> int | None:
         """Bytes the caching allocator holds now beyond the baseline's (None on CPU)."""
         return torch.cuda.memory_reserved(self.device) - self.baseline_reserved if self.cuda else None
@@ -252,9 +261,12 @@ class PhasePeaks:
         """Phase name -> (peak allocated, peak reserved), in the order the phases ran."""
         self.start_bytes = 0
         """Bytes allocated when the step began."""
+        self.requested_peak = 0
+        """The step's highest requested bytes, process-wide (`MemoryMeter.requested_peak`)."""
 
     def start(self) -> None:
         self.peaks = {}
+        self.requested_peak = 0
         self.meter.reset_peak()
         self.start_bytes = self.meter.current()
         if self.markers:
@@ -262,6 +274,7 @@ class PhasePeaks:
 
     def mark(self, name: str) -> None:
         self.peaks[name] = (self.meter.peak(), self.meter.peak_reserved())
+        self.requested_peak = max(self.requested_peak, self.meter.requested_peak())
         self.meter.reset_peak()
         if self.markers:
             lmscope_phase_marker(self.meter.device)
@@ -299,7 +312,9 @@ class Timeline:
     """(event index, name of the phase that starts there)."""
 
     def active(self) -> np.ndarray:
-        """Bytes allocated after each event (allocations from before the trace included)."""
+        """Bytes requested after each event (allocations from before the trace included): the
+        trace's sizes, which the caching allocator's allocated bytes exceed by its rounding
+        (`MemoryMeter.requested_peak`)."""
         delta = np.zeros(self.events + 1, dtype=np.int64)
         for block in self.blocks:
             delta[max(block.start, 0)] += block.size
@@ -368,7 +383,8 @@ def build_timeline(snapshot: dict[str, Any], *, phases: Sequence[str] | None = N
             continue
         for block in segment.get("blocks") or []:  # allocated before the trace, still alive
             if block.get("state") == "active_allocated" and block.get("address") not in in_trace:
-                blocks.append(Block(int(block["size"]), -1, index, _frames(block)))
+                size = block.get("requested_size", block["size"])  # as the trace counts
+                blocks.append(Block(int(size), -1, index, _frames(block)))
     names = list(phases) if phases is not None else [f"phase {i + 1}" for i in range(len(marks))]
     boundaries = tuple((at, names[i] if i < len(names) else "after") for i, at in enumerate(marks))
     return Timeline(tuple(blocks), index, boundaries)

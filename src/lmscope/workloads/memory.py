@@ -249,6 +249,7 @@ def _snapshot_step(step: TrainStep, meter: MemoryMeter, spec: Spec) -> dict[str,
     return {
         "snapshot_path": str(path),
         "snapshot_step_peak_gib": step_peak / GIB,
+        "snapshot_step_requested_peak_gib": clock.requested_peak / GIB,
         "timeline_png": str(png),
         "top_allocations": top,
         "top_alloc_mib": largest.get("size_mib"),

@@ -201,10 +201,10 @@ class MemoryMeter:
         return self._live.peak
 
     def requested_peak(self) -> int:
-        """Highest bytes requested since the last reset_peak, process-wide: the tensors' own sizes,
-        before the caching allocator rounds each block up (to 512 bytes, and a large block by up
-        to 1 MiB it does not split off). A snapshot's trace counts these, so its timeline peaks
-        here, not at `peak`. CPUs: the live tensors' peak (no rounding, no baseline)."""
+        """Highest bytes requested since the last reset_peak, process-wide: the tensors' own
+        sizes, before the caching allocator rounds each block up (docs/memory.md). A snapshot's
+        trace counts these, so its timeline peaks here, not at `peak`. CPUs: the live tensors'
+        peak (no rounding, no baseline)."""
         if self.cuda:
             return torch.cuda.memory_stats(self.device)["requested_bytes.all.peak"]
         return self._live.peak

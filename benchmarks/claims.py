@@ -1059,6 +1059,37 @@ def own_model_speedup(rows: Rows) -> str:
     )
 
 
+OWN_CURVES = "benchmarks/results/own_model/curves"
+"""Where the rows of benchmarks/own_model/train_curves.py are committed (issue 38)."""
+
+
+@claim("own-model-curves")
+def own_model_curves(rows: Rows) -> str:
+    """transformers' model and the same model through lmscope's fast path, trained side by side:
+    each run's comparison row (tail means, largest step difference), with and without warmup."""
+    body = []
+    for name in ("curves-no-warmup", "curves"):
+        found = rows.load(f"{OWN_CURVES}/{name}.jsonl")
+        row = next(r for r in found if r.get("run") == "comparison")
+        body.append([f"{name}.jsonl", str(row["steps"]), fmt(row["lr"]), str(row.get("warmup_steps", 0)),
+                     fmt(row.get("clip_grad_norm")) if row.get("clip_grad_norm") else "none",
+                     fmt(row["first_loss"], 4), fmt(row["tail_mean_transformers"], 4),
+                     fmt(row["tail_mean_fast"], 4), fmt(row["max_abs_difference"], 4)])
+    found = rows.load(f"{OWN_CURVES}/curves.jsonl")
+    first = found[0]
+    return claim_block(
+        f"{first['model'].removeprefix('hf:')}, batch {first['batch_size']} x {first['context_length']}, "
+        f"{first['precision']} autocast, one fixed synthetic token stream, the same initial weights; "
+        "transformers' model (SDPA, torch's AdamW) against the same model after "
+        "`apply_to_hf_model` (FusedAdamW with bf16 weight copies); mean loss over the last tenth of "
+        "the steps, and the largest difference between the two runs' losses at one step.",
+        table(["rows", "steps", "lr", "warmup", "clip", "first loss", "transformers, tail",
+               "lmscope fast, tail", "largest step difference"], body),
+        f"Rows: `{OWN_CURVES}/curves.jsonl`, `curves-no-warmup.jsonl` "
+        f"(benchmarks/own_model/train_curves.py); {provenance(found)}.",
+    )
+
+
 def _benchmark_script(relative: str):
     """A script under benchmarks/, imported by its path (its folder is not a package)."""
     import importlib.util

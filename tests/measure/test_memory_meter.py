@@ -64,6 +64,13 @@ def test_phase_peaks_keep_the_steps_highest_requested_bytes(monkeypatch):
     assert clock.peaks["forward"][0] == 3 * MIB
 
 
+def test_an_allocator_without_requested_bytes_gives_its_allocated_peak(monkeypatch):
+    fake = FakeAllocator(held=GIB).install(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda device=None: {})  # cudaMallocAsync
+    fake.alloc(3 * MIB, requested=2 * MIB)
+    assert MemoryMeter(CUDA).requested_peak() == GIB + 3 * MIB
+
+
 def test_a_cuda_meter_never_entered_reads_the_process_totals(monkeypatch):
     FakeAllocator(held=GIB).install(monkeypatch)
     meter = MemoryMeter(CUDA)

@@ -204,9 +204,11 @@ class MemoryMeter:
         """Highest bytes requested since the last reset_peak, process-wide: the tensors' own
         sizes, before the caching allocator rounds each block up (docs/memory.md). A snapshot's
         trace counts these, so its timeline peaks here, not at `peak`. CPUs: the live tensors'
-        peak (no rounding, no baseline)."""
+        peak (no rounding, no baseline). An allocator backend that does not count requested
+        bytes (cudaMallocAsync) gives its allocated peak."""
         if self.cuda:
-            return torch.cuda.memory_stats(self.device)["requested_bytes.all.peak"]
+            requested = torch.cuda.memory_stats(self.device).get("requested_bytes.all.peak")
+            return torch.cuda.max_memory_allocated(self.device) if requested is None else requested
         return self._live.peak
 
     def reserved(self) -> int | None:

@@ -70,3 +70,16 @@ def test_a_call_whose_peer_failed_gets_no_peer(script, tmp_path):
         peers.write(json.dumps({"status": "oom", "time": failed_at.isoformat()}) + "\n")
     assert _cells(script.table(copy), "selective")[5] == "-"
     assert _cells(script.table(ROWS), "selective")[5] == _peer_ms(ROWS, "c", "selective")
+
+
+def test_a_row_run_with_its_own_reduce_group_is_shown_as_such(script, tmp_path):
+    copy = tmp_path / "rows"
+    shutil.copytree(ROWS, copy)
+    best = [json.loads(line) for line in (copy / "ablation-best.jsonl").read_text().splitlines()]
+    latest = [r for r in best if r["strategy"] == "fsdp"][-1]
+    later = datetime.fromisoformat(latest["time"]) + timedelta(minutes=1)
+    with (copy / "ablation-best.jsonl").open("a") as rows:
+        rows.write(json.dumps({**latest, "strategy": "fsdp:separate-reduce", "step_median_ms": 4321.0,
+                               "time": later.isoformat()}) + "\n")
+    cells = _cells(script.table(copy), "best")
+    assert cells[1] == f"{latest['checkpoint']} (fsdp:separate-reduce)" and cells[2] == "4,321"

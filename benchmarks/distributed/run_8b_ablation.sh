@@ -18,6 +18,8 @@
 # Stage c: the peer and the rows named in ROWS again (after a fix, say), each row then compared
 # with this call's peer (plans.json records the stage that ran each row).
 # Stage p: the profile of best again (profile_fsdp_step.py, PROFILE_S=150), after stage c, say.
+# FSDP_STRATEGY (default fsdp; fsdp:separate-reduce puts the reduce-scatters on a process group of
+# their own) is the `lmscope ddp --strategy` of every row the call runs; the summary shows it.
 # BUDGET (default 139GiB: an H200 as torch sees it) with the planner's default 5 % margin; DEVICE
 # (default H200) prices the treatments. Writes into $OUT: plans.json (the planner's choices),
 # ablation-<row>.jsonl (lmscope ddp rows), llama-peer-<stage>.jsonl, profile-best.jsonl (and its
@@ -30,6 +32,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 STAGES=${STAGES:-a}
 BUDGET=${BUDGET:-139GiB}
 DEVICE=${DEVICE:-H200}
+FSDP_STRATEGY=${FSDP_STRATEGY:-fsdp}
 DIMS=(--d-model 4096 --d-ff 11008 --num-heads 32 --vocab-size 151936 --num-layers 34)
 B8=("${DIMS[@]}" --context-length 32768 --batch-size 1 --precision bf16)
 stage() { [[ ",$STAGES," == *",$1,"* ]]; }
@@ -51,10 +54,10 @@ policy() {
 row() {  # one lmscope ddp run: the row's label and the stage that runs it
   local label=$1 checkpoint
   checkpoint=$(policy "$label")
-  echo "{\"row\": \"$label\", \"checkpoint\": \"$checkpoint\", \"stage\": \"$2\"}" >> "$OUT/plans.json"
+  echo "{\"row\": \"$label\", \"checkpoint\": \"$checkpoint\", \"stage\": \"$2\", \"strategy\": \"$FSDP_STRATEGY\"}" >> "$OUT/plans.json"
   run timeout "${ROW_S:-130}" env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 -m lmscope ddp \
     --size small "${B8[@]}" --fast on --attention flash --checkpoint "$checkpoint" --nproc 2 \
-    --strategy fsdp --warmup 1 --steps 3 --timeout 120 --out "$OUT/ablation-$label.jsonl" --format md
+    --strategy "$FSDP_STRATEGY" --warmup 1 --steps 3 --timeout 120 --out "$OUT/ablation-$label.jsonl" --format md
 }
 peer() {
   run timeout "${PEER_S:-130}" python3 benchmarks/distributed/llama_fsdp2_peer.py --nproc 2 \

@@ -57,7 +57,9 @@ def _peer_of(path: Path, row: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def _fsdp_row(out: Path, label: str) -> dict[str, Any] | None:
-    rows = [r for r in _rows(out / f"ablation-{label}.jsonl") if r.get("strategy") == "fsdp"]
+    """The row's latest lmscope FSDP run, of either reduce group (`FSDP_STRATEGY`)."""
+    rows = [r for r in _rows(out / f"ablation-{label}.jsonl")
+            if r.get("strategy") in ("fsdp", "fsdp:separate-reduce")]
     return rows[-1] if rows else None
 
 
@@ -95,7 +97,8 @@ def _ablation_line(label: str, row: dict[str, Any] | None, policy: str, peer_ms:
     ours = row["step_median_ms"]
     peak = f"{_fmt(row.get('peak_after_optimizer_rank_max_gib'))} / {_fmt(_predicted_peak(row))}"
     ratio = f"{peer_ms / ours:.2f}x" if peer_ms else "-"
-    return _line([label, row["checkpoint"], _fmt(ours, 0), peak, _fmt(_mfu(row)), _fmt(peer_ms, 0), ratio])
+    policy = row["checkpoint"] if row["strategy"] == "fsdp" else f"{row['checkpoint']} ({row['strategy']})"
+    return _line([label, policy, _fmt(ours, 0), peak, _fmt(_mfu(row)), _fmt(peer_ms, 0), ratio])
 
 
 def _profile_lines(profile: dict[str, Any]) -> list[str]:

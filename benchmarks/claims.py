@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
+from lmscope.parallel.strategies import BASELINE, parse_strategy
 from lmscope.records.provenance import code_identity
 from lmscope.records.stats import ratio_interval
 from lmscope.report.claims import (
@@ -752,7 +753,7 @@ def _sharded_against_single(label: str, by: dict[str, dict], last: Callable[[dic
     where the run has it), FSDP2 and the best DDP of one run (`by` strategy) against its
     single-GPU step, FSDP2 against ours, then the single step; `last` fills the last column."""
     single, peer = by["single"], by["torch-fsdp2"]
-    ours = [name for name in ("fsdp", "fsdp:separate-reduce") if name in by]
+    ours = sorted(name for name in by if name != BASELINE and parse_strategy(name)[0] == "fsdp")
     body = [[label, name, fmt(by[name]["step_median_ms"], 4), ratio(by[name], single),
              ratio(peer, by[name]) if name in ours else "", last(by[name])]
             for name in (*ours, "torch-fsdp2", "coalesced:1000")]
@@ -1071,12 +1072,12 @@ def own_model_curves(rows: Rows) -> str:
     for name in ("curves-no-warmup", "curves"):
         found = rows.load(f"{OWN_CURVES}/{name}.jsonl")
         row = next(r for r in found if r.get("run") == "comparison")
+        # rows from before --warmup-steps and --clip-grad-norm existed ran with neither
         body.append([f"{name}.jsonl", str(row["steps"]), fmt(row["lr"]), str(row.get("warmup_steps", 0)),
                      fmt(row.get("clip_grad_norm")) if row.get("clip_grad_norm") else "none",
                      fmt(row["first_loss"], 4), fmt(row["tail_mean_transformers"], 4),
                      fmt(row["tail_mean_fast"], 4), fmt(row["max_abs_difference"], 4)])
-    found = rows.load(f"{OWN_CURVES}/curves.jsonl")
-    first = found[0]
+    first = found[0]  # the last file's: the current recipe
     return claim_block(
         f"{first['model'].removeprefix('hf:')}, batch {first['batch_size']} x {first['context_length']}, "
         f"{first['precision']} autocast, one fixed synthetic token stream, the same initial weights; "

@@ -23,6 +23,7 @@ from lmscope.accounting.devices import peak_tflops
 from lmscope.accounting.fast_memory import predict_fast_memory
 from lmscope.accounting.treatment_cost import model_step_flops
 from lmscope.config import preset
+from lmscope.parallel.strategies import BASELINE, parse_strategy
 
 ROWS = {"full": "a", "planned": "a", "selective": "a", "offload": "b", "best": "b"}
 """Each row and the call (stage) it runs in by default, with that call's peer; a row run again
@@ -57,9 +58,9 @@ def _peer_of(path: Path, row: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def _fsdp_row(out: Path, label: str) -> dict[str, Any] | None:
-    """The row's latest lmscope FSDP run, of either reduce group (`FSDP_STRATEGY`)."""
+    """The row's latest lmscope FSDP run, in any of its variants (`FSDP_STRATEGY`)."""
     rows = [r for r in _rows(out / f"ablation-{label}.jsonl")
-            if r.get("strategy") in ("fsdp", "fsdp:separate-reduce")]
+            if r.get("strategy", BASELINE) != BASELINE and parse_strategy(r["strategy"])[0] == "fsdp"]
     return rows[-1] if rows else None
 
 

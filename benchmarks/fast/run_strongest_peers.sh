@@ -57,9 +57,9 @@ for ((r = FIRST_ROUND; r < ROUNDS; r++)); do
   bench "$r" --attention sdpa --compile "$COMPILE_MODES" --compile-scope blocks
   if [ "$HF" = on ]; then
     bench "$r" --attention sdpa --peer hf
-  fi
-  if [ "$HF" = on ] && [ "$HF_COMPILE" = on ]; then
-    bench "$r" --attention sdpa --peer hf --compile "$COMPILE_MODES" --compile-scope blocks
+    if [ "$HF_COMPILE" = on ]; then
+      bench "$r" --attention sdpa --peer hf --compile "$COMPILE_MODES" --compile-scope blocks
+    fi
   fi
   if [ "$WHOLE_MODEL" = on ]; then  # the committed compile rows' scope: minutes of cold compile at xl
     bench "$r" --attention sdpa --compile on

@@ -9,9 +9,8 @@ somewhere to go: from log(vocab) down towards log(successors). Both runs follow 
 recipe, a linear learning-rate warmup and the gradients' global norm clipped (--warmup-steps,
 --clip-grad-norm), so that a loss spike does not decide the comparison: without them the two runs
 met one spike at the same step but of different heights (benchmarks/results/own_model/curves/).
-Writes one row per run (its
-per-step losses) and one row comparing them to OUT/curves.jsonl, and OUT/curves.png (both curves
-and their difference).
+Writes one row per run (its per-step losses) and one row comparing them to OUT/curves.jsonl, and
+OUT/curves.png (both curves and their difference).
 
     PYTHONPATH=src python3 benchmarks/own_model/train_curves.py --out-dir $OUT
     # on the CPU, tiny (the kernels in Triton's interpreter):

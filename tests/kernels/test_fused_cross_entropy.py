@@ -119,12 +119,33 @@ def test_rejects_bad_shapes(ce) -> None:
         ce.fused_linear_cross_entropy(hidden, weight, targets, reduction="none")
 
 
+@pytest.mark.parametrize(("inputs", "accumulator", "rtol"), [(torch.float64, torch.float64, 1e-12),
+                                                             (torch.bfloat16, torch.float32, 1e-2),
+                                                             (torch.bfloat16, torch.bfloat16, 3e-2)])
+def test_weight_gradient_accumulates_in_place_in_its_dtype(ce, inputs, accumulator, rtol) -> None:
+    """The chunks' d(weight) sum: a new tensor of the weight's dtype first, then added into it in
+    place (on CUDA by the matmul: cuBLAS's beta = 1, fp32 out of bf16 inputs); float64 reference."""
+    gen = torch.Generator().manual_seed(7)
+    a1, a2 = (torch.randn(37, 11, generator=gen) for _ in range(2))
+    b1, b2 = (torch.randn(11, 23, generator=gen) for _ in range(2))
+    first = ce._add_product(None, a1.to(DEVICE, inputs), b1.to(DEVICE, inputs), accumulator)
+    total = ce._add_product(first, a2.to(DEVICE, inputs), b2.to(DEVICE, inputs), accumulator)
+    exact = a1.double() @ b1.double() + a2.double() @ b2.double()
+    assert total is first and total.dtype == accumulator
+    err = ((total.cpu().double() - exact).norm() / exact.norm()).item()
+    assert err <= rtol
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_real_size_on_gpu(ce, dtype) -> None:
-    """xl's head at batch 4 x 512 tokens: matches the unfused loss and gradients."""
+@pytest.mark.parametrize("weight_dtype", [None, torch.bfloat16])
+def test_real_size_on_gpu(ce, dtype, weight_dtype) -> None:
+    """xl's head at batch 4 x 512 tokens: matches the unfused loss and gradients; also with the
+    weight in bf16 (FSDP's gathered head), its gradient then summed over the chunks in bf16."""
     hidden, weight, targets = _inputs(2048, 1600, 10_000, dtype, seed=11)
+    if weight_dtype is not None:
+        weight = weight.detach().to(weight_dtype).requires_grad_(True)
     loss = ce.fused_linear_cross_entropy(hidden, weight, targets, chunk_tokens=700)
     ours = torch.autograd.grad(loss, (hidden, weight))
     h64, w64 = (t.detach().double().requires_grad_(True) for t in (hidden, weight))

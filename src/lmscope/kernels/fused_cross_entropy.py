@@ -14,7 +14,9 @@ Algorithm
     an online max / log-sum-exp (in float32, float64 for float64), writes the row's loss and
     overwrites the logits in place with softmax - onehot; two matmuls turn that into the
     chunk's d(hidden) and its share of d(weight), accumulated in weight's dtype (the fp32 master
-    weight, so no bf16 accumulation across chunks). Gradients are computed in the forward when
+    weight, so no bf16 accumulation across chunks) by the matmul itself (cuBLAS's beta = 1; on
+    CUDA from 16-bit inputs into the fp32 gradient through aten's ``out_dtype``), not by a
+    separate add over the (V, d) gradient per chunk. Gradients are computed in the forward when
     autograd will need them; backward only scales them by grad_output / tokens. Peak extra
     memory is one chunk of logits (at most ``CHUNK_BYTES``), d(hidden) and d(weight) instead of
     fp32 logits, their log-softmax and their gradient for every token.
@@ -140,9 +142,27 @@ def _chunked_loss_and_grads(
             if needs[0]:
                 torch.mm(logits, w, out=dhidden[start : start + chunk])
             if needs[1]:
-                part = logits.t() @ h
-                dweight = part.to(weight.dtype) if dweight is None else dweight.add_(part)
+                dweight = _add_product(dweight, logits.t(), h, weight.dtype)
     return losses.sum(), dhidden, dweight
+
+
+# cuBLAS matmuls of 16-bit inputs into a float32 result (aten's mm/addmm ``out_dtype``, CUDA only)
+_MIXED_MATMUL = hasattr(torch.ops.aten.addmm, "dtype_out") and hasattr(torch.ops.aten.mm, "dtype")
+
+
+def _add_product(acc: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``acc + a @ b`` in `dtype` (a new tensor when `acc` is None), accumulated by the matmul where
+    cuBLAS can: a (V, d) weight gradient summed over chunks of a few hundred tokens is a matmul
+    whose output is far larger than its inputs, and a separate add per chunk read and wrote that
+    output once more (at the 8B shape's vocabulary, as long as the chunk's matmul itself)."""
+    if a.dtype == dtype:
+        return a @ b if acc is None else acc.addmm_(a, b)
+    if a.is_cuda and _MIXED_MATMUL and dtype == torch.float32 and a.dtype in (torch.bfloat16, torch.float16):
+        if acc is None:
+            return torch.mm(a, b, out_dtype=dtype)
+        return torch.addmm(acc, a, b, out_dtype=dtype, out=acc)
+    part = a @ b
+    return part.to(dtype) if acc is None else acc.add_(part)
 
 
 REDUCTIONS = ("mean", "sum")

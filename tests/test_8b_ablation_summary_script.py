@@ -72,14 +72,32 @@ def test_a_call_whose_peer_failed_gets_no_peer(script, tmp_path):
     assert _cells(script.table(ROWS), "selective")[5] == _peer_ms(ROWS, "c", "selective")
 
 
-def test_a_row_run_with_its_own_reduce_group_is_shown_as_such(script, tmp_path):
+def _with_a_later_best_row(tmp_path: Path, **fields) -> tuple[Path, dict]:
+    """A copy of the committed rows with one more `best` row, a minute after the latest fsdp one."""
     copy = tmp_path / "rows"
     shutil.copytree(ROWS, copy)
     best = [json.loads(line) for line in (copy / "ablation-best.jsonl").read_text().splitlines()]
     latest = [r for r in best if r["strategy"] == "fsdp"][-1]
     later = datetime.fromisoformat(latest["time"]) + timedelta(minutes=1)
     with (copy / "ablation-best.jsonl").open("a") as rows:
-        rows.write(json.dumps({**latest, "strategy": "fsdp:separate-reduce", "step_median_ms": 4321.0,
-                               "time": later.isoformat()}) + "\n")
+        rows.write(json.dumps({**latest, **fields, "time": later.isoformat()}) + "\n")
+    return copy, latest
+
+
+def test_a_row_run_with_its_own_reduce_group_is_shown_as_such(script, tmp_path):
+    copy, latest = _with_a_later_best_row(tmp_path, strategy="fsdp:separate-reduce", step_median_ms=4321.0)
     cells = _cells(script.table(copy), "best")
     assert cells[1] == f"{latest['checkpoint']} (fsdp:separate-reduce)" and cells[2] == "4,321"
+
+
+def test_a_row_run_with_cudnn_attention_names_it_beside_the_variant(script, tmp_path):
+    copy, latest = _with_a_later_best_row(tmp_path, strategy="fsdp:separate-reduce", attention="sdpa-cudnn",
+                                          step_median_ms=4567.0)
+    profile = json.loads((ROWS / "profile-best.jsonl").read_text().splitlines()[-1])
+    with (copy / "profile-best.jsonl").open("a") as rows:
+        rows.write(json.dumps({**profile, "attention": "sdpa-cudnn"}) + "\n")
+    table = script.table(copy)
+    cells = _cells(table, "best")
+    assert cells[1] == f"{latest['checkpoint']} (fsdp:separate-reduce, sdpa-cudnn)" and cells[2] == "4,567"
+    assert f"Profile of the best step ({profile['policy']} (sdpa-cudnn)," in table
+    assert _cells(table, "full")[1] == "block"  # flash and plain fsdp: no qualifier

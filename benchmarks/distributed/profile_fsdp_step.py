@@ -1,6 +1,7 @@
 """Where one FSDP training step of the fast model spends its GPU time, from a torch.profiler trace.
 
-The step is the one `lmscope ddp --strategy fsdp --fast on --checkpoint POLICY` times (the same
+The step is the one `lmscope ddp --strategy fsdp --fast on --checkpoint POLICY` times (or
+`--strategy fsdp:separate-reduce`) (the same
 setup code: `lmscope.workloads.ddp`), on --nproc local ranks; rank 0 records --steps steps after
 --warmup plain ones and reads its trace:
 
@@ -37,6 +38,7 @@ from lmscope.measure.timer import PhaseClock, synchronize
 from lmscope.model.checkpointing import RECOMPUTE_RANGE
 from lmscope.model.saved_tensors import REBUILD_RANGE
 from lmscope.parallel.launch import RankContext, launch
+from lmscope.parallel.strategies import SEPARATE_REDUCE
 from lmscope.records.results import append_record, provenance
 from lmscope.workloads.ddp import Spec, _Setup
 
@@ -48,7 +50,8 @@ def profile(ctx: RankContext, args: dict[str, Any]) -> dict[str, Any] | None:
     spec = Spec(size="small", d_model=args["d_model"], d_ff=args["d_ff"], num_layers=args["num_layers"],
                 num_heads=args["num_heads"], vocab_size=args["vocab_size"],
                 context_length=args["context_length"], batch_size=args["batch_size"], precision="bf16",
-                attention=args["attention"], fast=True, strategy="fsdp", checkpoint=args["checkpoint"],
+                attention=args["attention"], fast=True, strategy=args["strategy"],
+                checkpoint=args["checkpoint"],
                 world_size=ctx.world_size, backend=ctx.backend)
     run = _Setup(spec, ctx)
     run.wrap()
@@ -104,10 +107,12 @@ def main() -> None:
         parser.add_argument(f"--{name}", type=int, default=default)
     parser.add_argument("--attention", default="flash")
     parser.add_argument("--checkpoint", default="block")
+    parser.add_argument("--strategy", default="fsdp", choices=("fsdp", SEPARATE_REDUCE),
+                        help="lmscope's FSDP, or with the reduce-scatters on a group of their own")
     parser.add_argument("--timeout", type=float, default=540.0)
     parser.add_argument("--out", required=True)
     args = vars(parser.parse_args())
-    row: dict[str, Any] = {**provenance(), "strategy": "fsdp", "world_size": args["nproc"],
+    row: dict[str, Any] = {**provenance(), "world_size": args["nproc"],
                            **{k: v for k, v in args.items() if k not in ("out", "timeout", "nproc")}}
     try:
         row.update(launch(profile, args, nproc=args["nproc"], backend="auto", timeout_s=args["timeout"],

@@ -8,7 +8,8 @@ OUT/ablation.md: per row the policy, the median step (rank 0's), the peak memory
 largest over ranks) beside the fast model's prediction (`lmscope.accounting.fast_memory`), the
 model-FLOPs MFU (causal attention at half the square, against the device's dense bf16 peak) and
 the peer's median step from the same call with its ratio to ours; then the profile of the best
-step. Rows that did not run say so.
+step. The policy cell names the FSDP variant and the attention where they are not the defaults
+(fsdp, flash). Rows that did not run say so.
 """
 
 from __future__ import annotations
@@ -91,6 +92,13 @@ def _line(cells: list[str] | tuple[str, ...]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+def _policy(row: dict[str, Any], policy: str) -> str:
+    """The policy, with the FSDP variant and the attention where they are not the defaults."""
+    defaults = {"strategy": "fsdp", "attention": "flash"}
+    variant = [row.get(key, default) for key, default in defaults.items() if row.get(key, default) != default]
+    return f"{policy} ({', '.join(variant)})" if variant else policy
+
+
 def _ablation_line(label: str, row: dict[str, Any] | None, policy: str, peer_ms: float | None) -> str:
     if row is None or row.get("status") != "ok":
         status = "not run" if row is None else f"{row.get('status')}: {str(row.get('error', ''))[:80]}"
@@ -98,7 +106,7 @@ def _ablation_line(label: str, row: dict[str, Any] | None, policy: str, peer_ms:
     ours = row["step_median_ms"]
     peak = f"{_fmt(row.get('peak_after_optimizer_rank_max_gib'))} / {_fmt(_predicted_peak(row))}"
     ratio = f"{peer_ms / ours:.2f}x" if peer_ms else "-"
-    policy = row["checkpoint"] if row["strategy"] == "fsdp" else f"{row['checkpoint']} ({row['strategy']})"
+    policy = _policy(row, row["checkpoint"])
     return _line([label, policy, _fmt(ours, 0), peak, _fmt(_mfu(row)), _fmt(peer_ms, 0), ratio])
 
 
@@ -107,7 +115,8 @@ def _profile_lines(profile: dict[str, Any]) -> list[str]:
     times = [_fmt(profile.get(k)) for k in keys]
     shares = [f"{_fmt(profile.get(f'{k}_gpu_ms'))} ({_fmt(profile.get(f'{k}_share_pct'))} %)"
               for k in ("recompute", "rebuild", "optimizer")]
-    title = f"Profile of the best step ({profile['policy']}, rank 0, median ms per step; shares of compute):"
+    policy = _policy(profile, profile["policy"])
+    title = f"Profile of the best step ({policy}, rank 0, median ms per step; shares of compute):"
     return ["", title, "", _line(PROFILE), _line(["---"] * len(PROFILE)), _line(times + shares)]
 
 

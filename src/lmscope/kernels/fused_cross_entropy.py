@@ -150,7 +150,8 @@ def _chunked_loss_and_grads(
 _MIXED_MATMUL = hasattr(torch.ops.aten.addmm, "dtype_out") and hasattr(torch.ops.aten.mm, "dtype")
 
 
-def _add_product(acc: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def _add_product(acc: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor,
+                 dtype: torch.dtype) -> torch.Tensor:
     """``acc + a @ b`` in `dtype` (a new tensor when `acc` is None), accumulated by the matmul where
     cuBLAS can: a (V, d) weight gradient summed over chunks of a few hundred tokens is a matmul
     whose output is far larger than its inputs, and a separate add per chunk read and wrote that

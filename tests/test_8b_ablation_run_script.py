@@ -39,22 +39,24 @@ def run(tmp_path: Path, **extra: str) -> tuple[list[str], list[dict]]:
 
 def test_the_variant_and_the_attention_reach_every_command(tmp_path: Path) -> None:
     calls, plans = run(tmp_path, STAGES="c,p", ROWS="selective best", ATTENTION="sdpa-cudnn",
-                       FSDP_STRATEGY="fsdp:separate-reduce")
+                       FSDP_STRATEGY="fsdp:separate-reduce", OPTIMIZER_STATE="host")
     rows = [line for line in calls if "-m lmscope ddp" in line]
     planner = [line for line in calls if "plan checkpoint" in line]
     profile = [line for line in calls if "profile_fsdp_step.py" in line]
     assert len(rows) == 2 and len(profile) == 1 and planner
     for line in rows + profile:
         assert "--attention sdpa-cudnn" in line and "--strategy fsdp:separate-reduce" in line
-        assert f"--checkpoint {PLANNED}" in line
-    assert all("--attention sdpa-cudnn" in line for line in planner)
-    assert [(p["row"], p["strategy"], p["attention"]) for p in plans] == [
-        ("selective", "fsdp:separate-reduce", "sdpa-cudnn"), ("best", "fsdp:separate-reduce", "sdpa-cudnn")]
+        assert f"--checkpoint {PLANNED}" in line and "--optimizer-state host" in line
+    assert all("--attention sdpa-cudnn" in line and "--optimizer-state host" in line for line in planner)
+    assert [(p["row"], p["strategy"], p["attention"], p["optimizer_state"]) for p in plans] == [
+        ("selective", "fsdp:separate-reduce", "sdpa-cudnn", "host"),
+        ("best", "fsdp:separate-reduce", "sdpa-cudnn", "host")]
 
 
 def test_the_defaults_are_lmscope_fsdp_and_its_flash_attention(tmp_path: Path) -> None:
     calls, plans = run(tmp_path, STAGES="c", ROWS="full")
     (row,) = [line for line in calls if "-m lmscope ddp" in line]
     assert "--attention flash" in row and "--strategy fsdp " in row and "--checkpoint block " in row
+    assert "--optimizer-state device" in row
     assert plans == [{"row": "full", "checkpoint": "block", "stage": "c", "strategy": "fsdp",
-                      "attention": "flash"}]
+                      "attention": "flash", "optimizer_state": "device"}]

@@ -90,14 +90,17 @@ def test_a_row_run_with_its_own_reduce_group_is_shown_as_such(script, tmp_path):
     assert cells[1] == f"{latest['checkpoint']} (fsdp:separate-reduce)" and cells[2] == "4,321"
 
 
-def test_a_row_run_with_cudnn_attention_names_it_beside_the_variant(script, tmp_path):
+def test_a_row_run_with_cudnn_attention_and_host_moments_names_both_beside_the_variant(script, tmp_path):
     copy, latest = _with_a_later_best_row(tmp_path, strategy="fsdp:separate-reduce", attention="sdpa-cudnn",
-                                          step_median_ms=4567.0)
+                                          optimizer_state="host", step_median_ms=4567.0)
     profile = json.loads((ROWS / "profile-best.jsonl").read_text().splitlines()[-1])
     with (copy / "profile-best.jsonl").open("a") as rows:
         rows.write(json.dumps({**profile, "attention": "sdpa-cudnn"}) + "\n")
     table = script.table(copy)
     cells = _cells(table, "best")
-    assert cells[1] == f"{latest['checkpoint']} (fsdp:separate-reduce, sdpa-cudnn)" and cells[2] == "4,567"
+    qualifiers = "fsdp:separate-reduce, sdpa-cudnn, moments on the host"
+    assert cells[1] == f"{latest['checkpoint']} ({qualifiers})" and cells[2] == "4,567"
+    measured, predicted = cells[3].split(" / ")  # the prediction with the moments on the host
+    assert float(predicted) < float(_cells(script.table(ROWS), "best")[3].split(" / ")[1])
     assert f"Profile of the best step ({profile['policy']} (sdpa-cudnn)," in table
     assert _cells(table, "full")[1] == "block"  # flash and plain fsdp: no qualifier

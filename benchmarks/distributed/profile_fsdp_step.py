@@ -32,6 +32,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from lmscope.accounting.fsdp import OPTIMIZER_STATES
 from lmscope.measure.kernel_categories import classify
 from lmscope.measure.kernels import STEP, Activity, Trace, load_trace, record_trace, union_ns
 from lmscope.measure.timer import PhaseClock, synchronize
@@ -51,7 +52,7 @@ def profile(ctx: RankContext, args: dict[str, Any]) -> dict[str, Any] | None:
                 num_heads=args["num_heads"], vocab_size=args["vocab_size"],
                 context_length=args["context_length"], batch_size=args["batch_size"], precision="bf16",
                 attention=args["attention"], fast=True, strategy=args["strategy"],
-                checkpoint=args["checkpoint"],
+                checkpoint=args["checkpoint"], optimizer_state=args["optimizer_state"],
                 world_size=ctx.world_size, backend=ctx.backend)
     run = _Setup(spec, ctx)
     run.wrap()
@@ -109,6 +110,8 @@ def main() -> None:
     parser.add_argument("--checkpoint", default="block")
     parser.add_argument("--strategy", default="fsdp", choices=("fsdp", SEPARATE_REDUCE),
                         help="lmscope's FSDP, or with the reduce-scatters on a group of their own")
+    parser.add_argument("--optimizer-state", default="device", choices=OPTIMIZER_STATES,
+                        help="where AdamW's moments live (host: lmscope.parallel.host_adamw)")
     parser.add_argument("--timeout", type=float, default=540.0)
     parser.add_argument("--out", required=True)
     args = vars(parser.parse_args())

@@ -21,7 +21,9 @@
 # FSDP_STRATEGY (default fsdp; fsdp:separate-reduce puts the reduce-scatters on a process group of
 # their own) is the `lmscope ddp --strategy` of every row the call runs; ATTENTION (default flash,
 # lmscope's kernels; sdpa-cudnn: SDPA's cuDNN kernels in the same fast model) its --attention, for
-# the planner's plans too; the summary shows both where they are not the defaults.
+# the planner's plans too; OPTIMIZER_STATE (default device; host: AdamW's moments in pinned host
+# memory, each unit updated in the backward) its --optimizer-state, for the planner too; the
+# summary shows each where it is not the default.
 # BUDGET (default 139GiB: an H200 as torch sees it) with the planner's default 5 % margin; DEVICE
 # (default H200) prices the treatments. Writes into $OUT: plans.json (the planner's choices),
 # ablation-<row>.jsonl (lmscope ddp rows), llama-peer-<stage>.jsonl, profile-best.jsonl (and its
@@ -36,12 +38,14 @@ BUDGET=${BUDGET:-139GiB}
 DEVICE=${DEVICE:-H200}
 FSDP_STRATEGY=${FSDP_STRATEGY:-fsdp}
 ATTENTION=${ATTENTION:-flash}
+OPTIMIZER_STATE=${OPTIMIZER_STATE:-device}
 DIMS=(--d-model 4096 --d-ff 11008 --num-heads 32 --vocab-size 151936 --num-layers 34)
 B8=("${DIMS[@]}" --context-length 32768 --batch-size 1 --precision bf16)
 stage() { [[ ",$STAGES," == *",$1,"* ]]; }
 run() { echo "+ $*" | tee -a "$OUT/log.txt"; "$@" 2>&1 | tee -a "$OUT/log.txt"; }
 plan() {  # the planner's chosen policy with these treatments
   python3 -m lmscope plan checkpoint --model small "${B8[@]}" --attention "$ATTENTION" --fast on --fsdp 2 \
+    --optimizer-state "$OPTIMIZER_STATE" \
     --budget "$BUDGET" --device "$DEVICE" --treatments "$1" --format json \
     | python3 -c 'import json, sys; print(json.load(sys.stdin)["sections"]["chosen"][0]["policy"])'
 }
@@ -57,10 +61,12 @@ policy() {
 row() {  # one lmscope ddp run: the row's label and the stage that runs it
   local label=$1 checkpoint
   checkpoint=$(policy "$label")
-  echo "{\"row\": \"$label\", \"checkpoint\": \"$checkpoint\", \"stage\": \"$2\", \"strategy\": \"$FSDP_STRATEGY\", \"attention\": \"$ATTENTION\"}" >> "$OUT/plans.json"
+  echo "{\"row\": \"$label\", \"checkpoint\": \"$checkpoint\", \"stage\": \"$2\", \"strategy\": \"$FSDP_STRATEGY\"," \
+    "\"attention\": \"$ATTENTION\", \"optimizer_state\": \"$OPTIMIZER_STATE\"}" >> "$OUT/plans.json"
   run timeout "${ROW_S:-130}" env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 -m lmscope ddp \
     --size small "${B8[@]}" --fast on --attention "$ATTENTION" --checkpoint "$checkpoint" --nproc 2 \
-    --strategy "$FSDP_STRATEGY" --warmup 1 --steps 3 --timeout 120 --out "$OUT/ablation-$label.jsonl" --format md
+    --strategy "$FSDP_STRATEGY" --optimizer-state "$OPTIMIZER_STATE" --warmup 1 --steps 3 --timeout 120 \
+    --out "$OUT/ablation-$label.jsonl" --format md
 }
 peer() {
   run timeout "${PEER_S:-130}" python3 benchmarks/distributed/llama_fsdp2_peer.py --nproc 2 \
@@ -69,8 +75,8 @@ peer() {
 profile_best() {  # the best plan's step under the profiler: compute, exposed communication, recompute
   run timeout "${PROFILE_S:-150}" env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
     python3 benchmarks/distributed/profile_fsdp_step.py --nproc 2 "${DIMS[@]}" --context-length 32768 \
-    --batch-size 1 --attention "$ATTENTION" --checkpoint "$(policy best)" --strategy "$FSDP_STRATEGY" --warmup 1 --steps 1 \
-    --timeout 140 --out "$OUT/profile-best.jsonl"
+    --batch-size 1 --attention "$ATTENTION" --checkpoint "$(policy best)" --strategy "$FSDP_STRATEGY" \
+    --optimizer-state "$OPTIMIZER_STATE" --warmup 1 --steps 1 --timeout 140 --out "$OUT/profile-best.jsonl"
 }
 summary() { run python3 benchmarks/distributed/summarize_8b_ablation.py "$OUT"; }
 

@@ -8,8 +8,8 @@ OUT/ablation.md: per row the policy, the median step (rank 0's), the peak memory
 largest over ranks) beside the fast model's prediction (`lmscope.accounting.fast_memory`), the
 model-FLOPs MFU (causal attention at half the square, against the device's dense bf16 peak) and
 the peer's median step from the same call with its ratio to ours; then the profile of the best
-step. The policy cell names the FSDP variant and the attention where they are not the defaults
-(fsdp, flash). Rows that did not run say so.
+step. The policy cell names the FSDP variant, the attention and where AdamW's moments live where
+they are not the defaults (fsdp, flash, device). Rows that did not run say so.
 """
 
 from __future__ import annotations
@@ -81,7 +81,8 @@ def _mfu(row: dict[str, Any]) -> float | None:
 def _predicted_peak(row: dict[str, Any]) -> float:
     return predict_fast_memory(_config(row), batch_size=row["batch_size"], seq_len=row["context_length"],
                                precision=row["precision"], attention=row["attention"],
-                               checkpoint=row["checkpoint"], world_size=row["world_size"]).step_peak / GIB
+                               checkpoint=row["checkpoint"], world_size=row["world_size"],
+                               optimizer_state=row.get("optimizer_state", "device")).step_peak / GIB
 
 
 def _fmt(value: Any, digits: int = 1) -> str:
@@ -92,10 +93,14 @@ def _line(cells: list[str] | tuple[str, ...]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+_NAMES = {"host": "moments on the host"}
+
+
 def _policy(row: dict[str, Any], policy: str) -> str:
     """The policy, with the FSDP variant and the attention where they are not the defaults."""
-    defaults = {"strategy": "fsdp", "attention": "flash"}
-    variant = [row.get(key, default) for key, default in defaults.items() if row.get(key, default) != default]
+    defaults = {"strategy": "fsdp", "attention": "flash", "optimizer_state": "device"}
+    variant = [_NAMES.get(row.get(key, default), row.get(key, default)) for key, default in defaults.items()
+               if row.get(key, default) != default]
     return f"{policy} ({', '.join(variant)})" if variant else policy
 
 

@@ -213,3 +213,25 @@ def test_the_fast_model_is_planned_with_its_own_memory_model_per_rank():
     assert plan.candidates[0].peak == fast_none != _peak("none")
     with pytest.raises(ValueError, match="train steps"):
         plan_checkpointing(CONFIG, budget=budget, mode="forward-backward", fast=True, **FAST_POINT)
+
+
+def test_host_optimizer_state_plans_the_fast_model_under_fsdp_with_its_peaks():
+    point = dict(mode="train-step", margin_pct=0, fast=True, world_size=2, **FAST_POINT)
+    budget = predict_fast_memory(CONFIG, world_size=2, checkpoint="block", **FAST_POINT).step_peak
+    device = plan_checkpointing(CONFIG, budget=budget, **point)
+    host = plan_checkpointing(CONFIG, budget=budget, optimizer_state="host", **point)
+    assert host.chosen.peak == predict_fast_memory(CONFIG, world_size=2, checkpoint=host.chosen.policy,
+                                                   optimizer_state="host", **FAST_POINT).step_peak
+    assert host.candidates[0].peak < device.candidates[0].peak  # none: the moments left the device
+    assert host.chosen.extra_pct <= device.chosen.extra_pct
+
+
+@pytest.mark.parametrize(("fast", "world_size", "where", "message"), [
+    (True, 2, "cloud", "unknown optimizer state 'cloud': choose one of device, host"),
+    (True, 1, "host", "pass --fast on and --fsdp 2 or more"),
+    (False, 2, "host", "pass --fast on and --fsdp 2 or more"),
+])
+def test_host_optimizer_state_is_refused_outside_the_fast_model_under_fsdp(fast, world_size, where, message):
+    with pytest.raises(ValueError, match=message):
+        plan_checkpointing(CONFIG, budget=2**40, mode="train-step", fast=fast, world_size=world_size,
+                           optimizer_state=where, **FAST_POINT)

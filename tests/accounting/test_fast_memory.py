@@ -65,3 +65,42 @@ def test_under_fsdp_the_static_part_is_the_fsdp_accountings():
                       + rope_and_batch)
     with pytest.raises(ValueError, match="weight copies"):
         fast_dims(CONFIG, weight_copies="cached", **POINT)
+
+
+@pytest.mark.parametrize("world_size", [2, 5])
+@pytest.mark.parametrize("checkpoint", ["none", "blocks:0+selective:1-2+offload:0"])
+def test_host_optimizer_state_lowers_the_static_part_and_the_peaks_by_the_moments_it_moves(world_size,
+                                                                                          checkpoint):
+    point = dict(POINT, world_size=world_size, checkpoint=checkpoint)
+    device, host = (predict_fast_memory(CONFIG, optimizer_state=where, **point)
+                    for where in ("device", "host"))
+    fsdp = {where: predict_fsdp(CONFIG, world_size=world_size, batch_size=2, seq_len=7, precision="bf16",
+                                fast=True, optimizer_state=where) for where in ("device", "host")}
+    moved = fsdp["device"].optimizer_state - fsdp["host"].optimizer_state - fsdp["host"].optimizer_in_flight
+    assert moved > 0
+    assert device.static - host.static == moved
+    assert device.forward_peak - host.forward_peak == moved
+    # the backward also keeps no fp32 shard gradients: lower by at least the moments
+    assert device.backward_peak - host.backward_peak >= moved
+    assert device.step_peak - host.step_peak >= moved
+    assert (device.activations, device.offloaded) == (host.activations, host.offloaded)
+
+
+def test_host_optimizer_state_needs_fsdp_and_a_known_placement():
+    with pytest.raises(ValueError, match="host optimizer state needs FSDP over 2 or more ranks"):
+        predict_fast_memory(CONFIG, optimizer_state="host", **POINT)
+    with pytest.raises(ValueError, match="unknown optimizer state 'cloud'"):
+        predict_fast_memory(CONFIG, optimizer_state="cloud", **POINT)
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_the_fused_loss_adds_one_chunk_of_logits_and_no_weight_gradient_part(world_size):
+    """Each chunk's matmul accumulates into the held d(weight) (cuBLAS beta = 1): at the loss's peak
+    the forward's end level has only h, the per-token losses, the head's cast (one device: fp32
+    weight, bf16 matmuls) and one chunk of logits on top, no (V, d) part per chunk."""
+    wide = CONFIG.replace(vocab_size=4099)  # the loss holds the forward's peak
+    predicted = predict_fast_memory(wide, world_size=world_size, **POINT)
+    tokens, d, vocab, c = 14, 24, 4099, 2
+    cast = c * vocab * d if world_size == 1 else 0
+    loss_peak = c * tokens * d + 4 * tokens + cast + c * tokens * vocab
+    assert predicted.forward_peak == predicted.static + predicted.activations + loss_peak

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 
 from lmscope.accounting.flops import parameter_counts
-from lmscope.accounting.fsdp import predict_fsdp, unit_numels
+from lmscope.accounting.fsdp import HOST_STATE_UNITS_IN_FLIGHT, predict_fsdp, unit_numels
 from lmscope.cli import main
 from lmscope.config import ModelConfig
 
 CONFIG = ModelConfig(vocab_size=101, context_length=64, d_model=18, d_ff=40, num_layers=5, num_heads=3)
+ODD = ModelConfig(vocab_size=103, context_length=32, d_model=10, d_ff=29, num_layers=4, num_heads=1)
 
 
 @pytest.mark.parametrize("fast", [False, True])
@@ -35,6 +37,44 @@ def test_state_is_sixteen_bytes_per_padded_shard_element(ranks):
     assert predicted.gathered_forward == 2 * (math.ceil(root / ranks) * ranks + window)
     assert predicted.peak == (predicted.state - predicted.grads + predicted.activations
                               + max(predicted.gathered_forward, predicted.gathered_backward))
+
+
+@pytest.mark.parametrize("fast", [False, True])
+@pytest.mark.parametrize(("config", "ranks"), [(CONFIG, 2), (CONFIG, 3), (ODD, 3), (ODD, 7)])
+def test_host_optimizer_state_keeps_the_root_the_first_unit_and_the_units_in_flight(config, ranks, fast):
+    units, root = unit_numels(config, fast=fast)
+    shards = [math.ceil(n / ranks) for n in units]  # padded shards
+    others = shards[1:]
+    point = dict(world_size=ranks, batch_size=2, seq_len=9, precision="bf16", fast=fast)
+    device = predict_fsdp(config, **point)
+    host = predict_fsdp(config, optimizer_state="host", **point)
+    assert host.optimizer_state == 8 * (math.ceil(root / ranks) + shards[0])
+    assert host.optimizer_in_flight == HOST_STATE_UNITS_IN_FLIGHT * 8 * max(others)
+    assert HOST_STATE_UNITS_IN_FLIGHT == 2
+    moved = device.optimizer_state - host.optimizer_state - host.optimizer_in_flight
+    assert moved == 8 * (sum(others) - 2 * max(others))
+    assert host.optimizer_state_host == 8 * sum(others) and device.optimizer_state_host == 0
+    assert host.grads == 0 and device.grads == 4 * (sum(shards) + math.ceil(root / ranks))
+    assert device.peak - host.peak == moved  # the shard gradients are not in the peak either way
+    assert device.state - host.state == moved + host.optimizer_in_flight + device.grads
+    assert dataclasses.replace(host, optimizer_state=device.optimizer_state, optimizer_state_host=0,
+                               optimizer_in_flight=0, grads=device.grads) == device
+    record = host.as_record()
+    assert record["predicted_fsdp_optimizer_state_host_gib"] * 2**30 == host.optimizer_state_host
+    assert record["predicted_fsdp_optimizer_state_gib"] * 2**30 == host.optimizer_state
+    assert record["predicted_fsdp_optimizer_in_flight_gib"] * 2**30 == host.optimizer_in_flight
+
+
+@pytest.mark.parametrize("ranks", [3, 7])
+def test_the_odd_config_pads_its_shards(ranks):
+    """So the host optimizer state test above counts padded shards, not parameters / ranks."""
+    units, root = unit_numels(ODD, fast=True)
+    assert sum(math.ceil(n / ranks) for n in [*units, root]) * ranks > sum(units) + root
+
+
+def test_an_unknown_optimizer_state_names_the_choices():
+    with pytest.raises(ValueError, match="unknown optimizer state 'cloud': choose one of device, host"):
+        predict_fsdp(CONFIG, world_size=2, batch_size=1, seq_len=8, precision="bf16", optimizer_state="cloud")
 
 
 def test_fp32_moves_twice_the_bytes_of_bf16():

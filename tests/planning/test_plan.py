@@ -220,3 +220,33 @@ def test_cli_plan_checkpoint_of_the_fast_model_under_fsdp(capsys):
     command = f"lmscope ddp --strategy fsdp --nproc 2 --fast on --checkpoint {chosen['policy']}"
     assert chosen["run_it"] == command
     assert {"selective_blocks", "offloaded_blocks", "predicted_extra_pct"} <= set(sections["candidates"][0])
+
+
+EIGHT_B = ["plan", "checkpoint", "--model", "small", "--d-model", "4096", "--d-ff", "11008",
+           "--num-heads", "32", "--vocab-size", "151936", "--num-layers", "34", "--context-length", "32768",
+           "--batch-size", "1", "--precision", "bf16", "--attention", "flash", "--fast", "on",
+           "--budget", "139GiB", "--device", "H200", "--treatments", "full,selective,offload",
+           "--format", "json"]
+
+
+def test_cli_plan_checkpoint_with_host_optimizer_state_checkpoints_fewer_blocks(capsys):
+    plans = {}
+    for extra in ([], ["--optimizer-state", "host"]):
+        main([*EIGHT_B, "--fsdp", "2", *extra])
+        plans[tuple(extra)] = json.loads(capsys.readouterr().out)["sections"]
+    device, host = plans[()], plans[("--optimizer-state", "host")]
+    assert device["setup"][0]["optimizer_state"] == "device" and host["setup"][0]["optimizer_state"] == "host"
+    assert host["chosen"][0]["checkpointed_blocks"] < device["chosen"][0]["checkpointed_blocks"]
+    assert host["chosen"][0]["fits"] and "--optimizer-state host --checkpoint" in host["chosen"][0]["run_it"]
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--fsdp", "2", "--optimizer-state", "cloud"], "optimizer state 'cloud': choose one of device, host"),
+    (["--optimizer-state", "host"], "pass --fast on and --fsdp 2 or more"),
+])
+def test_cli_plan_checkpoint_refuses_a_bad_optimizer_state_in_one_line(extra, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([*EIGHT_B, *extra])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and message in err and len(err.strip().splitlines()) == 1
+    assert "Traceback" not in err

@@ -39,6 +39,8 @@ TINY = dict(size="tiny", d_model=16, num_heads=2, d_ff=24, num_layers=2, vocab_s
     ({"fast": True, "attention": "flash"}, "sharded strategies"),
     ({"strategy": "fsdp", "precision": "fp16"}, "--precision bf16"),
     ({"strategy": "fsdp", "shard_optimizer": True}, "shard the optimizer state already"),
+    ({"strategy": "torch-fsdp2", "optimizer_state": "host"}, "runs with lmscope's FSDP only"),
+    ({"strategy": "fsdp", "optimizer_state": "cloud"}, "choose one of device, host"),
     ({"checkpoint": "every:0"}, "unknown checkpoint policy"),
     ({"device": "cuda:1"}, "ranks pick their own GPU"),
     ({"backend": "nccl"}, "not --device cpu"),
@@ -60,6 +62,14 @@ def test_grid_adds_one_single_baseline_first():
     assert strategies.count(("single", False, 1)) == 1
     assert sorted(strategies[1:]) == sorted([("naive", False, 2), ("naive", True, 2),
                                              ("bucketed:1", False, 2), ("bucketed:1", True, 2)])
+
+
+def test_the_baseline_keeps_its_moments_on_the_device():
+    swept = {"strategy": ["fsdp"], "optimizer_state": ["device", "host"], "world_size": [2]}
+    points = ddp_points({"size": "tiny"}, swept)
+    assert [(p["strategy"], p["optimizer_state"]) for p in points] == [
+        ("single", "device"), ("fsdp", "device"), ("fsdp", "host")]
+    Spec(**{**TINY, "strategy": "fsdp:separate-reduce", "optimizer_state": "host"})  # either variant
 
 
 def test_summary_against_single_and_the_model_line():

@@ -15,9 +15,10 @@ selective recompute, offload to host memory, or nothing. The candidates:
 
 A candidate's peak comes from the memory model of the step that runs: the eager model's replay
 (`predict_memory`; with `world_size` > 1 its FSDP peak, `predict_fsdp`), or the fast model's
-(`predict_fast_memory`, which models what the fast block saves: see its docstring), or, with a
-measured `memory --activations` row, the measured peak without checkpointing plus the predicted
-change scaled by the measured/predicted bytes a block saves. A plan fits when its peak is at most
+(`predict_fast_memory`, which models what the fast block saves: see its docstring; under FSDP
+AdamW's moments live where `optimizer_state` says), or, with a measured `memory --activations`
+row, the measured peak without checkpointing plus the predicted change scaled by the
+measured/predicted bytes a block saves. A plan fits when its peak is at most
 the budget less a margin (default 5 %, a choice: the memory models leave out cuBLAS workspaces
 and the allocator's rounding, and on GPUs they have predicted a little under the measured peaks;
 see docs/memory.md). What a plan costs is the time its treatments add
@@ -36,8 +37,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 
-from lmscope.accounting.fast_memory import fast_block_bytes, fast_dims, saved_by_block
+from lmscope.accounting.fast_memory import fast_block_bytes, fast_dims, predict_fast_memory, saved_by_block
 from lmscope.accounting.flops import forward_flops_by_component, step_flops
+from lmscope.accounting.fsdp import check_optimizer_state
 from lmscope.accounting.memory import (
     GIB,
     checkpointed_blocks,
@@ -157,10 +159,12 @@ def plan_checkpointing(config: ModelConfig, *, batch_size: int, seq_len: int, bu
                        mode: str = "train-step", precision: str = "bf16", attention: str = "sdpa",
                        measured: MeasuredSaved | None = None, margin_pct: float = MARGIN_PCT,
                        treatments: tuple[str, ...] = TREATMENTS, fast: bool = False, world_size: int = 1,
-                       device: str = DEFAULT_DEVICE, host_link_gbps: float | None = None) -> CheckpointPlan:
+                       device: str = DEFAULT_DEVICE, host_link_gbps: float | None = None,
+                       optimizer_state: str = "device") -> CheckpointPlan:
     """Every candidate's peak and cost, and the fastest whose peak fits `budget` bytes less
     `margin_pct` percent of it. `fast`: lmscope's fast model; `world_size` > 1: FSDP over that many
-    ranks (memory per rank); `device`: the catalog entry whose rates price the treatments.
+    ranks (memory per rank); `device`: the catalog entry whose rates price the treatments;
+    `optimizer_state`: where AdamW's moments live (host: the fast model under FSDP only).
 
     Raises ValueError naming the smallest predicted peak when no candidate fits.
     """
@@ -177,9 +181,14 @@ def plan_checkpointing(config: ModelConfig, *, batch_size: int, seq_len: int, bu
                          "--mode train-step or forward-backward")
     if fast and mode != "train-step":
         raise ValueError("the fast model's memory model covers train steps: plan it with --mode train-step")
+    check_optimizer_state(optimizer_state)
+    if optimizer_state == "host" and not (fast and world_size > 1):
+        raise ValueError("host optimizer state is modelled for the fast model under FSDP: pass --fast on "
+                         "and --fsdp 2 or more, or --optimizer-state device")
     usable = budget * (1 - margin_pct / 100)
     config = config.replace(context_length=max(config.context_length, seq_len))
-    model = _StepModel(config, batch_size, seq_len, mode, precision, attention, fast, world_size, measured)
+    model = _StepModel(config, batch_size, seq_len, mode, precision, attention, fast, world_size, measured,
+                       optimizer_state)
     rates = Rates.of(device, precision, host_link_gbps)
     causal = attention != "naive"
     block_flops = block_forward_flops(config, batch_size, seq_len, causal)
@@ -267,9 +276,11 @@ class _StepModel:
     """The memory model a plan's peaks come from, and what a block saves and moves."""
 
     def __init__(self, config: ModelConfig, batch_size: int, seq_len: int, mode: str, precision: str,
-                 attention: str, fast: bool, world_size: int, measured: MeasuredSaved | None) -> None:
+                 attention: str, fast: bool, world_size: int, measured: MeasuredSaved | None,
+                 optimizer_state: str) -> None:
         self.config, self.batch_size, self.seq_len, self.mode = config, batch_size, seq_len, mode
         self.precision, self.attention, self.fast, self.world_size = precision, attention, fast, world_size
+        self.optimizer_state = optimizer_state
         self.name = ("fast" if fast else "eager") + ("-fsdp" if world_size > 1 else "")
         point = dict(batch_size=batch_size, seq_len=seq_len, precision=precision, attention=attention)
         if fast:
@@ -284,6 +295,11 @@ class _StepModel:
         self.without = self._predicted("none")
 
     def _predicted(self, policy: str) -> int:
+        if self.optimizer_state == "host":  # the fast model under FSDP (checked), moments on the host
+            return predict_fast_memory(self.config, batch_size=self.batch_size, seq_len=self.seq_len,
+                                       precision=self.precision, attention=self.attention, checkpoint=policy,
+                                       world_size=self.world_size,
+                                       optimizer_state=self.optimizer_state).step_peak
         return predicted_step_peak(self.config, batch_size=self.batch_size, seq_len=self.seq_len,
                                    mode=self.mode, precision=self.precision, attention=self.attention,
                                    checkpoint=policy, fast=self.fast, world_size=self.world_size)

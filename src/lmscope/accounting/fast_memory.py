@@ -27,11 +27,13 @@ when that one is offloaded too).
 
 The step: the embedding output, the blocks, the final norm and the fused LM head +
 cross-entropy, which computes its gradients in the forward (d(hidden), c d per token, and
-d(weight), V d in the weight's dtype) and holds one chunk of logits at a time; then the backward,
-node by node per block with its gradient temporaries. On one device the fp32 gradients appear
-block by block; under FSDP (`world_size` > 1) each unit's shard gradient does, and the rest of
-the static memory (master shards, AdamW state, the gathered window, the gradient being
-reduce-scattered) is `lmscope.accounting.fsdp`'s.
+d(weight), V d in the weight's dtype, into which each chunk's matmul accumulates: no per-chunk
+V d part) and holds one chunk of logits at a time; then the backward, node by node per block
+with its gradient temporaries. On one device the fp32 gradients appear block by block; under
+FSDP (`world_size` > 1) each unit's shard gradient does, and the rest of the static memory
+(master shards; AdamW's moments on the device: all, or with `optimizer_state="host"` the root's,
+the first unit's and those in flight; the gathered window; the gradient being reduce-scattered)
+is `lmscope.accounting.fsdp`'s.
 
 Not modelled: the allocator's rounding, cuBLAS workspaces, the flash backward's scratch, the
 fused loss's per-chunk temporaries beyond one chunk; offload assumes the copies keep pace (at
@@ -40,12 +42,13 @@ most two blocks' copies in flight, which `lmscope.model.offload` enforces).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
 
 from lmscope.accounting.flops import parameter_counts
-from lmscope.accounting.fsdp import predict_fsdp
+from lmscope.accounting.fsdp import check_optimizer_state, predict_fsdp
 from lmscope.accounting.ledger import Ledger, Segment, record
 from lmscope.accounting.treatment_cost import BlockBytes
 from lmscope.accounting.treatments import FULL, NONE, SELECTIVE, parse_treatments
@@ -71,6 +74,9 @@ class _Fast:
     flash: bool
     weight_copies: str
     world_size: int
+    keeps_grads: bool = True
+    """Whether the backward leaves fp32 (shard) gradients: not with host optimizer state, which
+    updates each unit from its reduced gradient."""
 
     @property
     def n(self) -> int:
@@ -119,7 +125,7 @@ class _Fast:
         """fp32 gradient bytes a block's backward leaves (FSDP: its shard's)."""
         d, f = self.config.d_model, self.config.d_ff
         params = 2 * d + 4 * d * d + 3 * d * f
-        return 4 * math.ceil(params / self.world_size)
+        return 4 * math.ceil(params / self.world_size) if self.keeps_grads else 0
 
 
 # ---------------------------------------------------------------- what a block keeps
@@ -326,17 +332,24 @@ def fast_dims(config: ModelConfig, *, batch_size: int, seq_len: int, precision: 
 
 def predict_fast_memory(config: ModelConfig, *, batch_size: int, seq_len: int, precision: str,
                         attention: str = "flash", checkpoint: str = "none", world_size: int = 1,
-                        weight_copies: str | None = None) -> FastMemoryPrediction:
+                        weight_copies: str | None = None,
+                        optimizer_state: str = "device") -> FastMemoryPrediction:
     """Predicted memory per device of a train step of the fast model (FSDP over `world_size` > 1
-    ranks, fused AdamW), the blocks treated as `checkpoint` says."""
+    ranks, fused AdamW with its moments where `optimizer_state` says), the blocks treated as
+    `checkpoint` says."""
+    check_optimizer_state(optimizer_state)
+    if optimizer_state == "host" and world_size < 2:
+        raise ValueError(f"host optimizer state needs FSDP over 2 or more ranks, got world size "
+                         f"{world_size}: pass --fsdp 2 or more, or --optimizer-state device")
     s = fast_dims(config, batch_size=batch_size, seq_len=seq_len, precision=precision, attention=attention,
                   world_size=world_size, weight_copies=weight_copies)
+    s = dataclasses.replace(s, keeps_grads=optimizer_state == "device")
     treatments = parse_treatments(checkpoint, config.num_layers)
     blocks = treatments.per_block()
     kinds = [kind for kind, _ in blocks]
     moved = [_moved(s, kind, i == 0, i > 0 and kinds[i - 1] == FULL) if offloaded else 0
              for i, (kind, offloaded) in enumerate(blocks)]
-    static = _static(s)
+    static = _static(s, optimizer_state)
     head_weight = s.c if world_size > 1 else 4  # the LM head's weight (and d(weight)) dtype
     vocab_d = config.vocab_size * config.d_model
     led = Ledger(static)
@@ -358,21 +371,23 @@ def predict_fast_memory(config: ModelConfig, *, batch_size: int, seq_len: int, p
         if i and blocks[i][1] and blocks[i - 1][1]:
             fetch += moved[i - 1]  # prefetched
         led.apply(_backward_segment(s, kinds[i], kinds[i - 1] if i else None, fetch))
-    led.alloc(4 * math.ceil(vocab_d / world_size))  # the embedding's gradient
+    if s.keeps_grads:
+        led.alloc(4 * math.ceil(vocab_d / world_size))  # the embedding's gradient
     return FastMemoryPrediction(static=static, forward_peak=forward_peak, backward_peak=led.peak,
                                 step_peak=max(forward_peak, led.peak), activations=activations,
                                 offloaded=offloaded)
 
 
-def _static(s: _Fast) -> int:
+def _static(s: _Fast, optimizer_state: str) -> int:
     """Bytes allocated before the step (see FastMemoryPrediction.static)."""
     config = s.config
     buffers = 2 * config.context_length * (config.head_dim // 2) * 4 + 2 * 8 * s.n  # RoPE, batch
     if s.world_size > 1:
         fsdp = predict_fsdp(config, world_size=s.world_size, batch_size=s.batch, seq_len=s.seq,
-                            precision="bf16" if s.c == 2 else "fp32", fast=True)
+                            precision="bf16" if s.c == 2 else "fp32", fast=True,
+                            optimizer_state=optimizer_state)
         gathered = max(fsdp.gathered_forward, fsdp.gathered_backward)
-        return fsdp.params + fsdp.optimizer_state + gathered + buffers
+        return fsdp.params + fsdp.optimizer_state + fsdp.optimizer_in_flight + gathered + buffers
     params = parameter_counts(config)["total"]
     block_matmuls = config.num_layers * (4 * config.d_model**2 + 3 * config.d_model * config.d_ff)
     shadows = s.c * block_matmuls if s.weight_copies == "shadows" else 0
@@ -391,5 +406,5 @@ def _loss_forward(led: Ledger, s: _Fast, head_weight: int, last_full: bool) -> N
     chunk = min(s.n, max(CHUNK_MIN_TOKENS, CHUNK_BYTES // (config.vocab_size * s.c)))
     led.alloc(cast + 4 * s.n)  # cast, per-token losses
     led.hold("loss", s.act + head_weight * vocab_d, True)  # d(hidden), d(weight)
-    led.alloc(s.c * chunk * config.vocab_size + s.c * vocab_d)  # one chunk's logits, its d(weight) part
-    led.free(s.c * chunk * config.vocab_size + s.c * vocab_d + cast + 4 * s.n + s.act)  # ... and h
+    led.alloc(s.c * chunk * config.vocab_size)  # one chunk's logits; its matmul accumulates into d(weight)
+    led.free(s.c * chunk * config.vocab_size + cast + 4 * s.n + s.act)  # ... and h

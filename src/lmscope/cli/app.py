@@ -346,6 +346,9 @@ def ddp(
                           "fsdp[:separate-reduce],torch-fsdp2 (single is added as baseline)")
     ] = "naive,flat,overlap,bucketed:25,torch-ddp",
     shard_optimizer: Annotated[str, typer.Option(help="ShardedOptimizer: off | on | off,on")] = "off",
+    optimizer_state: Annotated[str, typer.Option(help="where AdamW's moments live with --strategy fsdp: "
+                                                 "device | host (pinned host memory, each unit updated "
+                                                 "in the backward), list ok")] = "device",
     fast: Annotated[str, typer.Option("--fast", help="FastTransformerLM (fused kernels and loss; with "
                                       "fsdp, torch-fsdp2 and single): off | on")] = "off",
     checkpoint: Annotated[str, typer.Option(help="per-block treatment: none | block | every:K | blocks:LIST "
@@ -389,6 +392,7 @@ def ddp(
         "world_size": split_list(nproc, int, "--nproc") if nproc is not None else default_world_sizes(),
         "strategy": strategies,
         "shard_optimizer": split_list(shard_optimizer, bool, "--shard-optimizer"),
+        "optimizer_state": split_list(optimizer_state, str, "--optimizer-state"),
     }
     specs = [Spec(**point) for point in ddp_points(fixed, swept)]
     code = run_ddp(specs, out=out, resume=resume, timeout_s=timeout, fmt=fmt, rounds=rounds)

@@ -100,6 +100,9 @@ def plan_checkpoint(
     fast: Annotated[str, typer.Option("--fast", help="plan lmscope's fast model (what its fused "
                                       "kernels save): off | on")] = "off",
     fsdp: Annotated[int, typer.Option(help="FSDP degree: memory per rank over this many ranks (1: off)")] = 1,
+    optimizer_state: Annotated[str, typer.Option(
+        help="where AdamW's moments live under --fsdp: device | host (pinned host memory, units updated "
+             "in the backward)")] = "device",
     treatments: Annotated[str, typer.Option(help="what plans may use: full,selective,offload "
                                             "(plan:BUDGET policies use full only)")]
     = "full,selective,offload",
@@ -133,7 +136,8 @@ def plan_checkpoint(
                                    attention=point["attention"], measured=measured, margin_pct=margin,
                                    fast=split_list(fast, bool, "--fast")[0], world_size=fsdp,
                                    treatments=tuple(split_list(treatments, str, "--treatments")),
-                                   device=device, host_link_gbps=host_link_gbps)
+                                   device=device, host_link_gbps=host_link_gbps,
+                                   optimizer_state=optimizer_state)
     plan.show(sections, fmt, title=f"lmscope plan checkpoint: {model}", command=_command_line())
 
 

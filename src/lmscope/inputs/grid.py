@@ -23,13 +23,15 @@ def expand_grid(fixed: dict[str, Any], swept: dict[str, Iterable[Any]]) -> list[
 def ddp_points(fixed: dict[str, Any], swept: dict[str, list[Any]]) -> list[dict[str, Any]]:
     """The grid of strategies x sharding x world sizes, with one single baseline per model point.
 
-    `single` takes world size 1 and no sharding whatever the flags say; the baselines come first.
+    `single` takes world size 1, no sharding and its moments on the device whatever the flags say;
+    the baselines come first.
     """
     points, baselines = [], []
     for point in expand_grid(fixed, swept):
+        unwrapped = {"world_size": 1, "shard_optimizer": False, "optimizer_state": "device"}
         if point["strategy"] == "single":
-            point = {**point, "world_size": 1, "shard_optimizer": False}
+            point = {**point, **unwrapped}
         points.append(point)
-        baselines.append({**point, "strategy": "single", "world_size": 1, "shard_optimizer": False})
+        baselines.append({**point, "strategy": "single", **unwrapped})
     unique = {repr(sorted(p.items())): p for p in baselines + points}
     return list(unique.values())

@@ -8,7 +8,9 @@ API
     or None: each step writes every updated parameter that has a copy there into that copy too
     (bf16) and marks it fresh, so a model that computes in bf16 reads current weights without
     casting them every forward.
-    ``adamw_reference`` is the PyTorch math of one step.
+    ``adamw_reference`` is the PyTorch math of one step; ``adamw_update_`` one update of one tensor
+    (the kernel on CUDA, the reference elsewhere) for optimizers that keep their moments themselves
+    (``lmscope.parallel.host_adamw``).
 
     ``step_in_backward=True`` updates each parameter during ``backward()``, the moment its gradient
     is accumulated (a post-accumulate-grad hook), on a side stream on CUDA, so the memory-bound
@@ -59,7 +61,7 @@ import triton.language as tl
 
 from lmscope.kernels.shadow_copies import ShadowCopies
 
-__all__ = ["FusedAdamW", "adamw_reference"]
+__all__ = ["FusedAdamW", "adamw_reference", "adamw_update_"]
 
 _BLOCK = 2048
 
@@ -301,12 +303,33 @@ class FusedAdamW(torch.optim.Optimizer):
         if shadow is not None and (shadow.shape != param.shape or not shadow.is_contiguous()):
             raise ValueError(f"a shadow must be contiguous and shaped like its parameter "
                              f"{tuple(param.shape)}, got {tuple(shadow.shape)}")
-        n = param.numel()
-        if n == 0:
-            return
-        beta1, beta2 = group["betas"]
-        _adamw_kernel[(triton.cdiv(n, _BLOCK),)](
-            param, grad, state["exp_avg"], state["exp_avg_sq"], param if shadow is None else shadow,
-            state["step"], n, group["lr"], beta1, beta2, group["eps"], group["weight_decay"],
-            HAS_SHADOW=shadow is not None, BLOCK=_BLOCK, num_warps=8,
-        )  # fmt: skip
+        _launch_kernel(param, grad, state["exp_avg"], state["exp_avg_sq"], state["step"], group, shadow)
+
+
+def _launch_kernel(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
+                   step: torch.Tensor, group: dict, shadow: torch.Tensor | None = None) -> None:
+    """The kernel over one contiguous parameter (`step`: its count before this update, on its device)."""
+    n = param.numel()
+    if n == 0:
+        return
+    beta1, beta2 = group["betas"]
+    _adamw_kernel[(triton.cdiv(n, _BLOCK),)](
+        param, grad, exp_avg, exp_avg_sq, param if shadow is None else shadow,
+        step, n, group["lr"], beta1, beta2, group["eps"], group["weight_decay"],
+        HAS_SHADOW=shadow is not None, BLOCK=_BLOCK, num_warps=8,
+    )  # fmt: skip
+
+
+@torch.no_grad()
+def adamw_update_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
+                  step: torch.Tensor, group: dict) -> None:
+    """One AdamW update of `param` in place from `grad` (any float dtype, read as float32), with the
+    hyperparameters of a param group (lr, betas, eps, weight_decay) and `step` the 0-d float32
+    count before it, on `param`'s device (not advanced here): on CUDA the fused kernel, on the CPU
+    ``adamw_reference`` (no Triton interpreter needed). All tensors contiguous, shaped alike."""
+    if param.is_cuda:
+        _launch_kernel(param, grad, exp_avg, exp_avg_sq, step, group)
+        return
+    beta1, beta2 = group["betas"]
+    adamw_reference(param, grad.to(param.dtype), exp_avg, exp_avg_sq, int(step.item()) + 1, lr=group["lr"],
+                    beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"])

@@ -24,10 +24,11 @@ unit holds, and parameters shared by several units, form the *root*). Per unit a
   When autograd has accumulated the gradient of the unit's flat buffer (all its parameters),
   that gradient is reduce-scattered in place in the compute dtype (`reduce_dtype`, default the
   compute dtype) on a second side stream, averaged, and written (first micro-batch) or added
-  to the fp32 shard's `.grad`; the gathered buffer is freed. Successive backwards
-  (micro-batches) accumulate into the same shard grads. At the end of the backward (an
-  autograd callback) the compute stream waits for the reduce-scatters and every buffer still
-  gathered (the root, frozen groups) is freed.
+  to the fp32 shard's `.grad` (or, with `hand_gradients_to(consumer)`, handed to an optimizer
+  that updates the shard right there: `lmscope.parallel.host_adamw`); the gathered buffer is
+  freed. Successive backwards (micro-batches) accumulate into the same shard grads. At the end
+  of the backward (an autograd callback) the compute stream waits for the reduce-scatters and
+  every buffer still gathered (the root, frozen groups) is freed.
 
 The units run in one order every forward (the reverse in the backward), each once per forward:
 a list of modules must be given in that order (the first forward checks it), a class policy and
@@ -50,7 +51,7 @@ import contextlib
 import enum
 import math
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -63,7 +64,7 @@ from lmscope.parallel.fsdp_precision import KeepFp32, cast_at_boundaries, kept_m
 from lmscope.parallel.fsdp_units import UnitsSpec, default_units, parameter_owners, resolve_units
 from lmscope.parallel.sharded_param import READ_HINT, ShardedParameter
 
-__all__ = ["PREFETCH_UNITS", "FullyShardedDP", "default_units"]
+__all__ = ["PREFETCH_UNITS", "FullyShardedDP", "GradientConsumer", "default_units"]
 
 PREFETCH_UNITS = 2
 """How many units ahead the gathers are issued by default (forward: the next two; backward: the
@@ -71,6 +72,24 @@ two before): `FullyShardedDP(prefetch=...)`."""
 
 Owner = list[tuple[nn.Module, str]]
 """Where one parameter is attached: [(module, attribute name), ...] (tied: several)."""
+
+
+class GradientConsumer(Protocol):
+    """Takes shards' reduced gradients in the backward instead of their ``.grad``: an optimizer that
+    updates each unit as soon as its gradient is reduced (`lmscope.parallel.host_adamw`)."""
+
+    def takes(self, shard: nn.Parameter) -> bool:
+        """Whether `update` takes this shard's gradient (else it goes to ``.grad`` as usual)."""
+        ...
+
+    def prefetch(self, shard: nn.Parameter) -> None:
+        """The shard's unit starts its backward: its gradient follows (a hint, on the host)."""
+        ...
+
+    def update(self, shard: nn.Parameter, grad: torch.Tensor) -> None:
+        """The shard's gradient, averaged over ranks, in the reduce dtype: a view read on the
+        current stream (the reduce stream on CUDA) that is reused once that stream moves on."""
+        ...
 
 
 class _State(enum.Enum):
@@ -320,6 +339,7 @@ class FullyShardedDP(nn.Module):
         self._reduce_stream = torch.cuda.Stream(device, priority=-1) if cuda else None
         self._callback_queued = False
         self._traffic = _Traffic()
+        self._consumer: GradientConsumer | None = None
         self._register_hooks()
 
     def _build_units(self, chosen: list[nn.Module], names: dict[int, str],
@@ -396,6 +416,19 @@ class FullyShardedDP(nn.Module):
             "reduce_group": "shared" if self.reduce_group is self.group else "separate",
             "padding": sum(g.padding for g in self._groups()),
         }
+
+    def hand_gradients_to(self, consumer: GradientConsumer | None) -> None:
+        """From the next backward on, hand the shards `consumer` takes their reduced gradient (on the
+        reduce stream, as soon as it is reduced) instead of writing it into ``.grad``; None: back to
+        ``.grad``. Such shards never hold a gradient, so there is nothing to accumulate over
+        micro-batches or to clip."""
+        self._consumer = consumer
+
+    def shards_reduced_last(self) -> list[nn.Parameter]:
+        """The trainable shards whose gradients are reduced at the end of the backward: the root's
+        and the first unit's (in forward order, so the last to run its backward)."""
+        last = ([self.root] if self.root is not None else []) + self.units[:1]
+        return [group.shard for unit in last for group in unit.groups if group.trainable]
 
     def _groups(self) -> Iterator[_FlatGroup]:
         """Every flat group, unit by unit (forward order of construction), the root last."""
@@ -605,6 +638,10 @@ class FullyShardedDP(nn.Module):
         if unit.backward_started:
             return
         unit.backward_started = True
+        if self._consumer is not None:
+            for group in unit.groups:
+                if group.trainable:
+                    self._consumer.prefetch(group.shard)
         self._ready(unit)
         self._issue(unit.behind)
 
@@ -619,26 +656,32 @@ class FullyShardedDP(nn.Module):
             grad = grad.to(group.reduce_dtype)
         self._traffic.reduced += group.reduce_nbytes
         shard = group.shard
+        consumer = self._consumer if self._consumer is not None and self._consumer.takes(shard) else None
         accumulate = shard.grad is not None
-        if not accumulate:  # allocated on the compute stream, which frees it after the optimizer
-            shard.grad = torch.empty_like(shard)
+        if not accumulate and consumer is None:
+            shard.grad = torch.empty_like(shard)  # on the compute stream, which frees it after the optimizer
         stream = self._reduce_stream
         if stream is None:
-            self._reduce_into(grad, group, accumulate=accumulate)
+            self._reduce_into(grad, group, accumulate=accumulate, consumer=consumer)
         else:
-            _on_side_stream(stream, lambda: self._reduce_into(grad, group, accumulate=accumulate))
+            _on_side_stream(stream, lambda: self._reduce_into(grad, group, accumulate=accumulate,
+                                                              consumer=consumer))
             grad.record_stream(stream)
         unit.reduced.add(id(group))
         if len(unit.reduced) == len(unit.groups):  # frozen groups wait for the end of the backward
             self._free(unit)
 
-    def _reduce_into(self, grad: torch.Tensor, group: _FlatGroup, *, accumulate: bool) -> None:
-        """Reduce-scatter `grad` in place (this rank's slot of it is the output), average, and write
-        it into the shard's grad (cast to the master dtype) or add it there."""
+    def _reduce_into(self, grad: torch.Tensor, group: _FlatGroup, *, accumulate: bool,
+                     consumer: GradientConsumer | None) -> None:
+        """Reduce-scatter `grad` in place (this rank's slot of it is the output), average, and hand
+        it to `consumer`, or write it into the shard's grad (cast to the master dtype) or add it there."""
         out = grad[group.begin: group.begin + group.shard_numel]
         dist.reduce_scatter_tensor(out, grad, op=self.reduce_op, group=self.reduce_group)
         if self._divisor is not None:
             out.div_(self._divisor)
+        if consumer is not None:
+            consumer.update(group.shard, out)
+            return
         assert group.shard.grad is not None
         if accumulate:
             group.shard.grad.add_(out)

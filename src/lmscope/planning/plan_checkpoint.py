@@ -50,30 +50,33 @@ def checkpoint_sections(name: str, config: ModelConfig, *, batch_size: int, seq_
                         mode: str, precision: str, attention: str,
                         measured: MeasuredSaved | None = None, margin_pct: float = MARGIN_PCT,
                         fast: bool = False, world_size: int = 1, treatments: tuple[str, ...] = TREATMENTS,
-                        device: str = DEFAULT_DEVICE, host_link_gbps: float | None = None) -> Sections:
+                        device: str = DEFAULT_DEVICE, host_link_gbps: float | None = None,
+                        optimizer_state: str = "device") -> Sections:
     """Setup, the chosen plan and the candidates (policy, blocks per treatment, predicted peak,
-    recompute share, time added)."""
+    recompute share, time added); `optimizer_state`: where AdamW's moments live under FSDP."""
     plan = plan_checkpointing(config, batch_size=batch_size, seq_len=seq_len, budget=budget, mode=mode,
                               precision=precision, attention=attention, measured=measured,
                               margin_pct=margin_pct, fast=fast, world_size=world_size, treatments=treatments,
-                              device=device, host_link_gbps=host_link_gbps)
+                              device=device, host_link_gbps=host_link_gbps, optimizer_state=optimizer_state)
     setup = {"model": name, "num_layers": config.num_layers, "batch_size": batch_size,
              "context_length": seq_len, "mode": mode, "precision": precision, "attention": attention,
-             "memory_model": plan.model, "ranks": world_size, "device": plan.device,
-             "treatments": ",".join(treatments), "budget_gib": budget / GIB, "margin_pct": margin_pct,
-             "usable_gib": budget * (1 - margin_pct / 100) / GIB, "source": plan.source}
+             "memory_model": plan.model, "ranks": world_size, "optimizer_state": optimizer_state,
+             "device": plan.device, "treatments": ",".join(treatments), "budget_gib": budget / GIB,
+             "margin_pct": margin_pct, "usable_gib": budget * (1 - margin_pct / 100) / GIB,
+             "source": plan.source}
     if measured is not None:
         setup.update(measured_step_peak_gib=measured.step_peak / GIB,
                      measured_block_saved_mib=measured.block_saved / 2**20)
-    chosen = {**plan.chosen.as_record(), "run_it": _run_it(plan.chosen.policy, fast, world_size)}
+    run_it = _run_it(plan.chosen.policy, fast, world_size, optimizer_state)
+    chosen = {**plan.chosen.as_record(), "run_it": run_it}
     return {"setup": [setup], "chosen": [chosen],
             "candidates": [c.as_record() for c in plan.candidates]}
 
 
-def _run_it(policy: str, fast: bool, world_size: int) -> str:
+def _run_it(policy: str, fast: bool, world_size: int, optimizer_state: str) -> str:
     if fast or world_size > 1:
         return (f"lmscope ddp --strategy fsdp --nproc {world_size} {'--fast on ' if fast else ''}"
-                f"--checkpoint {policy}")
+                f"{'--optimizer-state host ' if optimizer_state == 'host' else ''}--checkpoint {policy}")
     return f"lmscope memory --checkpoint {policy}"
 
 

@@ -38,9 +38,9 @@ def ddp_summary(records: Sequence[Record]) -> Table:
     ok = [r for r in records if r.get("status") == "ok"]
     single = {_model_key(r): r for r in ok if r.get("strategy") == "single"}
     varying = _varying(ok)
-    header = [*varying, "strategy", "shard_optimizer", "world_size", "step_ms", "local_step_ms",
-              "overhead_vs_local_pct", "step/local", "single_step_ms", "overhead_vs_single_pct",
-              "step/single", "comm_wait_ms", "predicted_comm_wait_ms", "buckets",
+    header = [*varying, "strategy", "shard_optimizer", "optimizer_state", "world_size", "step_ms",
+              "local_step_ms", "overhead_vs_local_pct", "step/local", "single_step_ms",
+              "overhead_vs_single_pct", "step/single", "comm_wait_ms", "predicted_comm_wait_ms", "buckets",
               "peak_after_optimizer_gib"]
     rows = []
     for record in ok:
@@ -69,7 +69,7 @@ def _varying(records: Sequence[Record]) -> list[str]:
 
 
 FSDP_COLUMNS = (
-    "strategy", "world_size", "step_ms", "local_step_ms", "exposed_comm_ms",
+    "strategy", "optimizer_state", "world_size", "step_ms", "local_step_ms", "exposed_comm_ms",
     "init_allocated_rank_max_gib", "init_allocated_rank0_gib", "predicted_fsdp_params_gib", "init_error_pct",
     "peak_after_optimizer_rank_max_gib", "peak_after_optimizer_rank0_gib", "predicted_fsdp_peak_gib",
     "peak_error_pct", "after_step_allocated_rank_max_gib", "after_step_allocated_rank0_gib",

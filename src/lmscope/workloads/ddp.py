@@ -53,7 +53,7 @@ from lmscope.accounting.comms import (
     optimal_bucket_count,
     plan_buckets,
 )
-from lmscope.accounting.fsdp import predict_fsdp
+from lmscope.accounting.fsdp import OPTIMIZER_STATES, predict_fsdp
 from lmscope.accounting.memory import checkpointed_blocks
 from lmscope.inputs.limits import check_steps, check_timeout
 from lmscope.measure.device_memory import release_device_memory
@@ -64,6 +64,7 @@ from lmscope.model.checkpointing import checkpoint_blocks
 from lmscope.model.hf_fast import fast_patch_of
 from lmscope.parallel.ddp import MIB, TORCH_DDP_BUCKET_MB, TORCH_DDP_FIRST_BUCKET_MB, data_parallel, describe
 from lmscope.parallel.fsdp import FullyShardedDP
+from lmscope.parallel.host_adamw import HostStateAdamW
 from lmscope.parallel.launch import RankContext, across_ranks, check_world, launch, point_id, resolve_backend
 from lmscope.parallel.sharded_optimizer import ShardedOptimizer
 from lmscope.parallel.strategies import SEPARATE_REDUCE, SHARDED, parse_strategy
@@ -96,6 +97,9 @@ class Spec(ModelPointSpec):
     selective[:LIST] | offload[:LIST], parts joined with +."""
     shard_optimizer: bool = False
     """Shard AdamW's state across ranks (ShardedOptimizer, ZeRO stage 1)."""
+    optimizer_state: str = "device"
+    """Where AdamW's moments live with fsdp: device | host (pinned host memory, each unit updated in
+    the backward: `lmscope.parallel.host_adamw`)."""
     world_size: int = 2
     """Number of ranks (1 for single)."""
     backend: str = "auto"
@@ -126,6 +130,12 @@ class Spec(ModelPointSpec):
         if name in SHARDED and self.precision == "fp16":
             raise ValueError("fsdp and torch-fsdp2 run fp32 or bf16 (fp16 needs a sharded grad scaler): "
                              "pass --precision bf16")
+        if self.optimizer_state not in OPTIMIZER_STATES:
+            raise ValueError(f"optimizer state {self.optimizer_state!r}: choose one of "
+                             f"{', '.join(OPTIMIZER_STATES)}")
+        if self.optimizer_state == "host" and name != "fsdp":
+            raise ValueError("--optimizer-state host runs with lmscope's FSDP only: pass --strategy fsdp "
+                             "(or fsdp:separate-reduce), or drop --optimizer-state")
         if name in SHARDED and self.shard_optimizer:
             raise ValueError("fsdp and torch-fsdp2 shard the optimizer state already: "
                              "drop --shard-optimizer on")
@@ -216,7 +226,10 @@ class _Setup:
             reduce_group = dist.new_group(list(range(dist.get_world_size()))) if separate else None
             self.wrapped = FullyShardedDP(self.model, param_dtype=compute, reduce_group=reduce_group)
             self.settings = describe(self.wrapped)
-            self.optimizer = torch.optim.AdamW(self.wrapped.parameters(), **self.options)
+            if spec.optimizer_state == "host":
+                self.optimizer = HostStateAdamW(self.wrapped, lr=self.options["lr"])
+            else:
+                self.optimizer = torch.optim.AdamW(self.wrapped.parameters(), **self.options)
             return
         if name == "torch-fsdp2":
             applied = torch_fully_shard(self.model, param_dtype=compute)
@@ -310,6 +323,8 @@ def train(ctx: RankContext, point: dict[str, Any]) -> dict[str, Any]:
     dist.broadcast_object_list(first, src=0)
     metrics = across_ranks(local)
     metrics["local_step_skipped"] = local_skipped
+    if isinstance(run.optimizer, HostStateAdamW):
+        metrics["optimizer_host_gib"] = run.optimizer.host_bytes / GIB  # rank 0's
     if trace_path is not None:
         metrics["profile_trace_path"] = trace_path  # rank 0's; the others' lie beside it
     metrics.update({k.replace("_gib", "_rank0_gib"): v for k, v in first[0].items()})
@@ -355,7 +370,8 @@ def _sharded_prediction(spec: Spec, ctx: RankContext, metrics: dict[str, Any]) -
         return exposed
     predicted = predict_fsdp(spec.model_config(), world_size=ctx.world_size, batch_size=spec.batch_size,
                              seq_len=spec.context_length, precision=spec.precision,
-                             attention=spec.attention, checkpoint=spec.checkpoint, fast=spec.fast)
+                             attention=spec.attention, checkpoint=spec.checkpoint, fast=spec.fast,
+                             optimizer_state=spec.optimizer_state)
     row: dict[str, Any] = {**predicted.as_record(), **exposed}
     pairs = {
         "init": ("init_allocated_rank_max_gib", row["predicted_fsdp_params_gib"]),

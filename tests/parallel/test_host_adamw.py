@@ -204,6 +204,10 @@ def _on_gpu(ctx: RankContext, seed: int) -> dict[str, object]:
     wrapped = FullyShardedDP(TransformerLM(CONFIG).to(ctx.device))
     optimizer = HostStateAdamW(wrapped, **ADAMW)
     resident = set(wrapped.shards_reduced_last())
+    result["states_before_a_step"] = sorted(p in resident for p in optimizer.state)  # the device's: lazy
+    tokens = torch.randint(0, CONFIG.vocab_size, (PER_RANK, SEQ), device=ctx.device)
+    wrapped(tokens).float().sum().backward()
+    optimizer.step()
     result["placement"] = sorted({(p in resident, optimizer.state[p]["exp_avg"].device.type,
                                    optimizer.state[p]["exp_avg"].is_pinned()) for p in optimizer.state})
     result["expected_host_bytes"] = sum(8 * p.numel() for p in optimizer.state if p not in resident)
@@ -218,5 +222,6 @@ def test_on_a_gpu_the_moments_live_pinned_on_the_host_and_train_alike(launch_see
     assert result["error"] < 1e-6 and result["moments_error"] < 1e-6, result
     assert result["grads_after_backward"] == [0] * STEPS
     assert result["round_trip"]["error"] < 1e-6 and result["round_trip"]["reloaded_error"] == 0.0
+    assert result["states_before_a_step"] == [False] * len(result["states_before_a_step"])
     assert result["placement"] == [(False, "cpu", True), (True, "cuda", False)]
     assert result["host_bytes_of_new"] == result["expected_host_bytes"] > 0

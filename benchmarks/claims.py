@@ -1094,6 +1094,33 @@ def fsdp_host_optimizer_state(rows: Rows) -> str:
     )
 
 
+ATTENTION_8B = f"{FAST}/8b-shape-attention-h200"
+"""The 8B long-context shape's step on one GPU with lmscope's attention and SDPA's cuDNN (issue 37)."""
+
+
+@claim("fast-8b-shape-attention")
+def fast_8b_shape_attention(rows: Rows) -> str:
+    """The fast step at the 8B shape (fewer layers) with flash against sdpa-cudnn, rounds pooled."""
+    from lmscope.report.rounds import pool_rounds
+    from lmscope.running.runner import spec_fields
+
+    pooled = pool_rounds(rows.select(f"{ATTENTION_8B}/attn8b6.jsonl"), spec_fields("bench"))
+    by = {r["attention"]: r for r in pooled}
+    flash, cudnn = by["flash"], by["sdpa-cudnn"]
+    body = [["flash (lmscope)", fmt(flash["median_ms"], 4), ratio(flash, cudnn)],
+            ["sdpa-cudnn", fmt(cudnn["median_ms"], 4), ""]]
+    return claim_block(
+        f"d {flash['d_model']}, d_ff {flash['d_ff']}, {flash['num_layers']} layers, "
+        f"{flash['num_heads']} heads, vocab {flash['vocab_size']:,}; context {flash['context_length']:,}, batch {flash['batch_size']}, "
+        f"{flash['precision']}, `--fast on`, train step, one GPU; median ms per step "
+        f"({flash.get('rounds', 1)} interleaved rounds, each point in a fresh process); `x cuDNN` = "
+        "the step over the step with SDPA's cuDNN attention, with the 95 % interval that resamples "
+        "the rounds.",
+        table(["attention", "step ms", "x cuDNN"], body),
+        f"Rows: `{ATTENTION_8B}/attn8b6.jsonl`; {provenance(pooled)}.",
+    )
+
+
 OWN_CURVES = "benchmarks/results/own_model/curves"
 """Where the rows of benchmarks/own_model/train_curves.py are committed (issue 38)."""
 

@@ -1111,7 +1111,8 @@ def fast_8b_shape_attention(rows: Rows) -> str:
             ["sdpa-cudnn", fmt(cudnn["median_ms"], 4), ""]]
     return claim_block(
         f"d {flash['d_model']}, d_ff {flash['d_ff']}, {flash['num_layers']} layers, "
-        f"{flash['num_heads']} heads, vocab {flash['vocab_size']:,}; context {flash['context_length']:,}, batch {flash['batch_size']}, "
+        f"{flash['num_heads']} heads, vocab {flash['vocab_size']:,}; context {flash['context_length']:,}, "
+        f"batch {flash['batch_size']}, "
         f"{flash['precision']}, `--fast on`, train step, one GPU; median ms per step "
         f"({flash.get('rounds', 1)} interleaved rounds, each point in a fresh process); `x cuDNN` = "
         "the step over the step with SDPA's cuDNN attention, with the 95 % interval that resamples "

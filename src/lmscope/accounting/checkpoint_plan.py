@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 
-from lmscope.accounting.fast_memory import fast_block_bytes, fast_dims, predict_fast_memory, saved_by_block
+from lmscope.accounting.fast_memory import fast_block_bytes, fast_dims, saved_by_block
 from lmscope.accounting.flops import forward_flops_by_component, step_flops
 from lmscope.accounting.fsdp import check_optimizer_state
 from lmscope.accounting.memory import (
@@ -295,14 +295,10 @@ class _StepModel:
         self.without = self._predicted("none")
 
     def _predicted(self, policy: str) -> int:
-        if self.optimizer_state == "host":  # the fast model under FSDP (checked), moments on the host
-            return predict_fast_memory(self.config, batch_size=self.batch_size, seq_len=self.seq_len,
-                                       precision=self.precision, attention=self.attention, checkpoint=policy,
-                                       world_size=self.world_size,
-                                       optimizer_state=self.optimizer_state).step_peak
         return predicted_step_peak(self.config, batch_size=self.batch_size, seq_len=self.seq_len,
                                    mode=self.mode, precision=self.precision, attention=self.attention,
-                                   checkpoint=policy, fast=self.fast, world_size=self.world_size)
+                                   checkpoint=policy, fast=self.fast, world_size=self.world_size,
+                                   optimizer_state=self.optimizer_state)
 
     def peak(self, policy: str) -> int:
         if self.measured is None:

@@ -13,12 +13,15 @@ from lmscope.config import ModelConfig
 
 
 def predicted_step_peak(config: ModelConfig, *, batch_size: int, seq_len: int, mode: str, precision: str,
-                        attention: str, checkpoint: str, fast: bool, world_size: int = 1) -> int:
-    """Peak bytes allocated per device over a step of `mode` (the fast model: a train step)."""
+                        attention: str, checkpoint: str, fast: bool, world_size: int = 1,
+                        optimizer_state: str = "device") -> int:
+    """Peak bytes allocated per device over a step of `mode` (the fast model: a train step), with
+    AdamW's moments where `optimizer_state` says under FSDP."""
     point = dict(batch_size=batch_size, seq_len=seq_len, precision=precision, attention=attention,
                  checkpoint=checkpoint)
     if fast:
-        return predict_fast_memory(config, world_size=world_size, **point).step_peak
+        return predict_fast_memory(config, world_size=world_size, optimizer_state=optimizer_state,
+                                   **point).step_peak
     if world_size > 1:
-        return predict_fsdp(config, world_size=world_size, **point).peak
+        return predict_fsdp(config, world_size=world_size, optimizer_state=optimizer_state, **point).peak
     return predict_memory(config, mode=mode, **point).step_peak

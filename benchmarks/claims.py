@@ -1062,35 +1062,41 @@ def own_model_speedup(rows: Rows) -> str:
 
 HOST_STATE = f"{DISTRIBUTED}/host-optimizer-state-1gpu-h200"
 """`lmscope ddp --optimizer-state device,host` on one GPU (issue 37)."""
+HOST_STATE_FILES = ("host-state-10l.jsonl", "combo-10l.jsonl")
 
 
 @claim("fsdp-host-optimizer-state")
 def fsdp_host_optimizer_state(rows: Rows) -> str:
-    """FSDP with AdamW's moments on the device and on the host, rounds pooled: step, memory."""
+    """FSDP with AdamW's moments on the device and on the host, rounds pooled: step, memory; per
+    file of `HOST_STATE` (selective recompute in three rounds; the 8B rows' treatments and cuDNN in one)."""
     from lmscope.report.rounds import pool_rounds
     from lmscope.running.runner import spec_fields
 
-    pooled = pool_rounds(rows.select(f"{HOST_STATE}/host-state-10l.jsonl"), spec_fields("ddp"))
-    by = {(r["strategy"], r["optimizer_state"]): r for r in pooled}
-    device = by["fsdp", "device"]
-    body = [[strategy, where, fmt(row["step_median_ms"], 4),
-             ratio(row, device) if row is not device and strategy == "fsdp" else "",
-             fmt(row["peak_after_optimizer_rank_max_gib"]),
-             fmt(row.get("after_step_allocated_rank_max_gib")),
-             fmt(row.get("predicted_fsdp_state_gib")), fmt(row.get("optimizer_host_gib"))]
-            for (strategy, where), row in by.items()]
+    body, footers = [], []
+    for name in HOST_STATE_FILES:
+        pooled = pool_rounds(rows.select(f"{HOST_STATE}/{name}"), spec_fields("ddp"))
+        by = {(r["strategy"], r["optimizer_state"]): r for r in pooled}
+        device = by["fsdp", "device"]
+        body += [[f"{row['checkpoint']}, {row['attention']}", str(row.get("rounds", 1)), strategy, where,
+                  fmt(row["step_median_ms"], 4),
+                  ratio(row, device) if row is not device and strategy == "fsdp" else "",
+                  fmt(row["peak_after_optimizer_rank_max_gib"]),
+                  fmt(row.get("after_step_allocated_rank_max_gib")),
+                  fmt(row.get("predicted_fsdp_state_gib")), fmt(row.get("optimizer_host_gib"))]
+                 for (strategy, where), row in by.items()]
+        footers.append(f"`{name}`: {provenance(pooled)}")
+    first = pooled[0]
     return claim_block(
-        f"d {device['d_model']}, d_ff {device['d_ff']}, {device['num_layers']} layers, "
-        f"{device['num_heads']} heads, vocab {device['vocab_size']:,}; context {device['context_length']:,}, "
-        f"batch {device['batch_size']}, {device['precision']}, `--fast on`, `--checkpoint "
-        f"{device['checkpoint']}`, lmscope FSDP on {device['world_size']} GPU; median ms per step "
-        f"({device.get('rounds', 1)} interleaved rounds); `x device` = the step over the step with the "
-        "moments on the device, with the 95 % interval that resamples the rounds; peak GiB through the "
-        "step, GiB allocated after it (predicted: `lmscope.accounting.fsdp`'s state), GiB of moments in "
-        "pinned host memory.",
-        table(["strategy", "moments", "step ms", "x device", "peak GiB", "after step GiB",
-               "predicted after step GiB", "host GiB"], body),
-        f"Rows: `{HOST_STATE}/host-state-10l.jsonl`; {provenance(pooled)}.",
+        f"d {first['d_model']}, d_ff {first['d_ff']}, {first['num_layers']} layers, "
+        f"{first['num_heads']} heads, vocab {first['vocab_size']:,}; context {first['context_length']:,}, "
+        f"batch {first['batch_size']}, {first['precision']}, `--fast on`, lmscope FSDP on "
+        f"{first['world_size']} GPU; median ms per step over the interleaved rounds; `x device` = the "
+        "step over the step with the moments on the device, with the 95 % interval that resamples the "
+        "rounds (three a side at least), else the steps; peak GiB through the step, GiB allocated after "
+        "it (predicted: `lmscope.accounting.fsdp`'s state), GiB of moments in pinned host memory.",
+        table(["checkpoint, attention", "rounds", "strategy", "moments", "step ms", "x device", "peak GiB",
+               "after step GiB", "predicted after step GiB", "host GiB"], body),
+        f"Rows in `{HOST_STATE}/`, by the code that ran them: {'; '.join(footers)}.",
     )
 
 

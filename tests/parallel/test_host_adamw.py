@@ -96,17 +96,48 @@ def _case(ctx: RankContext, seed: int, kind: str) -> dict[str, object]:
     return out
 
 
-def _second_backward(ctx: RankContext) -> str:
-    """A second backward before step(): refused (every rank raises at the same shard)."""
+def _misuse(ctx: RankContext) -> dict[str, object]:
+    """A second forward for a backward before step() is refused before anything changes (the model
+    then trains on); clipping and stray .grad are refused; a dropped optimizer hands back to .grad."""
     wrapped = FullyShardedDP(TransformerLM(CONFIG).to(ctx.device))
-    HostStateAdamW(wrapped)
+    optimizer = HostStateAdamW(wrapped)
     tokens = torch.randint(0, CONFIG.vocab_size, (PER_RANK, SEQ), device=ctx.device)
+    out: dict[str, object] = {}
     wrapped(tokens).float().sum().backward()
+    for name, misuse in (("second_forward", lambda: wrapped(tokens)),
+                         ("clip", lambda: wrapped.clip_grad_norm_(1.0))):
+        try:
+            misuse()
+            out[name] = "accepted"
+        except RuntimeError as error:
+            out[name] = str(error)
     try:
-        wrapped(tokens).float().sum().backward()
+        optimizer.add_param_group({"params": [nn.Parameter(torch.ones(2))]})
+        out["add_group"] = "accepted"
+    except ValueError as error:
+        out["add_group"] = str(error)
+    optimizer.step()
+    before = wrapped.full_state_dict(rank0_only=False)
+    wrapped(tokens).float().sum().backward()  # trains on after the refusal
+    optimizer.step()
+    out["trains_on"] = _relative(wrapped.full_state_dict(rank0_only=False), before) > 0
+    shard = next(iter(wrapped.parameters()))
+    shard.grad = torch.zeros_like(shard)
+    try:
+        optimizer.step()
+        out["stray_grad"] = "accepted"
     except RuntimeError as error:
-        return str(error)
-    return "accepted"
+        out["stray_grad"] = str(error)
+    shard.grad = None
+    del optimizer
+    wrapped(tokens).float().sum().backward()
+    out["grads_after_drop"] = sum(p.grad is not None for p in wrapped.parameters())
+    try:
+        HostStateAdamW(FullyShardedDP(TransformerLM(CONFIG).to(ctx.device), param_dtype=torch.float16))
+        out["fp16"] = "accepted"
+    except ValueError as error:
+        out["fp16"] = str(error)
+    return out
 
 
 def _round_trip(ctx: RankContext, seed: int) -> dict[str, float]:
@@ -142,7 +173,7 @@ def _round_trip(ctx: RankContext, seed: int) -> dict[str, float]:
 
 def _all(ctx: RankContext, seed: int) -> dict[str, object]:
     return {"transformer": _case(ctx, seed, "transformer"), "frozen": _case(ctx, seed, "frozen"),
-            "round_trip": _round_trip(ctx, seed), "second_backward": _second_backward(ctx)}
+            "round_trip": _round_trip(ctx, seed), "misuse": _misuse(ctx)}
 
 
 @pytest.fixture(scope="module", params=[2, 3])
@@ -167,8 +198,15 @@ def test_gradients_never_reach_grad(ranks, kind):
     assert result["host_bytes"] == 0  # on the CPU the moments stay where they are
 
 
-def test_a_second_backward_before_step_is_refused(ranks):
-    assert "call step() after each backward" in ranks["second_backward"]
+def test_misuse_is_refused_in_one_line_and_the_model_trains_on(ranks):
+    misuse = ranks["misuse"]
+    assert "call step() after each backward" in misuse["second_forward"]
+    assert "there is nothing to clip" in misuse["clip"]
+    assert "all given at construction" in misuse["add_group"]
+    assert misuse["trains_on"]
+    assert "hold a .grad" in misuse["stray_grad"]
+    assert misuse["grads_after_drop"] == 6  # the optimizer is held weakly: .grad again
+    assert "run bf16 or fp32" in misuse["fp16"]
 
 
 def test_torch_adamw_state_loads_and_round_trips(ranks):

@@ -74,13 +74,14 @@ class FsdpPrediction:
     optimizer_state_host: int = 0
     """AdamW's moments in pinned host memory (host optimizer state); `optimizer_state` is the device's."""
     optimizer_in_flight: int = 0
-    """Host optimizer state: the moments of the units in flight on the device during the backward
-    (in the peak, not in the state a step leaves)."""
+    """Host optimizer state: the device slots the moments of the units in flight pass through
+    (allocated at the first backward and kept)."""
 
     @property
     def state(self) -> int:
-        """Master shards, their gradients and AdamW's moments on the device (what a step leaves)."""
-        return self.params + self.grads + self.optimizer_state
+        """Master shards, their gradients and AdamW's moments on the device, with the slots of the
+        moments in flight (what a step leaves)."""
+        return self.params + self.grads + self.optimizer_state + self.optimizer_in_flight
 
     @property
     def peak(self) -> int:

@@ -327,8 +327,13 @@ def adamw_update_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor
     hyperparameters of a param group (lr, betas, eps, weight_decay) and `step` the 0-d float32
     count before it, on `param`'s device (not advanced here): on CUDA the fused kernel, on the CPU
     ``adamw_reference`` (no Triton interpreter needed). All tensors contiguous, shaped alike."""
+    tensors = (param, grad, exp_avg, exp_avg_sq)
+    if any(t.shape != param.shape or not t.is_contiguous() for t in tensors):
+        raise ValueError("adamw_update_ takes contiguous tensors of one shape, got "
+                         f"{[tuple(t.shape) for t in tensors]}")
     if param.is_cuda:
         _launch_kernel(param, grad, exp_avg, exp_avg_sq, step, group)
+        torch.autograd.graph.increment_version(param)  # written by a raw kernel
         return
     beta1, beta2 = group["betas"]
     adamw_reference(param, grad.to(param.dtype), exp_avg, exp_avg_sq, int(step.item()) + 1, lr=group["lr"],

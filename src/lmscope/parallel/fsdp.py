@@ -50,6 +50,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import math
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
@@ -84,6 +85,11 @@ class GradientConsumer(Protocol):
 
     def prefetch(self, shard: nn.Parameter) -> None:
         """The shard's unit starts its backward: its gradient follows (a hint, on the host)."""
+        ...
+
+    def forward_starts(self) -> None:
+        """A forward that records for a backward starts: the place to refuse one (nothing has
+        changed yet), rather than in the middle of the backward."""
         ...
 
     def update(self, shard: nn.Parameter, grad: torch.Tensor) -> None:
@@ -339,7 +345,8 @@ class FullyShardedDP(nn.Module):
         self._reduce_stream = torch.cuda.Stream(device, priority=-1) if cuda else None
         self._callback_queued = False
         self._traffic = _Traffic()
-        self._consumer: GradientConsumer | None = None
+        self._consumer_ref: Callable[[], GradientConsumer | None] = lambda: None
+        """The consumer `hand_gradients_to` gave, held weakly: dropping it hands back to `.grad`."""
         self._register_hooks()
 
     def _build_units(self, chosen: list[nn.Module], names: dict[int, str],
@@ -421,8 +428,13 @@ class FullyShardedDP(nn.Module):
         """From the next backward on, hand the shards `consumer` takes their reduced gradient (on the
         reduce stream, as soon as it is reduced) instead of writing it into ``.grad``; None: back to
         ``.grad``. Such shards never hold a gradient, so there is nothing to accumulate over
-        micro-batches or to clip."""
-        self._consumer = consumer
+        micro-batches or to clip. Held weakly (the model keeps no optimizer alive): once the
+        consumer is gone the gradients go to ``.grad`` again."""
+        self._consumer_ref = (lambda: None) if consumer is None else weakref.ref(consumer)
+
+    @property
+    def _consumer(self) -> GradientConsumer | None:
+        return self._consumer_ref()
 
     def shards_reduced_last(self) -> list[nn.Parameter]:
         """The trainable shards whose gradients are reduced at the end of the backward: the root's
@@ -488,6 +500,10 @@ class FullyShardedDP(nn.Module):
         """Scale the sharded gradients so that their L2 norm over every rank is at most `max_norm`;
         returns the norm before (a collective). torch.nn.utils.clip_grad_norm_ over `parameters()`
         would see this rank's shards only, and ranks would scale by different factors."""
+        if self._consumer is not None:
+            raise RuntimeError(f"the shards' gradients go to {type(self._consumer).__name__} inside the "
+                               "backward (hand_gradients_to), never to .grad: there is nothing to clip; "
+                               "use an optimizer that steps after the backward to clip")
         grads = [p.grad for p in self.shards if p.grad is not None]
         device = self.shards[0].device
         squares = torch.zeros((), dtype=torch.float32, device=device)
@@ -574,6 +590,9 @@ class FullyShardedDP(nn.Module):
     @traced("fsdp/forward_start")
     def _start_forward(self) -> None:
         """Gather the root (the compute stream waits for it) and issue the first units' gathers."""
+        consumer = self._consumer
+        if consumer is not None and torch.is_grad_enabled():
+            consumer.forward_starts()
         self._ran = []
         if self.root is not None:
             self._ready(self.root, fresh=True)

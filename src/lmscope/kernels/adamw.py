@@ -61,7 +61,7 @@ import triton.language as tl
 
 from lmscope.kernels.shadow_copies import ShadowCopies
 
-__all__ = ["FusedAdamW", "adamw_reference", "adamw_update_"]
+__all__ = ["FusedAdamW", "adamw_reference", "adamw_update_", "check_hyperparameters"]
 
 _BLOCK = 2048
 
@@ -106,6 +106,14 @@ def _adamw_kernel(
         tl.store(SHADOW + offsets, p.to(SHADOW.dtype.element_ty), mask=mask)
 
 
+def check_hyperparameters(lr: float, betas: tuple[float, float], eps: float, weight_decay: float) -> None:
+    """Refuse AdamW hyperparameters torch's AdamW refuses, in one line."""
+    if lr < 0 or eps < 0 or weight_decay < 0:
+        raise ValueError(f"lr, eps and weight_decay must be >= 0, got {lr}, {eps}, {weight_decay}")
+    if not all(0.0 <= b < 1.0 for b in betas):
+        raise ValueError(f"betas must be in [0, 1), got {betas}")
+
+
 def _remove_hooks(handles: list[torch.utils.hooks.RemovableHandle]) -> None:
     for handle in handles:
         handle.remove()
@@ -124,10 +132,7 @@ class FusedAdamW(torch.optim.Optimizer):
         shadows: Callable[[], ShadowCopies | None] | None = None,
         step_in_backward: bool = False,
     ) -> None:
-        if lr < 0 or eps < 0 or weight_decay < 0:
-            raise ValueError(f"lr, eps and weight_decay must be >= 0, got {lr}, {eps}, {weight_decay}")
-        if not all(0.0 <= b < 1.0 for b in betas):
-            raise ValueError(f"betas must be in [0, 1), got {betas}")
+        check_hyperparameters(lr, betas, eps, weight_decay)
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
         self.shadows = shadows
         # tells the copies' owner that this step keeps them current (shadow_copies.WRITES_SHADOW_WEIGHTS)

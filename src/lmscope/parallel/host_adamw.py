@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lmscope.kernels.adamw import adamw_update_
+from lmscope.kernels.adamw import adamw_update_, check_hyperparameters
 from lmscope.parallel.fsdp import FullyShardedDP
 
 __all__ = ["UNITS_IN_FLIGHT", "HostStateAdamW"]
@@ -73,10 +73,7 @@ class HostStateAdamW(torch.optim.Optimizer):
         if torch.float16 in (model.param_dtype, model.reduce_dtype):
             raise ValueError("HostStateAdamW updates from the reduced gradients, which a GradScaler never "
                              "sees: run bf16 or fp32 (param_dtype=torch.bfloat16)")
-        if lr < 0 or eps < 0 or weight_decay < 0:
-            raise ValueError(f"lr, eps and weight_decay must be >= 0, got {lr}, {eps}, {weight_decay}")
-        if not all(0.0 <= b < 1.0 for b in betas):
-            raise ValueError(f"betas must be in [0, 1), got {betas}")
+        check_hyperparameters(lr, betas, eps, weight_decay)
         shards = [p for p in model.parameters() if p.requires_grad]
         if not shards:
             raise ValueError("the model has no trainable parameters to step")

@@ -53,7 +53,7 @@ from lmscope.accounting.comms import (
     optimal_bucket_count,
     plan_buckets,
 )
-from lmscope.accounting.fsdp import OPTIMIZER_STATES, predict_fsdp
+from lmscope.accounting.fsdp import check_optimizer_state, predict_fsdp
 from lmscope.accounting.memory import checkpointed_blocks
 from lmscope.inputs.limits import check_steps, check_timeout
 from lmscope.measure.device_memory import release_device_memory
@@ -130,9 +130,7 @@ class Spec(ModelPointSpec):
         if name in SHARDED and self.precision == "fp16":
             raise ValueError("fsdp and torch-fsdp2 run fp32 or bf16 (fp16 needs a sharded grad scaler): "
                              "pass --precision bf16")
-        if self.optimizer_state not in OPTIMIZER_STATES:
-            raise ValueError(f"optimizer state {self.optimizer_state!r}: choose one of "
-                             f"{', '.join(OPTIMIZER_STATES)}")
+        check_optimizer_state(self.optimizer_state)
         if self.optimizer_state == "host" and name != "fsdp":
             raise ValueError("--optimizer-state host runs with lmscope's FSDP only: pass --strategy fsdp "
                              "(or fsdp:separate-reduce), or drop --optimizer-state")

@@ -97,10 +97,11 @@ _NAMES = {"host": "moments on the host"}
 
 
 def _policy(row: dict[str, Any], policy: str) -> str:
-    """The policy, with the FSDP variant and the attention where they are not the defaults."""
+    """The policy, with the FSDP variant, the attention and where the moments live where they are
+    not the defaults."""
     defaults = {"strategy": "fsdp", "attention": "flash", "optimizer_state": "device"}
-    variant = [_NAMES.get(row.get(key, default), row.get(key, default)) for key, default in defaults.items()
-               if row.get(key, default) != default]
+    values = {key: row.get(key, default) for key, default in defaults.items()}
+    variant = [_NAMES.get(value, value) for key, value in values.items() if value != defaults[key]]
     return f"{policy} ({', '.join(variant)})" if variant else policy
 
 
